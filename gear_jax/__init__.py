@@ -1,0 +1,59 @@
+"""gear_jax: GPU-centric experience replay for JAX.
+
+Replay data lives in (pinned) host memory as column tables; sampling and gathering are XLA custom calls
+usable inside `jax.jit`.
+"""
+
+from typing import Any
+
+import jax
+
+from gear_jax import _ffi, _native
+from gear_jax._version import __version__
+from gear_jax.errors import (
+    GearJaxError,
+    InvalidArgumentError,
+    SpecError,
+    TableClosedError,
+    TableMismatchError,
+    TableNotFoundError,
+)
+from gear_jax.ops import METHODS, Sample, gather, sample, update_priorities
+from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
+from gear_jax.table import EpisodeWriter, Table
+
+
+def build_info() -> dict[str, Any]:
+    """How this gear_jax was built: version, CUDA handlers, table format, jax version, platforms."""
+    import jaxlib
+
+    return {
+        "version": __version__,
+        "cuda": bool(_native.with_cuda),
+        "format_version": int(_native.format_version),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "ffi_platforms": list(_ffi.REGISTERED_PLATFORMS),
+    }
+
+
+__all__ = [
+    "EpisodeWriter",
+    "Field",
+    "GearJaxError",
+    "InvalidArgumentError",
+    "METHODS",
+    "SUPPORTED_DTYPES",
+    "Sample",
+    "SpecError",
+    "Table",
+    "TableClosedError",
+    "TableMismatchError",
+    "TableNotFoundError",
+    "TableSpec",
+    "__version__",
+    "build_info",
+    "gather",
+    "sample",
+    "update_priorities",
+]

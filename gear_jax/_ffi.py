@@ -1,0 +1,16 @@
+"""Registers the native FFI targets with JAX, once, at import."""
+
+import jax
+
+from gear_jax import _native
+
+SAMPLE = "gear_jax_sample"
+GATHER = "gear_jax_gather"
+UPDATE_PRIORITIES = "gear_jax_update_priorities"
+
+REGISTERED_PLATFORMS: list[str] = []
+
+for _platform, _targets in _native.registrations().items():
+    for _name, _capsule in _targets.items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform=_platform)
+    REGISTERED_PLATFORMS.append(_platform)

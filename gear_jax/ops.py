@@ -1,0 +1,239 @@
+"""Sampling, gathering and priority updates as XLA custom calls, usable inside `jax.jit`.
+
+The table is a static Python object: the calls carry its integer handle and spec hash as attributes,
+and the handler resolves them at run time. Random numbers come from the JAX key you pass (two 32-bit
+words drawn with `jax.random.bits`), so a key gives the same sample on every run.
+
+Side effects inside one jitted function are ordered only by data dependency: `update_priorities`
+returns a count that a later `sample(..., after=count)` takes, which orders the update first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gear_jax import _ffi
+from gear_jax.errors import InvalidArgumentError, TableClosedError
+from gear_jax.table import Table
+
+METHODS = {"uniform": 0, "prioritized": 1, "fifo": 2, "lifo": 3, "topk": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """Rows picked by `sample`.
+
+    Attributes:
+      indices: int32[B] row ids.
+      generations: uint32[B] each row's generation when it was picked; `gather` and
+        `update_priorities` use it to detect rows overwritten since.
+      probabilities: float32[B] probability of picking the row (uniform: 1/V for V selectable rows;
+        prioritized: p^a / sum p^a; fifo, lifo, topk: 1).
+      starts: int32[B] first step of each window (0 without a window).
+      window: static int, the window length given to `sample` (0 for none).
+    """
+
+    indices: jax.Array
+    generations: jax.Array
+    probabilities: jax.Array
+    starts: jax.Array
+    window: int = 0
+
+
+jax.tree_util.register_dataclass(
+    Sample, data_fields=["indices", "generations", "probabilities", "starts"], meta_fields=["window"]
+)
+
+
+def _check_table(table: Any, op: str) -> Table:
+    if not isinstance(table, Table):
+        raise InvalidArgumentError(f"{op}: `table` must be a gear_jax.Table, got {type(table).__name__}")
+    if table.closed:
+        raise TableClosedError(f"{op}: table {table.name!r} is closed; open it again")
+    return table
+
+
+def _attrs(table: Table) -> dict[str, Any]:
+    return {"handle": np.int64(table.handle), "spec_hash": np.int64(table.spec.spec_hash)}
+
+
+def _after(after: Any) -> jax.Array:
+    if after is None:
+        return jnp.zeros((), jnp.int32)
+    leaves = jax.tree_util.tree_leaves(after)
+    if not leaves:
+        return jnp.zeros((), jnp.int32)
+    return jnp.asarray(leaves[0])
+
+
+def _check_window(table: Table, window: Any, op: str) -> int:
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise InvalidArgumentError(f"{op}: window={window!r} must be None or a positive int")
+    if window > table.max_steps:
+        raise InvalidArgumentError(
+            f"{op}: window={window} is longer than the table's max_steps={table.max_steps}; "
+            "use a shorter window or a table with longer rows"
+        )
+    return int(window)
+
+
+def sample(
+    table: Table,
+    key: jax.Array,
+    batch_size: int,
+    method: str = "uniform",
+    priority_exponent: float = 1.0,
+    window: int | None = None,
+    after: Any = None,
+) -> Sample:
+    """Selects `batch_size` rows of `table`.
+
+    Only rows with a committed trajectory and priority > 0 are ever selected; rows being written
+    (odd generation) never are.
+
+    Args:
+      table: a gear_jax.Table (static).
+      key: a JAX PRNG key; the same key gives the same sample of the same table contents.
+      batch_size: number of picks B >= 1 (static).
+      method: "uniform" (with replacement), "prioritized" (row i with probability
+        p_i^a / sum_j p_j^a, with replacement), "fifo" / "lifo" (the B oldest / newest rows),
+        "topk" (the B highest priorities).
+      priority_exponent: a >= 0 for "prioritized" (static).
+      window: for trajectory tables, the length of a time window placed uniformly inside each row
+        (`starts`); None for whole rows.
+      after: any array (e.g. the result of `update_priorities`) this sample must run after.
+
+    Returns:
+      A `Sample`.
+
+    Raises:
+      InvalidArgumentError: bad batch_size, method, exponent or window (at trace time).
+      jax.errors.JaxRuntimeError: at run time, when the table holds no selectable row, fewer than
+        batch_size rows for fifo/lifo/topk, or was closed since the function was traced.
+    """
+    table = _check_table(table, "sample")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InvalidArgumentError(f"sample: batch_size={batch_size!r} must be an int >= 1")
+    if method not in METHODS:
+        raise InvalidArgumentError(f"sample: method={method!r} is not one of {sorted(METHODS)}")
+    exponent = float(priority_exponent)
+    if not math.isfinite(exponent) or exponent < 0:
+        raise InvalidArgumentError(f"sample: priority_exponent={priority_exponent!r} must be finite and >= 0")
+    win = _check_window(table, window, "sample")
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    b = int(batch_size)
+    out_types = (
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+        jax.ShapeDtypeStruct((b,), jnp.uint32),
+        jax.ShapeDtypeStruct((b,), jnp.float32),
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+    )
+    indices, generations, probabilities, starts = jax.ffi.ffi_call(
+        _ffi.SAMPLE, out_types, has_side_effect=True
+    )(
+        seed,
+        _after(after),
+        method=np.int32(METHODS[method]),
+        priority_exponent=np.float32(exponent),
+        window=np.int32(win),
+        **_attrs(table),
+    )
+    return Sample(indices, generations, probabilities, starts, window=win)
+
+
+def gather(
+    table: Table, sample: Sample, fields: Sequence[str] | None = None, window: int | None = None
+) -> dict[str, jax.Array]:
+    """Copies the sampled rows (or windows of them) out of the table.
+
+    Args:
+      table: the table `sample` came from (static).
+      sample: a `Sample`.
+      fields: names of the fields to gather; default all.
+      window: steps per output row for trajectory tables; default the sample's window, or max_steps.
+
+    Returns:
+      A dict with one array per field, `[B, *shape]` for transition tables and `[B, window, *shape]`
+      for trajectory tables, and `valid`: bool `[B]` or `[B, window]`. A step is valid when its row was
+      not overwritten since it was sampled and the step lies inside the row's length; invalid steps
+      are zero.
+    """
+    table = _check_table(table, "gather")
+    if not isinstance(sample, Sample):
+        raise InvalidArgumentError(f"gather: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
+    names = list(table.spec.fields)
+    if fields is None:
+        chosen = names
+    else:
+        if isinstance(fields, str):
+            fields = (fields,)
+        chosen = list(fields)
+        unknown = [f for f in chosen if f not in table.spec.fields]
+        if unknown or not chosen:
+            raise InvalidArgumentError(f"gather: fields {unknown or chosen} are not among the table's fields {names}")
+    if table.spec.is_trajectory:
+        steps = _check_window(table, window, "gather") or sample.window or table.max_steps
+    else:
+        _check_window(table, window, "gather")
+        steps = 1
+    b = sample.indices.shape[0]
+    lead = (b, steps) if table.spec.is_trajectory else (b,)
+    out_types = [jax.ShapeDtypeStruct(lead, jnp.bool_)]
+    out_types += [jax.ShapeDtypeStruct((*lead, *table.spec.fields[f].shape), table.spec.fields[f].dtype) for f in chosen]
+    results = jax.ffi.ffi_call(_ffi.GATHER, out_types)(
+        sample.indices.astype(jnp.int32),
+        sample.generations.astype(jnp.uint32),
+        sample.starts.astype(jnp.int32),
+        fields=np.array([names.index(f) for f in chosen], np.int64),
+        window=np.int32(steps),
+        **_attrs(table),
+    )
+    out = dict(zip(chosen, results[1:]))
+    out["valid"] = results[0]
+    return out
+
+
+def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after: Any = None) -> jax.Array:
+    """Sets the priority of the sampled rows that were not overwritten since they were sampled.
+
+    Args:
+      table: the table `sample` came from (static).
+      sample: a `Sample` of B rows.
+      priorities: float[B], finite and >= 0. For a row picked twice, the later entry wins.
+      after: any array this update must run after.
+
+    Returns:
+      int32[] number of rows updated; pass it as `after=` to a later `sample` to order the two.
+
+    Raises:
+      InvalidArgumentError: `priorities` has the wrong shape (at trace time).
+      jax.errors.JaxRuntimeError: a priority is NaN, infinite or negative (at run time; no row is
+        changed), or the table was closed.
+    """
+    table = _check_table(table, "update_priorities")
+    if not isinstance(sample, Sample):
+        raise InvalidArgumentError(f"update_priorities: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
+    priorities = jnp.asarray(priorities)
+    b = sample.indices.shape[0]
+    if priorities.shape != (b,):
+        raise InvalidArgumentError(
+            f"update_priorities: priorities has shape {priorities.shape}, expected ({b},) to match the sample"
+        )
+    if not (jnp.issubdtype(priorities.dtype, jnp.floating) or jnp.issubdtype(priorities.dtype, jnp.integer)):
+        raise InvalidArgumentError(f"update_priorities: priorities has dtype {priorities.dtype}; expected floats")
+    return jax.ffi.ffi_call(_ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)(
+        sample.indices.astype(jnp.int32),
+        sample.generations.astype(jnp.uint32),
+        priorities.astype(jnp.float32),
+        _after(after),
+        **_attrs(table),
+    )

@@ -1,0 +1,377 @@
+"""Tables in named shared host memory: create, attach from other processes, insert, write episodes."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from gear_jax import _native
+from gear_jax.errors import (
+    InvalidArgumentError,
+    TableClosedError,
+    TableMismatchError,
+    TableNotFoundError,
+)
+from gear_jax.spec import TableSpec
+
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+def to_numpy(value: Any, what: str) -> np.ndarray:
+    """A host numpy array for a numpy, JAX or PyTorch array (or anything array-like)."""
+    if type(value).__module__.startswith("torch"):
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            import torch
+
+            return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
+    try:
+        return np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - report what could not be converted
+        raise InvalidArgumentError(f"{what} could not be converted to an array: {e}") from e
+
+
+class Table:
+    """A replay table in named shared host memory.
+
+    Create one with `Table.create(spec)`; other processes on the host open it with
+    `Table.attach(table.name)` and insert into the same memory. Inside `jax.jit`, pass the table to
+    `gear_jax.sample`, `gear_jax.gather` and `gear_jax.update_priorities` as a static Python object.
+
+    A compiled function follows the table it was traced with: once the table is closed it raises
+    instead of reading freed memory. The creator removes the name on `close()` (or at exit); memory
+    stays mapped until every process that attached has closed it.
+    """
+
+    def __init__(self, native: Any, spec: TableSpec):
+        self._native = native
+        self._spec = spec
+        self._finalizer = weakref.finalize(self, native.close)
+        memory = np.frombuffer(native, dtype=np.uint8)
+        layout = native.layout()
+        capacity, steps = spec.capacity, spec.max_steps
+
+        def column(offset: int, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+            return np.ndarray(shape, dtype=dtype, buffer=memory, offset=offset, strides=strides)
+
+        self._columns: dict[str, np.ndarray] = {}
+        for (name, field), (offset, row_stride, step_bytes) in zip(spec.fields.items(), layout["fields"]):
+            inner = tuple(int(s) for s in np.empty(field.shape, field.dtype).strides)
+            self._columns[name] = column(
+                offset, field.dtype, (capacity, steps, *field.shape), (row_stride, step_bytes, *inner)
+            )
+        self._state = column(layout["state"], np.uint64, (capacity,), (8,))
+        self._length = column(layout["length"], np.int32, (capacity,), (4,))
+        self._insert_seq = column(layout["insert_seq"], np.uint64, (capacity,), (8,))
+        self._times_sampled = column(layout["times_sampled"], np.uint32, (capacity,), (4,))
+
+    # -- opening and closing ------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, spec: TableSpec, name: str | None = None) -> Table:
+        """Creates a table in new shared memory (mode 0600).
+
+        Args:
+          spec: the table's `TableSpec`.
+          name: the shared-memory name; by default an unguessable `gear_jax_<32 hex digits>`.
+
+        Raises:
+          InvalidArgumentError: `name` is malformed or already in use.
+          RuntimeError: the host has too little shared memory (/dev/shm) for the table.
+        """
+        if not isinstance(spec, TableSpec):
+            raise InvalidArgumentError(f"spec must be a gear_jax.TableSpec, got {type(spec).__name__}")
+        if name is None:
+            name = f"gear_jax_{secrets.token_hex(16)}"
+        elif not isinstance(name, str) or not _NAME_PATTERN.match(name):
+            raise InvalidArgumentError(f"name {name!r} must be 1-200 characters of letters, digits, '_', '.', '-'")
+        step_bytes = [f.step_bytes for f in spec.fields.values()]
+        try:
+            native = _native.NativeTable.create(
+                name, spec.capacity, spec.max_steps, step_bytes, spec.to_json(), spec.spec_hash
+            )
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from e
+        return cls(native, spec)
+
+    @classmethod
+    def attach(cls, name: str, spec: TableSpec | None = None) -> Table:
+        """Opens a table that another process (or this one) created, by name.
+
+        Args:
+          name: the creator's `table.name`.
+          spec: if given, the table must have exactly this spec.
+
+        Raises:
+          TableNotFoundError: no table of that name exists on this host.
+          TableMismatchError: the mapping is not a gear_jax table, or its spec differs from `spec`.
+        """
+        if not isinstance(name, str) or not _NAME_PATTERN.match(name):
+            raise InvalidArgumentError(f"name {name!r} is not a table name")
+        try:
+            native = _native.NativeTable.attach(name)
+        except _native.TableNotFoundError as e:
+            raise TableNotFoundError(str(e)) from None
+        except _native.TableFormatError as e:
+            raise TableMismatchError(str(e)) from None
+        try:
+            stored = TableSpec.from_json(native.spec_json)
+            if stored.spec_hash != native.spec_hash:
+                raise TableMismatchError(f"table '{name}' has a header whose spec hash does not match its spec")
+            if spec is not None and spec != stored:
+                raise TableMismatchError(
+                    f"table '{name}' has spec {stored.to_json()}, not the requested {spec.to_json()}"
+                )
+        except Exception:
+            native.close()
+            raise
+        return cls(native, stored)
+
+    def close(self) -> None:
+        """Closes this process's view of the table. Idempotent. The creator also removes the name."""
+        self._finalizer()
+
+    def __enter__(self) -> Table:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"size={self.size}"
+        return f"Table(name={self.name!r}, capacity={self.capacity}, max_steps={self.max_steps}, {state})"
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def spec(self) -> TableSpec:
+        return self._spec
+
+    @property
+    def capacity(self) -> int:
+        return self._spec.capacity
+
+    @property
+    def max_steps(self) -> int:
+        return self._spec.max_steps
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    @property
+    def handle(self) -> int:
+        """The integer compiled calls carry to find this table in the process's registry."""
+        return self._native.handle
+
+    @property
+    def size(self) -> int:
+        """Rows holding a committed trajectory (at most `capacity`)."""
+        return int(self._live().size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the table occupies."""
+        return int(self._live().total_bytes)
+
+    def _live(self) -> Any:
+        if self._native.closed:
+            raise TableClosedError(f"table {self._native.name!r} is closed; open it again with Table.attach or create a new one")
+        return self._native
+
+    def row_status(self) -> dict[str, np.ndarray]:
+        """A snapshot of every row's status: generation, priority, length, insert_seq, times_sampled."""
+        self._live()
+        state = self._state.copy()
+        return {
+            "generation": (state >> np.uint64(32)).astype(np.uint32),
+            "priority": (state & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32),
+            "length": self._length.copy(),
+            "insert_seq": self._insert_seq.copy(),
+            "times_sampled": self._times_sampled.copy(),
+        }
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def insert(self, batch: Mapping[str, Any], priorities: Any = None, lengths: Any = None) -> np.ndarray:
+        """Inserts a batch of rows; returns their row ids, int32[B].
+
+        Args:
+          batch: one array per field (numpy, JAX or PyTorch), `[B, *shape]` for a transition table,
+            `[B, T, *shape]` with `1 <= T <= max_steps` for a trajectory table. Dtypes must match the
+            spec or cast to it safely (int8 into int32, say); anything else is refused.
+          priorities: float[B] or a scalar, finite and >= 0; default 1. Rows of priority 0 are stored
+            but not sampled until their priority is raised.
+          lengths: int[B] steps actually used per row (trajectory tables), each in [1, T]; default T.
+
+        Raises:
+          InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes, bad priorities or
+            lengths. Nothing is written then.
+        """
+        native = self._live()
+        arrays, rows, steps = self._check_batch(batch)
+        if rows == 0:
+            return np.zeros((0,), np.int32)
+        priorities = self._check_priorities(priorities, rows)
+        if lengths is None:
+            lengths = np.full((rows,), steps, np.int32)
+        else:
+            lengths = to_numpy(lengths, "lengths")
+            if lengths.shape != (rows,) or not np.issubdtype(lengths.dtype, np.integer):
+                raise InvalidArgumentError(f"lengths has shape {lengths.shape} and dtype {lengths.dtype}; expected integers of shape ({rows},)")
+            bad = np.flatnonzero((lengths < 1) | (lengths > steps))
+            if bad.size:
+                raise InvalidArgumentError(f"lengths[{bad[0]}] = {lengths[bad[0]]} is outside [1, {steps}] (the batch's time axis)")
+            lengths = lengths.astype(np.int32)
+        buffers = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+        return native.insert(buffers, rows, steps, lengths, priorities)
+
+    def _check_batch(self, batch: Mapping[str, Any]) -> tuple[list[np.ndarray], int, int]:
+        if not isinstance(batch, Mapping):
+            raise InvalidArgumentError(f"batch must be a mapping of field name to array, got {type(batch).__name__}")
+        names = list(self._spec.fields)
+        unknown = sorted(set(batch) - set(names))
+        missing = [n for n in names if n not in batch]
+        if unknown:
+            raise InvalidArgumentError(f"batch has unknown fields {unknown}; the table's fields are {names}")
+        if missing:
+            raise InvalidArgumentError(f"batch is missing fields {missing}; every insert writes all of {names}")
+        arrays: list[np.ndarray] = []
+        rows = steps = None
+        for name, field in self._spec.fields.items():
+            array = to_numpy(batch[name], f"batch[{name!r}]")
+            lead = 2 if self._spec.is_trajectory else 1
+            layout = "[B, T, *shape]" if self._spec.is_trajectory else "[B, *shape]"
+            if array.ndim != lead + len(field.shape) or array.shape[lead:] != field.shape:
+                raise InvalidArgumentError(
+                    f"batch[{name!r}] has shape {array.shape}; expected {layout} with shape={field.shape}"
+                )
+            b = array.shape[0]
+            t = array.shape[1] if self._spec.is_trajectory else 1
+            if rows is None:
+                rows, steps = b, t
+            elif (b, t) != (rows, steps):
+                raise InvalidArgumentError(
+                    f"batch[{name!r}] has {b} rows and {t} steps, but earlier fields have {rows} rows and {steps} steps"
+                )
+            if array.dtype != field.dtype:
+                if not np.can_cast(array.dtype, field.dtype, casting="safe"):
+                    raise InvalidArgumentError(
+                        f"batch[{name!r}] has dtype {array.dtype}, expected {field.dtype}; cast it first "
+                        f"(e.g. .astype('{field.dtype}')): only safe casts are made automatically"
+                    )
+                array = array.astype(field.dtype)
+            arrays.append(array)
+        assert rows is not None and steps is not None
+        if not 1 <= steps <= self._spec.max_steps and rows > 0:
+            raise InvalidArgumentError(f"the batch has {steps} steps per row; the table holds 1 to max_steps={self._spec.max_steps}")
+        return arrays, rows, steps
+
+    @staticmethod
+    def _check_priorities(priorities: Any, rows: int) -> np.ndarray:
+        if priorities is None:
+            return np.ones((rows,), np.float32)
+        p = to_numpy(priorities, "priorities")
+        if p.ndim == 0:
+            p = np.full((rows,), p)
+        if p.shape != (rows,) or not (np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)):
+            raise InvalidArgumentError(f"priorities has shape {p.shape}, expected ({rows},) to match the batch")
+        p = p.astype(np.float32)
+        bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
+        if bad.size:
+            raise InvalidArgumentError(f"priorities[{bad[0]}] = {p[bad[0]]}; priorities must be finite and >= 0")
+        return p
+
+    def writer(self) -> EpisodeWriter:
+        """A step-by-step writer of episodes into rows of this table (use as a context manager)."""
+        self._live()
+        return EpisodeWriter(self)
+
+
+class EpisodeWriter:
+    """Writes episodes step by step, in place, into the row it holds.
+
+    The first `append` claims a row (odd generation: it is never sampled while being written); each
+    step's arrays are copied straight into the table's memory; `end_episode` publishes the row with its
+    length and priority. Leaving the `with` block (or `close()`) abandons an unfinished episode.
+    """
+
+    def __init__(self, table: Table):
+        self._table = table
+        self._row: int | None = None
+        self._steps = 0
+
+    @property
+    def steps(self) -> int:
+        """Steps appended to the current episode."""
+        return self._steps
+
+    def append(self, step: Mapping[str, Any]) -> None:
+        """Appends one step: a mapping of every field name to an array of the field's shape.
+
+        Raises:
+          InvalidArgumentError: missing or unknown fields, wrong shape or dtype, or an episode that
+            would exceed `max_steps` (end it first).
+        """
+        table = self._table
+        native = table._live()
+        spec = table.spec
+        if not isinstance(step, Mapping) or set(step) != set(spec.fields):
+            got = sorted(step) if isinstance(step, Mapping) else type(step).__name__
+            raise InvalidArgumentError(f"step must map every field {list(spec.fields)} to an array; got {got}")
+        if self._steps >= spec.max_steps:
+            raise InvalidArgumentError(
+                f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
+            )
+        values = {}
+        for name, field in spec.fields.items():
+            value = to_numpy(step[name], f"step[{name!r}]")
+            if value.shape != field.shape:
+                raise InvalidArgumentError(f"step[{name!r}] has shape {value.shape}, expected {field.shape}")
+            if value.dtype != field.dtype and not np.can_cast(value.dtype, field.dtype, casting="safe"):
+                raise InvalidArgumentError(f"step[{name!r}] has dtype {value.dtype}, expected {field.dtype}")
+            values[name] = value
+        if self._row is None:
+            self._row = int(native.claim())
+        for name, value in values.items():
+            table._columns[name][self._row, self._steps] = value
+        self._steps += 1
+
+    def end_episode(self, priority: float = 1.0) -> int:
+        """Publishes the episode; returns its row id.
+
+        Raises:
+          InvalidArgumentError: no step was appended, or `priority` is not finite and >= 0.
+        """
+        p = float(priority)
+        if not np.isfinite(p) or p < 0:
+            raise InvalidArgumentError(f"priority = {priority!r}; it must be finite and >= 0")
+        if self._row is None:
+            raise InvalidArgumentError("end_episode() needs at least one append() first")
+        row, self._row = self._row, None
+        steps, self._steps = self._steps, 0
+        self._table._live().commit(row, steps, p)
+        return row
+
+    def close(self) -> None:
+        """Abandons an unfinished episode (the row becomes empty again)."""
+        if self._row is not None and not self._table.closed:
+            self._table._native.abandon(self._row)
+        self._row, self._steps = None, 0
+
+    def __enter__(self) -> EpisodeWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

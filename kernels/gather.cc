@@ -1,0 +1,66 @@
+#include "gather.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "atomics.h"
+
+namespace gear {
+
+KernelStatus CheckRowsInRange(const TableView& t, const int32_t* indices, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (indices[i] < 0 || indices[i] >= t.capacity) {
+      return {KernelCode::kOutOfRange, "indices[" + std::to_string(i) + "] = " +
+                                           std::to_string(indices[i]) + " is outside [0, " +
+                                           std::to_string(t.capacity) + "); pass a Sample from this table"};
+    }
+  }
+  return {};
+}
+
+KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uint32_t* generations,
+                           const int32_t* starts, const GatherRequest& r, GatherOutputs out) {
+  if (KernelStatus s = CheckRowsInRange(t, indices, r.batch_size); !s.ok()) return s;
+  for (int64_t i = 0; i < r.batch_size; ++i) {
+    if (starts[i] < 0 || starts[i] >= t.max_steps) {
+      return {KernelCode::kOutOfRange, "starts[" + std::to_string(i) + "] = " +
+                                           std::to_string(starts[i]) + " is outside [0, max_steps=" +
+                                           std::to_string(t.max_steps) + ")"};
+    }
+  }
+  const int64_t window = r.window;
+  for (int64_t i = 0; i < r.batch_size; ++i) {
+    const int64_t row = indices[i];
+    const uint32_t generation = generations[i];
+    const uint64_t before = LoadAcquire(&t.state[row]);
+    bool ok = StateGeneration(before) == generation && (generation & 1u) == 0;
+    int64_t steps = 0;
+    if (ok) {
+      const int64_t length = LoadRelaxed(&t.length[row]);
+      steps = std::clamp<int64_t>(length - starts[i], 0, window);
+    }
+    for (int32_t f = 0; f < r.num_fields; ++f) {
+      const FieldView& field = t.fields[r.field_ids[f]];
+      uint8_t* dst = out.fields[f] + i * window * field.step_bytes;
+      const uint8_t* src = field.data + row * field.row_stride + starts[i] * field.step_bytes;
+      const int64_t copied = steps * field.step_bytes;
+      if (copied > 0) std::memcpy(dst, src, static_cast<size_t>(copied));
+      std::memset(dst + copied, 0, static_cast<size_t>(window * field.step_bytes - copied));
+    }
+    FenceAcquire();
+    const uint64_t after = LoadRelaxed(&t.state[row]);
+    if (ok && StateGeneration(after) != generation) {
+      ok = false;
+      for (int32_t f = 0; f < r.num_fields; ++f) {
+        const FieldView& field = t.fields[r.field_ids[f]];
+        std::memset(out.fields[f] + i * window * field.step_bytes, 0,
+                    static_cast<size_t>(window * field.step_bytes));
+      }
+    }
+    for (int64_t s = 0; s < window; ++s) out.valid[i * window + s] = ok && s < steps;
+  }
+  return {};
+}
+
+}  // namespace gear

@@ -1,0 +1,42 @@
+#include "priorities.h"
+
+#include <cmath>
+#include <string>
+
+#include "atomics.h"
+#include "gather.h"
+
+namespace gear {
+
+KernelStatus ScatterPrioritiesCpu(const TableView& t, const int32_t* indices,
+                                 const uint32_t* generations, const float* priorities, int64_t n,
+                                 int32_t* updated) {
+  if (KernelStatus s = CheckRowsInRange(t, indices, n); !s.ok()) return s;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(priorities[i]) || priorities[i] < 0.0f) {
+      return {KernelCode::kInvalidArgument,
+              "priorities[" + std::to_string(i) + "] = " + std::to_string(priorities[i]) +
+                  "; priorities must be finite and >= 0 (no row was updated)"};
+    }
+  }
+  int32_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t* word = &t.state[indices[i]];
+    const uint32_t generation = generations[i];
+    uint64_t current = LoadAcquire(word);
+    // Retry only while the generation still matches: a failed exchange reloads `current`.
+    while (StateGeneration(current) == generation && (generation & 1u) == 0 && generation != 0) {
+      const float old_priority = StatePriority(current);
+      if (CompareExchange(word, &current, MakeState(generation, priorities[i]))) {
+        const bool was = old_priority > 0.0f, is = priorities[i] > 0.0f;
+        if (was != is) FetchAdd<int64_t>(t.selectable, is ? 1 : -1);
+        ++count;
+        break;
+      }
+    }
+  }
+  *updated = count;
+  return {};
+}
+
+}  // namespace gear

@@ -1,0 +1,215 @@
+#include "sample.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "atomics.h"
+#include "philox.h"
+
+namespace gear {
+namespace {
+
+constexpr int kUniformAttempts = 64;
+constexpr int64_t kPriorityBlock = 4096;
+
+int64_t ClaimedRows(const TableView& t) {
+  uint64_t next = LoadRelaxed(t.next_seq);
+  return next < static_cast<uint64_t>(t.capacity) ? static_cast<int64_t>(next) : t.capacity;
+}
+
+KernelStatus Empty() {
+  return {KernelCode::kEmpty,
+          "the table holds no selectable rows (every row is empty, being written, or has priority "
+          "0); insert rows before sampling"};
+}
+
+double Weight(uint64_t state, float exponent) {
+  if (!StateSelectable(state)) return 0.0;
+  double p = StatePriority(state);
+  if (exponent == 1.0f) return p;
+  if (exponent == 0.0f) return 1.0;
+  return std::pow(p, static_cast<double>(exponent));
+}
+
+int32_t WindowStart(const TableView& t, int64_t row, const SampleRequest& r, uint32_t pick) {
+  if (r.window <= 0) return 0;
+  int32_t length = LoadRelaxed(&t.length[row]);
+  int64_t choices = std::max<int64_t>(length - r.window, 0) + 1;
+  double u = UniformDouble(r.seed0, r.seed1, pick, 0, Draw::kWindowStart);
+  return static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(u * choices), choices - 1));
+}
+
+void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
+            uint64_t state, float probability) {
+  out.indices[pick] = static_cast<int32_t>(row);
+  out.generations[pick] = StateGeneration(state);
+  out.probabilities[pick] = probability;
+  out.starts[pick] = WindowStart(t, row, r, static_cast<uint32_t>(pick));
+  FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
+}
+
+KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleResult out) {
+  const int64_t claimed = ClaimedRows(t);
+  if (claimed == 0) return Empty();
+  std::vector<std::pair<int64_t, uint64_t>> selectable;  // filled only if rejection keeps failing
+  bool scanned = false;
+  for (int64_t i = 0; i < r.batch_size; ++i) {
+    const uint32_t pick = static_cast<uint32_t>(i);
+    int64_t row = -1;
+    uint64_t state = 0;
+    for (int attempt = 0; attempt < kUniformAttempts && row < 0; ++attempt) {
+      double u = UniformDouble(r.seed0, r.seed1, pick, attempt, Draw::kSelect);
+      int64_t candidate = std::min<int64_t>(static_cast<int64_t>(u * claimed), claimed - 1);
+      uint64_t s = LoadAcquire(&t.state[candidate]);
+      if (StateSelectable(s)) row = candidate, state = s;
+    }
+    if (row < 0) {
+      if (!scanned) {
+        for (int64_t k = 0; k < claimed; ++k) {
+          uint64_t s = LoadAcquire(&t.state[k]);
+          if (StateSelectable(s)) selectable.emplace_back(k, s);
+        }
+        scanned = true;
+      }
+      if (selectable.empty()) return Empty();
+      double u = UniformDouble(r.seed0, r.seed1, pick, 0, Draw::kFallback);
+      size_t k = std::min(static_cast<size_t>(u * selectable.size()), selectable.size() - 1);
+      row = selectable[k].first;
+      state = selectable[k].second;
+    }
+    Record(t, r, out, i, row, state, 0.0f);
+  }
+  int64_t count = scanned ? static_cast<int64_t>(selectable.size()) : LoadRelaxed(t.selectable);
+  float probability = 1.0f / static_cast<float>(std::max<int64_t>(count, 1));
+  for (int64_t i = 0; i < r.batch_size; ++i) out.probabilities[i] = probability;
+  return {};
+}
+
+KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, SampleResult out) {
+  const int64_t claimed = ClaimedRows(t);
+  const int64_t num_blocks = (claimed + kPriorityBlock - 1) / kPriorityBlock;
+  // Pass 1: the weight of every block, summed in row order.
+  std::vector<double> block_start(num_blocks + 1, 0.0);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    double sum = 0.0;
+    const int64_t end = std::min(claimed, (b + 1) * kPriorityBlock);
+    for (int64_t k = b * kPriorityBlock; k < end; ++k) {
+      sum += Weight(LoadRelaxed(&t.state[k]), r.priority_exponent);
+    }
+    block_start[b + 1] = block_start[b] + sum;
+  }
+  const double total = block_start[num_blocks];
+  if (!(total > 0.0)) return Empty();
+
+  // Pass 2: the picks in increasing target order; each one walks from its block's start to the first
+  // row whose running prefix exceeds the target.
+  std::vector<std::pair<double, int64_t>> targets(r.batch_size);
+  for (int64_t i = 0; i < r.batch_size; ++i) {
+    targets[i] = {UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kSelect) * total,
+                  i};
+  }
+  std::sort(targets.begin(), targets.end());
+  int64_t block = 0, row = 0;
+  double running = 0.0;
+  int64_t last_row = -1;
+  uint64_t last_state = 0;
+  double last_weight = 0.0;
+  for (const auto& [target, pick] : targets) {
+    while (block + 1 < num_blocks && block_start[block + 1] <= target) ++block;
+    if (block * kPriorityBlock > row) row = block * kPriorityBlock, running = block_start[block];
+    bool assigned = false;
+    for (; row < claimed; ++row) {
+      uint64_t s = LoadAcquire(&t.state[row]);
+      double w = Weight(s, r.priority_exponent);
+      if (w <= 0.0) continue;
+      last_row = row, last_state = s, last_weight = w;
+      if (running + w > target) {
+        Record(t, r, out, pick, row, s, static_cast<float>(w / total));
+        assigned = true;
+        break;
+      }
+      running += w;
+    }
+    if (assigned) continue;
+    // Rounding, or writers lowering weights since pass 1: the target lies past the last row.
+    if (last_row < 0) {
+      for (int64_t k = claimed - 1; k >= 0 && last_row < 0; --k) {
+        uint64_t s = LoadAcquire(&t.state[k]);
+        double w = Weight(s, r.priority_exponent);
+        if (w > 0.0) last_row = k, last_state = s, last_weight = w;
+      }
+      if (last_row < 0) return Empty();
+    }
+    Record(t, r, out, pick, last_row, last_state, static_cast<float>(last_weight / total));
+  }
+  return {};
+}
+
+struct Candidate {
+  uint64_t key;  // insert_seq (fifo, lifo) or priority bits (topk)
+  int64_t row;
+  uint64_t state;
+};
+
+KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleResult out) {
+  const int64_t claimed = ClaimedRows(t);
+  const SampleMethod method = r.method;
+  // better(a, b): a comes before b in the answer.
+  auto better = [method](const Candidate& a, const Candidate& b) {
+    switch (method) {
+      case SampleMethod::kFifo: return a.key < b.key;
+      case SampleMethod::kLifo: return a.key > b.key;
+      default: {
+        float pa = StatePriority(a.state), pb = StatePriority(b.state);
+        return pa > pb || (pa == pb && a.row < b.row);
+      }
+    }
+  };
+  // A bounded heap of the best batch_size candidates; its front is the worst of them.
+  std::vector<Candidate> heap;
+  heap.reserve(static_cast<size_t>(r.batch_size));
+  int64_t count = 0;
+  for (int64_t k = 0; k < claimed; ++k) {
+    uint64_t s = LoadAcquire(&t.state[k]);
+    if (!StateSelectable(s)) continue;
+    ++count;
+    Candidate c{method == SampleMethod::kTopK ? 0 : LoadRelaxed(&t.insert_seq[k]), k, s};
+    if (static_cast<int64_t>(heap.size()) < r.batch_size) {
+      heap.push_back(c);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (better(c, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = c;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  if (count == 0) return Empty();
+  if (count < r.batch_size) {
+    return {KernelCode::kTooFew,
+            "the table holds " + std::to_string(count) + " selectable rows, fewer than batch_size " +
+                std::to_string(r.batch_size) +
+                "; fifo, lifo and topk return distinct rows: lower batch_size or insert more rows"};
+  }
+  std::sort(heap.begin(), heap.end(), better);
+  for (int64_t i = 0; i < r.batch_size; ++i) {
+    Record(t, r, out, i, heap[i].row, heap[i].state, 1.0f);
+  }
+  return {};
+}
+
+}  // namespace
+
+KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out) {
+  switch (request.method) {
+    case SampleMethod::kUniform: return SampleUniform(table, request, out);
+    case SampleMethod::kPrioritized: return SamplePrioritized(table, request, out);
+    case SampleMethod::kFifo:
+    case SampleMethod::kLifo:
+    case SampleMethod::kTopK: return SampleOrdered(table, request, out);
+  }
+  return {KernelCode::kInvalidArgument, "unknown sampling method"};
+}
+
+}  // namespace gear

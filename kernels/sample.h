@@ -1,0 +1,46 @@
+// Selection of rows: uniform, prioritized, fifo, lifo and top-k, plus the start of a time window.
+// CPU implementation in sample.cc; the CUDA one (sample.cu) keeps the same semantics.
+//
+// Every method selects only selectable rows (even generation, priority > 0) and records the generation
+// it saw, so that gather and update_priorities can tell when the row was overwritten since.
+//  - uniform: each selectable row with probability 1/V (rejection over the claimed rows, then an exact
+//    fallback scan after 64 rejections, so the distribution is exactly uniform);
+//  - prioritized: row i with probability p_i^a / sum_j p_j^a (block sums, then a prefix walk per
+//    sorted pick);
+//  - fifo / lifo: the batch_size oldest / newest committed rows, oldest / newest first;
+//  - topk: the batch_size highest priorities, highest first, ties to the lower row id.
+// `window` > 0 places a window of that many steps inside each picked row, its start uniform over the
+// max(length - window, 0) + 1 possible starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "table_view.h"
+
+namespace gear {
+
+struct SampleRequest {
+  SampleMethod method = SampleMethod::kUniform;
+  float priority_exponent = 1.0f;
+  int32_t window = 0;
+  uint32_t seed0 = 0, seed1 = 0;
+  int64_t batch_size = 0;
+};
+
+struct SampleResult {
+  int32_t* indices;
+  uint32_t* generations;
+  float* probabilities;
+  int32_t* starts;
+};
+
+struct KernelStatus {
+  KernelCode code = KernelCode::kOk;
+  std::string message;
+  bool ok() const { return code == KernelCode::kOk; }
+};
+
+KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out);
+
+}  // namespace gear

@@ -1,0 +1,71 @@
+// Plain views of a gear_jax table's memory, shared by the CPU and CUDA kernels.
+//
+// A table is one mapping: a header, the per-row status columns and one column per field. The kernels
+// see it through TableView, built by the runtime (xla_ffi/) from the header; they never know where the
+// memory came from (shared memory on the host, or the same memory mapped into a GPU's address space).
+//
+// Row status. The generation and the priority share one 64-bit word, `state`:
+//   state = (uint64 generation << 32) | bits of float32 priority
+// so that a writer's claim (generation even -> odd, priority -> 0) and a priority update (priority
+// changes only if the generation is still the sampled one) are each a single compare-and-swap. An odd
+// generation marks a row being written (a seqlock); a row is selectable when its generation is even and
+// its priority is > 0. Every other column is published before the even generation (release order).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define GEAR_HD __host__ __device__ __forceinline__
+#else
+#define GEAR_HD inline
+#endif
+
+namespace gear {
+
+inline constexpr int kMaxFields = 64;
+
+enum class SampleMethod : int32_t { kUniform = 0, kPrioritized = 1, kFifo = 2, kLifo = 3, kTopK = 4 };
+
+struct FieldView {
+  uint8_t* data;       // first byte of row 0, step 0
+  int64_t row_stride;  // bytes between rows (>= max_steps * step_bytes, 16-byte multiple)
+  int64_t step_bytes;  // bytes of one step of this field
+};
+
+struct TableView {
+  int64_t capacity = 0;
+  int32_t max_steps = 0;
+  int32_t num_fields = 0;
+  uint64_t* state = nullptr;          // [capacity] generation << 32 | priority bits
+  int32_t* length = nullptr;          // [capacity] committed steps
+  uint64_t* insert_seq = nullptr;     // [capacity] commit order (1, 2, ...), for fifo/lifo
+  uint32_t* times_sampled = nullptr;  // [capacity]
+  const uint64_t* next_seq = nullptr; // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
+  int64_t* selectable = nullptr;      // count of rows with an even generation and priority > 0
+  FieldView fields[kMaxFields];
+};
+
+GEAR_HD uint32_t StateGeneration(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
+
+GEAR_HD float StatePriority(uint64_t state) {
+  uint32_t bits = static_cast<uint32_t>(state);
+  float p;
+  memcpy(&p, &bits, sizeof(p));
+  return p;
+}
+
+GEAR_HD uint64_t MakeState(uint32_t generation, float priority) {
+  uint32_t bits;
+  memcpy(&bits, &priority, sizeof(bits));
+  return (static_cast<uint64_t>(generation) << 32) | bits;
+}
+
+GEAR_HD bool StateSelectable(uint64_t state) {
+  return (StateGeneration(state) & 1u) == 0 && StatePriority(state) > 0.0f;
+}
+
+// Result of a kernel: kOk, or a code and a message the runtime turns into an error.
+enum class KernelCode : int32_t { kOk = 0, kEmpty = 1, kOutOfRange = 2, kInvalidArgument = 3, kTooFew = 4 };
+
+}  // namespace gear

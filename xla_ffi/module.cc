@@ -1,0 +1,191 @@
+// The pybind11 module gear_jax._native: the shared-memory table for Python, and the FFI handlers as
+// capsules for jax.ffi.register_ffi_target.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/atomics.h"
+#include "xla_ffi/cpu_handlers.h"
+#include "xla_ffi/registry.h"
+#include "xla_ffi/shared_table.h"
+
+#ifndef GEAR_JAX_WITH_CUDA
+#define GEAR_JAX_WITH_CUDA 0
+#endif
+#if GEAR_JAX_WITH_CUDA
+#include "xla_ffi/cuda_handlers.h"
+#endif
+
+namespace py = pybind11;
+
+namespace gear {
+namespace {
+
+// A table opened by this process: the mapping and its registry handle.
+class OpenTable {
+ public:
+  explicit OpenTable(std::shared_ptr<SharedTable> table)
+      : table_(std::move(table)), handle_(RegisterTable(table_)) {}
+  ~OpenTable() { Close(); }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    UnregisterTable(handle_);
+    if (table_->creator()) table_->Unlink();
+  }
+  SharedTable& table() {
+    if (closed_) throw std::runtime_error("table '" + table_->name() + "' is closed");
+    return *table_;
+  }
+  const std::shared_ptr<SharedTable>& shared() const { return table_; }
+  int64_t handle() const { return handle_; }
+  bool closed() const { return closed_; }
+
+ private:
+  std::shared_ptr<SharedTable> table_;
+  int64_t handle_;
+  bool closed_ = false;
+};
+
+py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::buffer>& fields, int64_t batch,
+                            int32_t steps, py::array_t<int32_t, py::array::c_style | py::array::forcecast> lengths,
+                            py::array_t<float, py::array::c_style | py::array::forcecast> priorities) {
+  SharedTable& table = self.table();
+  const TableView& view = table.view();
+  if (static_cast<int32_t>(fields.size()) != view.num_fields) {
+    throw std::invalid_argument("expected one array per field");
+  }
+  if (steps < 1 || steps > view.max_steps) throw std::invalid_argument("steps outside [1, max_steps]");
+  if (lengths.size() != batch || priorities.size() != batch) {
+    throw std::invalid_argument("lengths and priorities need one entry per row");
+  }
+  std::vector<py::buffer_info> infos;
+  std::vector<const uint8_t*> data;
+  for (int32_t f = 0; f < view.num_fields; ++f) {
+    infos.push_back(fields[f].request());
+    const py::buffer_info& info = infos.back();
+    const int64_t expected = batch * steps * view.fields[f].step_bytes;
+    if (info.size * info.itemsize != expected) {
+      throw std::invalid_argument("field " + std::to_string(f) + " holds " + std::to_string(info.size * info.itemsize) +
+                                  " bytes, expected " + std::to_string(expected));
+    }
+    data.push_back(static_cast<const uint8_t*>(info.ptr));
+  }
+  std::vector<int32_t> rows;
+  {
+    py::gil_scoped_release release;
+    rows = table.Insert(data, batch, steps, lengths.data(), priorities.data());
+  }
+  py::array_t<int32_t> out(static_cast<py::ssize_t>(rows.size()));
+  std::memcpy(out.mutable_data(), rows.data(), rows.size() * sizeof(int32_t));
+  return out;
+}
+
+py::dict Layout(OpenTable& self) {
+  SharedTable& table = self.table();
+  const TableHeader* h = table.header();
+  py::dict layout;
+  layout["state"] = h->state_offset;
+  layout["length"] = h->length_offset;
+  layout["insert_seq"] = h->insert_seq_offset;
+  layout["times_sampled"] = h->times_sampled_offset;
+  layout["writer_pid"] = h->writer_pid_offset;
+  py::list fields;
+  for (int f = 0; f < h->num_fields; ++f) {
+    fields.append(py::make_tuple(h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes));
+  }
+  layout["fields"] = fields;
+  return layout;
+}
+
+template <typename T>
+py::capsule Capsule(T* fn) {
+  return py::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+}  // namespace gear
+
+PYBIND11_MODULE(_native, m) {
+  using gear::OpenTable;
+  using gear::SharedTable;
+  m.doc() = "gear_jax native runtime: shared-memory tables and XLA FFI handlers";
+
+  static py::exception<gear::NotFoundError> not_found(m, "TableNotFoundError", PyExc_FileNotFoundError);
+  static py::exception<gear::FormatError> format(m, "TableFormatError", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const gear::NotFoundError& e) {
+      py::set_error(not_found, e.what());
+    } catch (const gear::FormatError& e) {
+      py::set_error(format, e.what());
+    }
+  });
+
+  m.def("registrations", [] {
+    py::dict cpu;
+    cpu["gear_jax_sample"] = gear::Capsule(GearJaxSampleCpu);
+    cpu["gear_jax_gather"] = gear::Capsule(GearJaxGatherCpu);
+    cpu["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCpu);
+    py::dict out;
+    out["cpu"] = cpu;
+#if GEAR_JAX_WITH_CUDA
+    py::dict cuda;
+    cuda["gear_jax_sample"] = gear::Capsule(GearJaxSampleCuda);
+    cuda["gear_jax_gather"] = gear::Capsule(GearJaxGatherCuda);
+    cuda["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCuda);
+    out["CUDA"] = cuda;
+#endif
+    return out;
+  });
+  m.attr("with_cuda") = py::bool_(GEAR_JAX_WITH_CUDA);
+  m.attr("format_version") = gear::kFormatVersion;
+  m.def("row_stride", &gear::RowStride, py::arg("row_bytes"));
+
+  py::class_<OpenTable>(m, "NativeTable", py::buffer_protocol())
+      .def_static(
+          "create",
+          [](const std::string& name, int64_t capacity, int32_t max_steps,
+             const std::vector<int64_t>& step_bytes, const std::string& spec_json, uint64_t spec_hash) {
+            return std::make_unique<OpenTable>(
+                SharedTable::Create(name, capacity, max_steps, step_bytes, spec_json, spec_hash));
+          },
+          py::arg("name"), py::arg("capacity"), py::arg("max_steps"), py::arg("step_bytes"),
+          py::arg("spec_json"), py::arg("spec_hash"))
+      .def_static("attach",
+                  [](const std::string& name) { return std::make_unique<OpenTable>(SharedTable::Attach(name)); },
+                  py::arg("name"))
+      .def_buffer([](OpenTable& self) {
+        SharedTable& t = self.table();
+        return py::buffer_info(t.base(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(t.total_bytes())}, {1});
+      })
+      .def("close", &OpenTable::Close)
+      .def_property_readonly("closed", &OpenTable::closed)
+      .def_property_readonly("handle", &OpenTable::handle)
+      .def_property_readonly("name", [](OpenTable& s) { return s.shared()->name(); })
+      .def_property_readonly("creator", [](OpenTable& s) { return s.shared()->creator(); })
+      .def_property_readonly("spec_json", [](OpenTable& s) { return s.table().spec_json(); })
+      .def_property_readonly("spec_hash", [](OpenTable& s) { return s.table().header()->spec_hash; })
+      .def_property_readonly("total_bytes", [](OpenTable& s) { return s.table().total_bytes(); })
+      .def_property_readonly("size", [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->size); })
+      .def_property_readonly("selectable",
+                             [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->selectable); })
+      .def_property_readonly("next_seq", [](OpenTable& s) {
+        return __atomic_load_n(&s.table().header()->next_seq, __ATOMIC_RELAXED);
+      })
+      .def("layout", &gear::Layout)
+      .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
+           py::arg("priorities"))
+      .def("claim", [](OpenTable& s) { return s.table().Claim(); })
+      .def("commit", [](OpenTable& s, int64_t row, int32_t length, float priority) { s.table().Commit(row, length, priority); },
+           py::arg("row"), py::arg("length"), py::arg("priority"))
+      .def("abandon", [](OpenTable& s, int64_t row) { s.table().Abandon(row); }, py::arg("row"));
+}

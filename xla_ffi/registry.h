@@ -1,0 +1,22 @@
+// Process-wide registry of open tables, keyed by a stable integer handle.
+//
+// Compiled programs carry (handle, spec hash), never a pointer. A handler resolves the handle at run
+// time and holds a reference for the duration of the call, so closing a table while a program runs
+// never unmaps memory under it, and a program that runs after close gets a clear error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "xla_ffi/shared_table.h"
+
+namespace gear {
+
+int64_t RegisterTable(std::shared_ptr<SharedTable> table);
+void UnregisterTable(int64_t handle);
+
+// Returns the table, or nullptr with *error set when the handle is closed or the spec differs.
+std::shared_ptr<SharedTable> LookupTable(int64_t handle, uint64_t spec_hash, std::string* error);
+
+}  // namespace gear

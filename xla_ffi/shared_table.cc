@@ -1,0 +1,257 @@
+#include "xla_ffi/shared_table.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/atomics.h"
+
+namespace gear {
+namespace {
+
+constexpr uint64_t kColumnAlign = 4096;
+
+uint64_t RoundUp(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+std::string ShmPath(const std::string& name) { return "/" + name; }
+
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+bool WriterAlive(int32_t pid) {
+  if (pid <= 0) return true;  // claimed, pid not yet recorded: treat as alive
+  return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+}  // namespace
+
+int64_t RowStride(int64_t row_bytes) {
+  return static_cast<int64_t>(RoundUp(row_bytes, row_bytes >= 1024 ? 128 : 16));
+}
+
+SharedTable::SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator)
+    : name_(std::move(name)), base_(base), total_bytes_(total_bytes), creator_(creator) {
+  TableHeader* h = header();
+  view_.capacity = h->capacity;
+  view_.max_steps = h->max_steps;
+  view_.num_fields = h->num_fields;
+  view_.state = reinterpret_cast<uint64_t*>(base_ + h->state_offset);
+  view_.length = reinterpret_cast<int32_t*>(base_ + h->length_offset);
+  view_.insert_seq = reinterpret_cast<uint64_t*>(base_ + h->insert_seq_offset);
+  view_.times_sampled = reinterpret_cast<uint32_t*>(base_ + h->times_sampled_offset);
+  view_.next_seq = &h->next_seq;
+  view_.selectable = &h->selectable;
+  for (int f = 0; f < h->num_fields; ++f) {
+    view_.fields[f] = FieldView{base_ + h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes};
+  }
+}
+
+SharedTable::~SharedTable() { munmap(base_, total_bytes_); }
+
+std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_t capacity,
+                                                 int32_t max_steps,
+                                                 const std::vector<int64_t>& step_bytes,
+                                                 const std::string& spec_json, uint64_t spec_hash) {
+  if (capacity < 1 || capacity > INT32_MAX) throw std::invalid_argument("capacity must be in [1, 2**31 - 1]");
+  if (max_steps < 1) throw std::invalid_argument("max_steps must be >= 1");
+  if (step_bytes.empty() || step_bytes.size() > static_cast<size_t>(kMaxFields)) {
+    throw std::invalid_argument("a table needs 1 to 64 fields");
+  }
+  if (spec_json.size() >= kSpecJsonCapacity) throw std::invalid_argument("the spec is too large to store");
+
+  TableHeader layout{};
+  uint64_t offset = RoundUp(sizeof(TableHeader), kColumnAlign);
+  auto column = [&](uint64_t bytes) {
+    uint64_t at = offset;
+    offset = RoundUp(offset + bytes, kColumnAlign);
+    return at;
+  };
+  const uint64_t rows = static_cast<uint64_t>(capacity);
+  layout.state_offset = column(rows * sizeof(uint64_t));
+  layout.length_offset = column(rows * sizeof(int32_t));
+  layout.insert_seq_offset = column(rows * sizeof(uint64_t));
+  layout.times_sampled_offset = column(rows * sizeof(uint32_t));
+  layout.writer_pid_offset = column(rows * sizeof(int32_t));
+  for (size_t f = 0; f < step_bytes.size(); ++f) {
+    if (step_bytes[f] < 1) throw std::invalid_argument("every field needs at least one byte per step");
+    const int64_t stride = RowStride(step_bytes[f] * max_steps);
+    layout.fields[f] = FieldLayout{column(rows * static_cast<uint64_t>(stride)), stride, step_bytes[f]};
+  }
+  const uint64_t total = offset;
+
+  const std::string path = ShmPath(name);
+  int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) throw std::invalid_argument("a shared-memory object named '" + name + "' already exists; pick another name");
+    throw std::runtime_error(Errno(("shm_open('" + path + "')").c_str()));
+  }
+  auto fail = [&](const std::string& message) {
+    close(fd);
+    shm_unlink(path.c_str());
+    throw std::runtime_error(message);
+  };
+  if (ftruncate(fd, static_cast<off_t>(total)) != 0) fail(Errno("ftruncate"));
+  // Reserve every page now, so that a table too large for /dev/shm fails here instead of with SIGBUS.
+  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
+    fail("cannot reserve " + std::to_string(total) + " bytes of shared memory for table '" + name +
+         "': " + std::strerror(err) + " (free space in /dev/shm, or lower capacity)");
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) fail(Errno("mmap"));
+  close(fd);
+
+  TableHeader* h = static_cast<TableHeader*>(base);
+  std::memcpy(h, &layout, sizeof(TableHeader));
+  h->format_version = kFormatVersion;
+  h->spec_json_bytes = static_cast<uint32_t>(spec_json.size());
+  h->spec_hash = spec_hash;
+  h->total_bytes = total;
+  h->capacity = capacity;
+  h->max_steps = max_steps;
+  h->num_fields = static_cast<int32_t>(step_bytes.size());
+  std::memcpy(h->spec_json, spec_json.data(), spec_json.size());
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));  // last: a header with magic is complete
+  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), total, true));
+}
+
+std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name) {
+  const std::string path = ShmPath(name);
+  int fd = shm_open(path.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) throw NotFoundError("no gear_jax table named '" + name + "' exists on this host (it was never created, or its creator closed it)");
+    throw std::runtime_error(Errno(("shm_open('" + path + "')").c_str()));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    throw std::runtime_error(Errno("fstat"));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < sizeof(TableHeader)) {
+    close(fd);
+    throw FormatError("shared-memory object '" + name + "' is not a gear_jax table (too small)");
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) throw std::runtime_error(Errno("mmap"));
+  const TableHeader* h = static_cast<const TableHeader*>(base);
+  std::string problem;
+  if (std::memcmp(h->magic, kTableMagic, sizeof(kTableMagic)) != 0) {
+    problem = "is not a gear_jax table (no gear_jax header)";
+  } else if (h->format_version != kFormatVersion) {
+    problem = "has table format " + std::to_string(h->format_version) + ", this gear_jax reads format " +
+              std::to_string(kFormatVersion);
+  } else if (h->total_bytes != size || h->spec_json_bytes >= kSpecJsonCapacity ||
+             h->num_fields < 1 || h->num_fields > kMaxFields) {
+    problem = "has a damaged header";
+  }
+  if (!problem.empty()) {
+    munmap(base, size);
+    throw FormatError("shared-memory object '" + name + "' " + problem);
+  }
+  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), size, false));
+}
+
+std::string SharedTable::spec_json() const {
+  return std::string(header()->spec_json, header()->spec_json_bytes);
+}
+
+void SharedTable::Unlink() {
+  if (!unlinked_) shm_unlink(ShmPath(name_).c_str());
+  unlinked_ = true;
+}
+
+int64_t SharedTable::Claim() {
+  TableHeader* h = header();
+  int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + h->writer_pid_offset);
+  const int64_t capacity = view_.capacity;
+  for (int64_t attempt = 0; attempt < 2 * capacity + 64; ++attempt) {
+    const uint64_t seq = FetchAdd<uint64_t>(&h->next_seq, 1);
+    const int64_t row = static_cast<int64_t>(seq % static_cast<uint64_t>(capacity));
+    uint64_t state = LoadAcquire(&view_.state[row]);
+    uint32_t generation = StateGeneration(state);
+    if (generation & 1u) {
+      // Being written. Take it over only if its writer process is gone.
+      if (WriterAlive(LoadRelaxed(&writer_pid[row]))) continue;
+      if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 2, 0.0f))) continue;
+    } else {
+      if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 1, 0.0f))) continue;
+      if (StatePriority(state) > 0.0f) FetchAdd<int64_t>(&h->selectable, -1);
+      if (LoadRelaxed(&view_.length[row]) > 0) FetchAdd<int64_t>(&h->size, -1);
+    }
+    StoreRelaxed(&writer_pid[row], static_cast<int32_t>(getpid()));
+    StoreRelaxed(&view_.length[row], 0);
+    return row;
+  }
+  throw std::runtime_error("every row of table '" + name_ + "' is being written; raise capacity or end episodes sooner");
+}
+
+void SharedTable::CheckOwned(int64_t row) const {
+  if (row < 0 || row >= view_.capacity) throw std::out_of_range("row " + std::to_string(row) + " is outside the table");
+  const int32_t* writer_pid = reinterpret_cast<const int32_t*>(base_ + header()->writer_pid_offset);
+  const uint64_t state = LoadAcquire(&view_.state[row]);
+  if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != getpid()) {
+    throw std::runtime_error("row " + std::to_string(row) + " of table '" + name_ + "' is not held by this writer (it was reclaimed or already committed)");
+  }
+}
+
+void SharedTable::Commit(int64_t row, int32_t length, float priority) {
+  if (length < 1 || length > view_.max_steps) {
+    throw std::invalid_argument("length " + std::to_string(length) + " is outside [1, max_steps=" + std::to_string(view_.max_steps) + "]");
+  }
+  if (!std::isfinite(priority) || priority < 0.0f) {
+    throw std::invalid_argument("priority " + std::to_string(priority) + " must be finite and >= 0");
+  }
+  CheckOwned(row);
+  TableHeader* h = header();
+  int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + h->writer_pid_offset);
+  StoreRelaxed(&view_.insert_seq[row], FetchAdd<uint64_t>(&h->commit_seq, 1) + 1);
+  StoreRelaxed(&view_.length[row], length);
+  StoreRelaxed(&writer_pid[row], 0);
+  const uint32_t generation = StateGeneration(LoadRelaxed(&view_.state[row]));
+  StoreRelease(&view_.state[row], MakeState(generation + 1, priority));
+  FetchAdd<int64_t>(&h->size, 1);
+  if (priority > 0.0f) FetchAdd<int64_t>(&h->selectable, 1);
+}
+
+void SharedTable::Abandon(int64_t row) {
+  CheckOwned(row);
+  int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + header()->writer_pid_offset);
+  StoreRelaxed(&view_.length[row], 0);
+  StoreRelaxed(&writer_pid[row], 0);
+  const uint32_t generation = StateGeneration(LoadRelaxed(&view_.state[row]));
+  StoreRelease(&view_.state[row], MakeState(generation + 1, 0.0f));
+}
+
+std::vector<int32_t> SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t batch,
+                                         int32_t steps, const int32_t* lengths, const float* priorities) {
+  for (int64_t b = 0; b < batch; ++b) {  // validate everything before claiming anything
+    if (lengths[b] < 1 || lengths[b] > steps) {
+      throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) + " is outside [1, " + std::to_string(steps) + "]");
+    }
+    if (!std::isfinite(priorities[b]) || priorities[b] < 0.0f) {
+      throw std::invalid_argument("priorities[" + std::to_string(b) + "] = " + std::to_string(priorities[b]) + " must be finite and >= 0");
+    }
+  }
+  std::vector<int32_t> rows;
+  rows.reserve(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t row = Claim();
+    for (int32_t f = 0; f < view_.num_fields; ++f) {
+      const FieldView& field = view_.fields[f];
+      std::memcpy(field.data + row * field.row_stride, field_data[f] + b * steps * field.step_bytes,
+                  static_cast<size_t>(lengths[b] * field.step_bytes));
+    }
+    Commit(row, lengths[b], priorities[b]);
+    rows.push_back(static_cast<int32_t>(row));
+  }
+  return rows;
+}
+
+}  // namespace gear
