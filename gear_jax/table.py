@@ -38,6 +38,29 @@ def to_numpy(value: Any, what: str) -> np.ndarray:
         raise InvalidArgumentError(f"{what} could not be converted to an array: {e}") from e
 
 
+def coerce(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
+    """`value` as an array of `dtype`.
+
+    Arrays (numpy, JAX, PyTorch) are cast only when the cast is safe (int8 into int32, say). Python
+    scalars and lists are cast when every value survives the cast exactly (5 into int32, not 1.5).
+    """
+    python_values = isinstance(value, (bool, int, float, list, tuple))
+    array = to_numpy(value, what)
+    if array.dtype == dtype:
+        return array
+    if np.can_cast(array.dtype, dtype, casting="safe"):
+        return array.astype(dtype)
+    if python_values and not (array.dtype.kind == "f" and dtype.kind in "iub"):
+        with np.errstate(all="ignore"):
+            cast = array.astype(dtype)
+        if np.array_equal(cast.astype(array.dtype), array):
+            return cast
+    raise InvalidArgumentError(
+        f"{what} has dtype {array.dtype}, expected {dtype}; cast it first (e.g. .astype('{dtype}')): "
+        "only casts that keep every value are made automatically"
+    )
+
+
 class Table:
     """A replay table in named shared host memory.
 
@@ -265,14 +288,7 @@ class Table:
                 raise InvalidArgumentError(
                     f"batch[{name!r}] has {b} rows and {t} steps, but earlier fields have {rows} rows and {steps} steps"
                 )
-            if array.dtype != field.dtype:
-                if not np.can_cast(array.dtype, field.dtype, casting="safe"):
-                    raise InvalidArgumentError(
-                        f"batch[{name!r}] has dtype {array.dtype}, expected {field.dtype}; cast it first "
-                        f"(e.g. .astype('{field.dtype}')): only safe casts are made automatically"
-                    )
-                array = array.astype(field.dtype)
-            arrays.append(array)
+            arrays.append(coerce(batch[name] if isinstance(batch[name], (list, tuple)) else array, field.dtype, f"batch[{name!r}]"))
         assert rows is not None and steps is not None
         if not 1 <= steps <= self._spec.max_steps and rows > 0:
             raise InvalidArgumentError(f"the batch has {steps} steps per row; the table holds 1 to max_steps={self._spec.max_steps}")
@@ -336,11 +352,9 @@ class EpisodeWriter:
             )
         values = {}
         for name, field in spec.fields.items():
-            value = to_numpy(step[name], f"step[{name!r}]")
+            value = coerce(step[name], field.dtype, f"step[{name!r}]")
             if value.shape != field.shape:
                 raise InvalidArgumentError(f"step[{name!r}] has shape {value.shape}, expected {field.shape}")
-            if value.dtype != field.dtype and not np.can_cast(value.dtype, field.dtype, casting="safe"):
-                raise InvalidArgumentError(f"step[{name!r}] has dtype {value.dtype}, expected {field.dtype}")
             values[name] = value
         if self._row is None:
             self._row = int(native.claim())

@@ -1,0 +1,183 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import gear_jax as gj
+from conftest import transitions
+
+P_THRESHOLD = 1e-3  # a correct sampler fails a single test this rarely
+
+
+def draw_counts(table, rows, method, draws=40_000, batch=2_000, window=None, **kwargs):
+    """Row counts (and starts) of `draws` picks from `draws // batch` jitted calls with fixed keys."""
+    fn = jax.jit(lambda k: gj.sample(table, k, batch, method=method, window=window, **kwargs))
+    counts = np.zeros(rows, np.int64)
+    starts = []
+    for i in range(draws // batch):
+        s = fn(jax.random.key(1000 + i))
+        counts += np.bincount(np.asarray(s.indices), minlength=rows)
+        starts.append(np.asarray(s.starts))
+    return counts, np.concatenate(starts), s
+
+
+def test_uniform_matches_exact_distribution_and_skips_unselectable_rows(make_table):
+    table = make_table(capacity=64)
+    priorities = np.ones(40, np.float32)
+    priorities[[3, 17, 29]] = 0.0  # stored but not selectable
+    table.insert(transitions(40), priorities=priorities)
+    held = table.writer()
+    held.append({"obs": np.zeros(3, np.float32), "action": 0})  # row 40, mid-write
+    counts, _, s = draw_counts(table, 64, "uniform")
+    assert counts[[3, 17, 29]].sum() == 0 and counts[40:].sum() == 0
+    selectable = priorities > 0
+    expected = np.full(selectable.sum(), counts.sum() / selectable.sum())
+    assert stats.chisquare(counts[:40][selectable], expected).pvalue > P_THRESHOLD
+    np.testing.assert_allclose(np.asarray(s.probabilities), 1 / 37)
+    held.close()
+
+
+def test_uniform_exact_fallback_when_rejection_fails(make_table):
+    # 2 selectable rows out of 4096 claimed: rejection sampling almost always falls back to the scan.
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4096)
+    priorities = np.zeros(4096, np.float32)
+    priorities[[5, 4000]] = 1.0
+    table.insert({"x": np.arange(4096, dtype=np.int32)}, priorities=priorities)
+    counts, _, s = draw_counts(table, 4096, "uniform", draws=4000, batch=500)
+    assert set(np.flatnonzero(counts)) == {5, 4000}
+    assert stats.chisquare(counts[[5, 4000]]).pvalue > P_THRESHOLD
+    np.testing.assert_allclose(np.asarray(s.probabilities), 0.5)
+
+
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 2.0])
+def test_prioritized_matches_exact_distribution(make_table, exponent):
+    table = make_table(capacity=32)
+    priorities = np.random.default_rng(0).uniform(0.1, 3.0, 30).astype(np.float32)
+    priorities[7] = 0.0
+    table.insert(transitions(30), priorities=priorities)
+    counts, _, s = draw_counts(table, 32, "prioritized", priority_exponent=exponent)
+    weights = np.where(priorities > 0, priorities.astype(np.float64) ** exponent, 0.0)
+    exact = weights / weights.sum()
+    assert counts[7] == 0 and counts[30:].sum() == 0
+    keep = exact > 0
+    assert stats.chisquare(counts[:30][keep], exact[keep] * counts.sum()).pvalue > P_THRESHOLD
+    np.testing.assert_allclose(np.asarray(s.probabilities), exact[np.asarray(s.indices)], rtol=1e-5)
+
+
+def test_prioritized_over_many_blocks(make_table):
+    # More rows than one block of the two-pass walk (4096), with the mass concentrated at the end.
+    rows = 10_000
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=rows)
+    priorities = np.full(rows, 1e-3, np.float32)
+    priorities[-10:] = 100.0
+    table.insert({"x": np.arange(rows, dtype=np.int32)}, priorities=priorities)
+    counts, _, _ = draw_counts(table, rows, "prioritized", draws=20_000)
+    exact = priorities.astype(np.float64) / priorities.sum()
+    tail = counts[-10:]
+    assert stats.chisquare(np.append(tail, counts[:-10].sum()),
+                           np.append(exact[-10:], exact[:-10].sum()) * counts.sum()).pvalue > P_THRESHOLD
+
+
+def test_window_starts_are_uniform_over_valid_positions(make_table):
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4, max_steps=10)
+    table.insert({"x": np.zeros((1, 10), np.int32)}, lengths=[10])
+    _, starts, s = draw_counts(table, 4, "uniform", window=4, draws=14_000)
+    assert s.window == 4
+    counts = np.bincount(starts, minlength=7)
+    assert len(counts) == 7  # starts only in [0, 6]
+    assert stats.chisquare(counts).pvalue > P_THRESHOLD
+
+
+def test_window_longer_than_row_starts_at_zero(make_table):
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4, max_steps=10)
+    table.insert({"x": np.zeros((1, 3), np.int32)})
+    s = gj.sample(table, jax.random.key(0), 64, window=8)
+    np.testing.assert_array_equal(np.asarray(s.starts), 0)
+
+
+def test_fifo_lifo_topk_exact(make_table):
+    table = make_table(capacity=8)
+    table.insert(transitions(8), priorities=[5, 1, 7, 7, 0, 2, 9, 3])
+    table.insert(transitions(3, start=100), priorities=[4, 4, 6])  # overwrites rows 0, 1, 2
+    key = jax.random.key(0)
+    # commit order now: rows 3, 4, 5, 6, 7, 0, 1, 2 (row 4 has priority 0: never selected)
+    fifo = gj.sample(table, key, 3, method="fifo")
+    np.testing.assert_array_equal(np.asarray(fifo.indices), [3, 5, 6])
+    lifo = gj.sample(table, key, 3, method="lifo")
+    np.testing.assert_array_equal(np.asarray(lifo.indices), [2, 1, 0])
+    topk = gj.sample(table, key, 4, method="topk")
+    np.testing.assert_array_equal(np.asarray(topk.indices), [6, 3, 2, 0])  # 9, 7, 6, 4 (tie to lower id)
+    np.testing.assert_array_equal(np.asarray(topk.probabilities), 1.0)
+    status = table.row_status()
+    np.testing.assert_array_equal(np.asarray(topk.generations), status["generation"][[6, 3, 2, 0]])
+
+
+def test_same_key_same_sample_and_different_keys_differ(make_table):
+    table = make_table(capacity=1000)
+    table.insert(transitions(1000), priorities=np.linspace(0.1, 2, 1000))
+    for method in gj.METHODS:
+        fn = jax.jit(lambda k, m=method: gj.sample(table, k, 64, method=m))
+        a, b = fn(jax.random.key(7)), fn(jax.random.key(7))
+        eager = gj.sample(table, jax.random.key(7), 64, method=method)
+        np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
+        np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(eager.indices))
+        if method in ("uniform", "prioritized"):
+            c = fn(jax.random.key(8))
+            assert not np.array_equal(np.asarray(a.indices), np.asarray(c.indices))
+
+
+def test_times_sampled_counts_picks(make_table):
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    s = gj.sample(table, jax.random.key(0), 100)
+    np.testing.assert_array_equal(table.row_status()["times_sampled"], np.bincount(np.asarray(s.indices), minlength=8))
+
+
+def test_update_priorities_changes_the_distribution_and_orders_with_after(make_table):
+    table = make_table(capacity=4)
+    table.insert(transitions(4))
+
+    @jax.jit
+    def step(key):
+        s = gj.sample(table, key, 4, method="topk")
+        updated = gj.update_priorities(table, s, jnp.array([0.0, 0.0, 0.0, 5.0]))
+        # ordered after the update through `after`: sees the new priorities
+        return updated, gj.sample(table, key, 1, method="topk", after=updated)
+
+    updated, second = step(jax.random.key(0))
+    assert int(updated) == 4
+    np.testing.assert_array_equal(table.row_status()["priority"], [0, 0, 0, 5])
+    assert int(second.indices[0]) == 3
+    counts, _, _ = draw_counts(table, 4, "prioritized", draws=2000, batch=1000)
+    np.testing.assert_array_equal(counts, [0, 0, 0, 2000])
+
+
+def test_update_priorities_skips_overwritten_rows(make_table):
+    table = make_table(capacity=2)
+    table.insert(transitions(2))
+    s = gj.sample(table, jax.random.key(0), 2, method="fifo")
+    table.insert(transitions(1, start=50), priorities=[3.0])  # overwrites row 0
+    updated = gj.update_priorities(table, s, jnp.array([9.0, 9.0]))
+    assert int(updated) == 1
+    np.testing.assert_array_equal(table.row_status()["priority"], [3.0, 9.0])  # row 0 keeps its new priority
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -1.0])
+def test_update_priorities_rejects_bad_values_and_changes_nothing(make_table, bad):
+    table = make_table(capacity=2)
+    table.insert(transitions(2))
+    s = gj.sample(table, jax.random.key(0), 2, method="fifo")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"priorities\[1\].*finite and >= 0"):
+        jax.block_until_ready(gj.update_priorities(table, s, jnp.array([2.0, bad])))
+    np.testing.assert_array_equal(table.row_status()["priority"], [1.0, 1.0])
+
+
+def test_zero_priority_rows_come_back_after_update(make_table):
+    table = make_table(capacity=2)
+    table.insert(transitions(2), priorities=[0.0, 1.0])
+    assert int(gj.sample(table, jax.random.key(0), 1, method="fifo").indices[0]) == 1
+    generations = table.row_status()["generation"]
+    s = gj.Sample(jnp.array([0]), jnp.asarray(generations[:1]), jnp.ones(1), jnp.zeros(1, jnp.int32))
+    assert int(gj.update_priorities(table, s, jnp.array([1.0]))) == 1
+    assert int(gj.sample(table, jax.random.key(0), 1, method="fifo").indices[0]) == 0

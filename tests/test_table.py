@@ -1,0 +1,233 @@
+import os
+import stat
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import gear_jax as gj
+from conftest import transitions
+
+
+def test_create_makes_private_shared_memory_with_unguessable_name(make_table):
+    table = make_table()
+    path = f"/dev/shm/{table.name}"
+    assert table.name.startswith("gear_jax_") and len(table.name) == len("gear_jax_") + 32
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert table.size == 0 and table.capacity == 16 and table.max_steps == 1
+    assert make_table().name != table.name
+
+
+def test_columns_are_64_byte_aligned(make_table):
+    table = make_table(fields={"a": gj.Field((3,), "uint8"), "b": gj.Field((5,), "float64")}, capacity=7)
+    for column in table._columns.values():
+        assert column.ctypes.data % 64 == 0
+
+
+def test_close_unlinks_and_is_idempotent(make_table):
+    table = make_table()
+    path = f"/dev/shm/{table.name}"
+    assert os.path.exists(path)
+    table.close()
+    table.close()
+    assert not os.path.exists(path)
+    assert table.closed
+    with pytest.raises(gj.TableClosedError, match="closed"):
+        table.insert(transitions(1))
+    with pytest.raises(gj.TableClosedError):
+        table.size
+
+
+def test_context_manager_closes():
+    spec = gj.TableSpec({"x": gj.Field((), "float32")}, capacity=4)
+    with gj.Table.create(spec) as table:
+        name = table.name
+        assert os.path.exists(f"/dev/shm/{name}")
+    assert table.closed and not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_explicit_name_and_duplicate_name(make_table):
+    name = f"gear_jax_test_{os.getpid()}"
+    table = make_table(name=name)
+    assert table.name == name
+    with pytest.raises(gj.InvalidArgumentError, match="already exists"):
+        make_table(name=name)
+    with pytest.raises(gj.InvalidArgumentError, match="name"):
+        make_table(name="bad/name")
+
+
+def test_insert_returns_row_ids_and_stores_data(make_table):
+    table = make_table()
+    ids = table.insert(transitions(5), priorities=np.arange(1, 6))
+    np.testing.assert_array_equal(ids, np.arange(5))
+    status = table.row_status()
+    np.testing.assert_array_equal(status["priority"][:5], np.arange(1, 6))
+    np.testing.assert_array_equal(status["generation"][:5], 2)
+    np.testing.assert_array_equal(status["insert_seq"][:5], np.arange(1, 6))
+    np.testing.assert_array_equal(table._columns["obs"][:5, 0], transitions(5)["obs"])
+    assert table.size == 5
+
+
+def test_fifo_overwrite_order_when_full(make_table):
+    table = make_table(capacity=4)
+    table.insert(transitions(4))
+    ids = table.insert(transitions(3, start=100))
+    np.testing.assert_array_equal(ids, [0, 1, 2])  # the three oldest rows, in order
+    np.testing.assert_array_equal(table._columns["action"][:, 0], [100, 101, 102, 3])
+    status = table.row_status()
+    np.testing.assert_array_equal(status["generation"], [4, 4, 4, 2])
+    np.testing.assert_array_equal(status["insert_seq"], [5, 6, 7, 4])
+    assert table.size == 4
+    ids = table.insert(transitions(2, start=200))
+    np.testing.assert_array_equal(ids, [3, 0])
+    np.testing.assert_array_equal(table._columns["action"][:, 0], [201, 101, 102, 200])
+
+
+def test_insert_accepts_numpy_jax_and_torch(make_table):
+    table = make_table(fields={"x": gj.Field((2,), "bfloat16"), "y": gj.Field((), "int64")}, capacity=8)
+    table.insert({"x": np.ones((1, 2), ml_dtypes.bfloat16), "y": np.array([1])})
+    table.insert({"x": jnp.full((1, 2), 2, jnp.bfloat16), "y": jnp.array([2], jnp.int32)})
+    table.insert({"x": torch.full((1, 2), 3, dtype=torch.bfloat16), "y": torch.tensor([3])})
+    np.testing.assert_array_equal(table._columns["x"][:3, 0].astype(np.float32), [[1, 1], [2, 2], [3, 3]])
+    np.testing.assert_array_equal(table._columns["y"][:3, 0], [1, 2, 3])
+
+
+def test_trajectory_insert_with_lengths(make_table):
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4, max_steps=5)
+    data = np.arange(6, dtype=np.int32).reshape(2, 3)
+    ids = table.insert({"x": data}, lengths=[2, 3])
+    status = table.row_status()
+    np.testing.assert_array_equal(status["length"][ids], [2, 3])
+    np.testing.assert_array_equal(table._columns["x"][ids[1], :3], [3, 4, 5])
+
+
+@pytest.mark.parametrize(
+    "batch, kwargs, message",
+    [
+        ({"obs": np.zeros((2, 3), np.float32)}, {}, "missing fields"),
+        ({**transitions(2), "extra": np.zeros(2)}, {}, "unknown fields"),
+        ({"obs": np.zeros((2, 4), np.float32), "action": np.zeros(2, np.int32)}, {}, "shape"),
+        ({"obs": np.zeros((2, 3), np.float64), "action": np.zeros(2, np.int32)}, {}, "dtype float64"),
+        ({"obs": np.zeros((2, 3), np.float32), "action": np.zeros(3, np.int32)}, {}, "rows"),
+        (transitions(2), {"priorities": [1.0, np.nan]}, r"priorities\[1\]"),
+        (transitions(2), {"priorities": [1.0, -1.0]}, r"priorities\[1\]"),
+        (transitions(2), {"priorities": [1.0, np.inf]}, "finite"),
+        (transitions(2), {"priorities": [1.0, 2.0, 3.0]}, "shape"),
+        ([1, 2], {}, "mapping"),
+    ],
+)
+def test_bad_insert_raises_and_writes_nothing(make_table, batch, kwargs, message):
+    table = make_table()
+    with pytest.raises(gj.InvalidArgumentError, match=message):
+        table.insert(batch, **kwargs)
+    assert table.size == 0
+    np.testing.assert_array_equal(table.row_status()["generation"], 0)
+
+
+def test_bad_trajectory_lengths_raise(make_table):
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4, max_steps=3)
+    with pytest.raises(gj.InvalidArgumentError, match="steps per row"):
+        table.insert({"x": np.zeros((1, 4), np.int32)})
+    with pytest.raises(gj.InvalidArgumentError, match=r"lengths\[0\]"):
+        table.insert({"x": np.zeros((1, 2), np.int32)}, lengths=[3])
+    assert table.size == 0
+
+
+def test_safe_casts_are_made(make_table):
+    table = make_table()
+    table.insert({"obs": np.ones((1, 3), np.float16), "action": np.ones(1, np.int8)})
+    table.insert({"obs": [[1, 2, 3]], "action": [7]})  # Python values that fit
+    assert table._columns["obs"][1, 0].tolist() == [1.0, 2.0, 3.0]
+    assert table._columns["action"][1, 0] == 7
+    with pytest.raises(gj.InvalidArgumentError, match="dtype"):
+        table.insert({"obs": [[1, 2, 3]], "action": [1.5]})
+    with pytest.raises(gj.InvalidArgumentError, match="dtype"):
+        table.insert({"obs": [[1, 2, 3]], "action": [2**40]})
+
+
+def test_attach_reads_the_same_memory(make_table):
+    table = make_table()
+    other = gj.Table.attach(table.name)
+    try:
+        assert other.spec == table.spec and other.name == table.name
+        other.insert(transitions(2))
+        assert table.size == 2
+        np.testing.assert_array_equal(table._columns["action"][:2, 0], [0, 1])
+    finally:
+        other.close()
+    assert os.path.exists(f"/dev/shm/{table.name}")  # only the creator unlinks
+
+
+def test_attach_errors(make_table):
+    with pytest.raises(gj.TableNotFoundError, match="no gear_jax table named"):
+        gj.Table.attach("gear_jax_does_not_exist_0123")
+    table = make_table()
+    other_spec = gj.TableSpec({"x": gj.Field((), "float32")}, capacity=16)
+    with pytest.raises(gj.TableMismatchError, match="not the requested"):
+        gj.Table.attach(table.name, spec=other_spec)
+    assert gj.Table.attach(table.name, spec=table.spec).spec == table.spec
+
+
+def test_attach_refuses_a_foreign_mapping():
+    path = f"/dev/shm/gear_jax_foreign_{os.getpid()}"
+    with open(path, "wb") as f:
+        f.write(b"\x00" * 100000)
+    try:
+        with pytest.raises(gj.TableMismatchError, match="not a gear_jax table"):
+            gj.Table.attach(os.path.basename(path))
+    finally:
+        os.unlink(path)
+
+
+def test_writer_writes_episodes_in_place(make_table):
+    table = make_table(fields={"x": gj.Field((2,), "float32"), "t": gj.Field((), "int32")}, capacity=4, max_steps=4)
+    with table.writer() as writer:
+        for t in range(3):
+            writer.append({"x": np.full(2, t, np.float32), "t": t})
+            row = writer._row
+            assert table.row_status()["generation"][row] % 2 == 1  # held: odd
+            np.testing.assert_array_equal(table._columns["x"][row, t], [t, t])  # written in place
+        assert writer.end_episode(priority=2.5) == row
+        status = table.row_status()
+        assert status["length"][row] == 3 and status["priority"][row] == 2.5
+        assert status["generation"][row] % 2 == 0
+        writer.append({"x": np.zeros(2, np.float32), "t": 9})
+        unfinished = writer._row
+    # leaving the block abandons the unfinished episode: even generation, empty
+    status = table.row_status()
+    assert status["generation"][unfinished] % 2 == 0 and status["length"][unfinished] == 0
+    assert table.size == 1
+
+
+def test_writer_errors(make_table):
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=4, max_steps=2)
+    with table.writer() as writer:
+        with pytest.raises(gj.InvalidArgumentError, match="at least one append"):
+            writer.end_episode()
+        with pytest.raises(gj.InvalidArgumentError, match="every field"):
+            writer.append({"y": 1.0})
+        with pytest.raises(gj.InvalidArgumentError, match="shape"):
+            writer.append({"x": np.zeros(2, np.float32)})
+        writer.append({"x": 1.0})
+        writer.append({"x": 2.0})
+        with pytest.raises(gj.InvalidArgumentError, match="max_steps=2"):
+            writer.append({"x": 3.0})
+        with pytest.raises(gj.InvalidArgumentError, match="finite"):
+            writer.end_episode(priority=float("nan"))
+        writer.end_episode()
+    assert table.size == 1
+
+
+def test_all_rows_held_by_writers_raises_instead_of_hanging(make_table):
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=2, max_steps=2)
+    writers = [table.writer(), table.writer()]
+    for w in writers:
+        w.append({"x": 0.0})
+    with pytest.raises(RuntimeError, match="being written"):
+        table.insert({"x": np.zeros((1, 1), np.float32)})
+    for w in writers:
+        w.close()
+    table.insert({"x": np.zeros((1, 1), np.float32)})
+    assert table.size == 1
