@@ -11,6 +11,7 @@ import jax
 from gear_jax import _ffi, _native
 from gear_jax._version import __version__
 from gear_jax.errors import (
+    EXECUTION_ERRORS,
     GearJaxError,
     InvalidArgumentError,
     SpecError,
@@ -38,6 +39,7 @@ def build_info() -> dict[str, Any]:
 
 
 __all__ = [
+    "EXECUTION_ERRORS",
     "EpisodeWriter",
     "Field",
     "GearJaxError",

@@ -1,5 +1,13 @@
 """Exceptions raised by gear_jax. Each names the argument at fault and the fix."""
 
+import jax
+
+# What a compiled function raises when a custom call fails while it runs (an empty table, a closed
+# table, a NaN priority): JAX reports the handler's error as JaxRuntimeError, or as ValueError when the
+# call went through its fast C++ dispatch path. The message starts with the status code and names the
+# gear_jax operation.
+EXECUTION_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
+
 
 class GearJaxError(Exception):
     """Base class of every gear_jax error."""

@@ -4,8 +4,12 @@ The table is a static Python object: the calls carry its integer handle and spec
 and the handler resolves them at run time. Random numbers come from the JAX key you pass (two 32-bit
 words drawn with `jax.random.bits`), so a key gives the same sample on every run.
 
-Side effects inside one jitted function are ordered only by data dependency: `update_priorities`
-returns a count that a later `sample(..., after=count)` takes, which orders the update first.
+`sample` and `gather` are declared free of side effects, so a jitted step made of them keeps JAX's
+fast C++ dispatch (an effectful custom call costs about 50 us more per call on the CPU), and XLA may
+drop a sample whose result is unused. `update_priorities` is declared side-effecting, so it always
+runs. Side effects inside one jitted function are ordered only by data dependency:
+`update_priorities` returns a count that a later `sample(..., after=count)` takes, which orders the
+update first.
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ def sample(
 
     Raises:
       InvalidArgumentError: bad batch_size, method, exponent or window (at trace time).
-      jax.errors.JaxRuntimeError: at run time, when the table holds no selectable row, fewer than
+      gear_jax.EXECUTION_ERRORS: at run time, when the table holds no selectable row, fewer than
         batch_size rows for fifo/lifo/topk, or was closed since the function was traced.
     """
     table = _check_table(table, "sample")
@@ -138,7 +142,7 @@ def sample(
         jax.ShapeDtypeStruct((b,), jnp.int32),
     )
     indices, generations, probabilities, starts = jax.ffi.ffi_call(
-        _ffi.SAMPLE, out_types, has_side_effect=True
+        _ffi.SAMPLE, out_types, has_side_effect=False
     )(
         seed,
         _after(after),
@@ -216,7 +220,7 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
 
     Raises:
       InvalidArgumentError: `priorities` has the wrong shape (at trace time).
-      jax.errors.JaxRuntimeError: a priority is NaN, infinite or negative (at run time; no row is
+      gear_jax.EXECUTION_ERRORS: a priority is NaN, infinite or negative (at run time; no row is
         changed), or the table was closed.
     """
     table = _check_table(table, "update_priorities")

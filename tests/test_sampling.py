@@ -168,7 +168,7 @@ def test_update_priorities_rejects_bad_values_and_changes_nothing(make_table, ba
     table = make_table(capacity=2)
     table.insert(transitions(2))
     s = gj.sample(table, jax.random.key(0), 2, method="fifo")
-    with pytest.raises(jax.errors.JaxRuntimeError, match=r"priorities\[1\].*finite and >= 0"):
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"priorities\[1\].*finite and >= 0"):
         jax.block_until_ready(gj.update_priorities(table, s, jnp.array([2.0, bad])))
     np.testing.assert_array_equal(table.row_status()["priority"], [1.0, 1.0])
 

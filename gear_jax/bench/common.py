@@ -1,0 +1,197 @@
+"""Shared pieces of the benchmark suites: sweeps, timing, statistics, records, machine info, reports.
+
+A report is a JSON-ready dict:
+
+    {"suite": str, "config": {flag: value}, "machine": {...}, "notes": [str],
+     "plot": {"x": point key, "y": throughput key, "label": str},
+     "records": [{"point": {key: value}, "system": str, "op": str, "iters": int,
+                  "latency_s": {"p50", "p75", "p90", "p95", "mean", "min", "max"},
+                  "throughput": {"items_per_s", "bytes_per_s"},
+                  "speedup_vs_<system>": float (gear_jax records only)}]}
+
+Throughput is work divided by the summed latency of the timed iterations (total items / total time);
+`speedup_vs_<system>` is that system's p50 latency divided by gear_jax's p50 at the same point and op.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+GEAR = "gear_jax"
+PERCENTILES = (50, 75, 90, 95)
+
+
+class Unavailable(Exception):
+    """A baseline cannot run here (not installed, or it failed); the suite skips it with a note."""
+
+
+def parse_ints(text: str) -> list[int]:
+    """`"32,64,128"` -> [32, 64, 128]; raises ValueError for an empty or non-positive entry."""
+    values = [int(v) for v in str(text).split(",") if v.strip()]
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{text!r} must be a comma-separated list of positive ints")
+    return values
+
+
+def parse_names(text: str) -> list[str]:
+    """`"uniform,fifo"` -> ["uniform", "fifo"]."""
+    return [v.strip() for v in str(text).split(",") if v.strip()]
+
+
+def time_calls(step: Callable[[int], Any], warmup: int, iters: int, tick: Callable[[], None] | None = None) -> np.ndarray:
+    """Latencies in seconds, float64[iters], of `step(i)` after `warmup` untimed calls.
+
+    `step(i)` must return only when its work is complete (it calls `jax.block_until_ready` itself).
+    """
+    for i in range(warmup):
+        step(i)
+    latencies = np.empty(iters, np.float64)
+    for i in range(iters):
+        start = time.perf_counter()
+        step(warmup + i)
+        latencies[i] = time.perf_counter() - start
+        if tick is not None:
+            tick()
+    return latencies
+
+
+def latency_stats(latencies: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """p50/p75/p90/p95, mean, min and max of latencies in seconds."""
+    lat = np.asarray(latencies, np.float64)
+    stats = {f"p{p}": float(np.percentile(lat, p)) for p in PERCENTILES}
+    stats.update(mean=float(lat.mean()), min=float(lat.min()), max=float(lat.max()))
+    return stats
+
+
+def make_record(
+    point: dict[str, Any],
+    system: str,
+    op: str,
+    latencies: Sequence[float] | np.ndarray,
+    items_per_iter: float,
+    bytes_per_iter: float,
+    wall_s: float | None = None,
+) -> dict[str, Any]:
+    """One measurement: latency percentiles and throughput of `system` doing `op` at `point`.
+
+    Args:
+      latencies: seconds per timed iteration.
+      items_per_iter, bytes_per_iter: work of one iteration (rows, samples; bytes moved).
+      wall_s: elapsed time for all iterations when they overlap (several processes); default the sum.
+    """
+    lat = np.asarray(latencies, np.float64)
+    total = float(wall_s) if wall_s is not None else float(lat.sum())
+    n = len(lat)
+    return {
+        "point": dict(point),
+        "system": system,
+        "op": op,
+        "iters": n,
+        "latency_s": latency_stats(lat),
+        "throughput": {
+            "items_per_s": items_per_iter * n / total,
+            "bytes_per_s": bytes_per_iter * n / total,
+        },
+    }
+
+
+def add_speedups(records: list[dict[str, Any]]) -> None:
+    """Adds `speedup_vs_<system>` (baseline p50 / gear_jax p50) to every gear_jax record, in place."""
+    gear = {_key(r): r for r in records if r["system"] == GEAR}
+    for r in records:
+        target = gear.get(_key(r))
+        if r["system"] != GEAR and target is not None:
+            target[f"speedup_vs_{r['system']}"] = r["latency_s"]["p50"] / target["latency_s"]["p50"]
+
+
+def _key(record: dict[str, Any]) -> tuple[Any, ...]:
+    return (json.dumps(record["point"], sort_keys=True), record["op"])
+
+
+def record_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a record within a report: point, system and op."""
+    return (*_key(record), record["system"])
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, or what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and software a report was measured on."""
+    import jax
+
+    import gear_jax
+
+    devices = jax.devices()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": round(memory / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax_backend": jax.default_backend(),
+        "devices": [str(d) for d in devices],
+        "gpus": [d.device_kind for d in devices if d.platform == "gpu"],
+        "gear_jax": gear_jax.build_info(),
+        "versions": {p: _version(p) for p in ("numpy", "jax", "flashbax", "torch", "torchrl", "tensordict")},
+    }
+
+
+def make_report(
+    suite: str,
+    config: dict[str, Any],
+    machine: dict[str, Any],
+    records: list[dict[str, Any]],
+    notes: Iterable[str],
+    plot: dict[str, str] | None,
+) -> dict[str, Any]:
+    """A report (see the module docstring), with speedups filled in."""
+    add_speedups(records)
+    return {
+        "suite": suite,
+        "config": config,
+        "machine": machine,
+        "notes": list(notes),
+        "plot": plot,
+        "records": records,
+    }
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+    """Writes the report as indented JSON, creating the folder if needed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """Reads a report written by `write_json`."""
+    with open(path) as f:
+        return json.load(f)

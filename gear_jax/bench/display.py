@@ -1,0 +1,89 @@
+"""Console output of the suites: the header (configuration and machine), notes, progress and result tables."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table as RichTable
+from tqdm import tqdm
+
+from gear_jax.bench.common import GEAR, PERCENTILES
+
+console = Console(highlight=False)
+
+
+def progress(total: int, desc: str) -> tqdm:
+    """A progress bar on stderr counting timed iterations."""
+    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True)
+
+
+def note(text: str) -> None:
+    """Prints a note (a skipped baseline, a cap applied, ...) as it happens."""
+    console.print(f"[yellow]note:[/yellow] {text}")
+
+
+def print_header(suite: str, config: dict[str, Any], machine: dict[str, Any]) -> None:
+    """Prints the suite, its configuration and the machine it runs on."""
+    build = machine["gear_jax"]
+    console.rule(f"gear_jax.bench {suite}")
+    console.print(f"config: {json.dumps(config, sort_keys=True)}")
+    console.print(
+        f"machine: {machine['cpu']}, {machine['cpu_count']} cores, {machine['memory_gib']} GiB; "
+        f"GPUs: {', '.join(machine['gpus']) or 'none'}; jax devices: {', '.join(machine['devices'])}"
+    )
+    console.print(
+        f"gear_jax {build['version']} (cuda={build['cuda']}, ffi {','.join(build['ffi_platforms'])}), "
+        f"jax {build['jax']}, jaxlib {build['jaxlib']}, python {machine['python']}"
+    )
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds as a short string in us or ms."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def format_rate(value: float, unit: str) -> str:
+    """A rate with an SI prefix, e.g. 1.2 G rows/s."""
+    for scale, prefix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+def print_table(records: Sequence[dict[str, Any]], item_unit: str) -> None:
+    """Prints one row per record: the point, system, op, latency percentiles, throughput, and for a
+    baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50)."""
+    if not records:
+        console.print("no measurements")
+        return
+    keys = list(records[0]["point"])
+    table = RichTable(show_lines=False)
+    for k in keys:
+        table.add_column(k, justify="right")
+    table.add_column("system")
+    table.add_column("op")
+    for p in PERCENTILES:
+        table.add_column(f"p{p}", justify="right")
+    table.add_column(f"{item_unit}/s", justify="right")
+    table.add_column("GB/s", justify="right")
+    table.add_column("gear_jax speedup", justify="right")
+    gear = {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == GEAR}
+    for r in records:
+        lat, tp = r["latency_s"], r["throughput"]
+        target = gear.get((json.dumps(r["point"], sort_keys=True), r["op"]))
+        speedup = target.get(f"speedup_vs_{r['system']}") if target is not None else None
+        table.add_row(
+            *[str(r["point"][k]) for k in keys],
+            r["system"],
+            r["op"],
+            *[format_seconds(lat[f"p{p}"]) for p in PERCENTILES],
+            format_rate(tp["items_per_s"], ""),
+            f"{tp['bytes_per_s'] / 1e9:.3f}",
+            f"{speedup:.2f}x" if speedup is not None else "",
+        )
+    console.print(table)
