@@ -195,23 +195,29 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
       }
     }
   };
-  // A bounded heap of the best batch_size candidates; its front is the worst of them.
-  std::vector<Candidate> heap;
-  heap.reserve(static_cast<size_t>(r.batch_size));
+  // The best batch_size candidates in O(rows) time and O(batch_size) memory: collect up to 4 x
+  // batch_size, then keep the best batch_size; the worst kept one becomes a threshold that most later
+  // rows fail with a single comparison.
+  const size_t keep = static_cast<size_t>(r.batch_size);
+  std::vector<Candidate> best;
+  best.reserve(4 * keep);
+  Candidate threshold{};
+  bool have_threshold = false;
+  auto prune = [&] {
+    std::nth_element(best.begin(), best.begin() + static_cast<int64_t>(keep) - 1, best.end(), better);
+    best.resize(keep);
+    threshold = best.back();
+    have_threshold = true;
+  };
   int64_t count = 0;
   for (int64_t k = 0; k < claimed; ++k) {
     uint64_t s = LoadAcquire(&t.state[k]);
     if (!StateSelectable(s)) continue;
     ++count;
     Candidate c{method == SampleMethod::kTopK ? 0 : LoadRelaxed(&t.insert_seq[k]), k, s};
-    if (static_cast<int64_t>(heap.size()) < r.batch_size) {
-      heap.push_back(c);
-      std::push_heap(heap.begin(), heap.end(), better);
-    } else if (better(c, heap.front())) {
-      std::pop_heap(heap.begin(), heap.end(), better);
-      heap.back() = c;
-      std::push_heap(heap.begin(), heap.end(), better);
-    }
+    if (have_threshold && !better(c, threshold)) continue;
+    best.push_back(c);
+    if (best.size() == 4 * keep) prune();
   }
   if (count == 0) return Empty();
   if (count < r.batch_size) {
@@ -220,9 +226,10 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
                 std::to_string(r.batch_size) +
                 "; fifo, lifo and topk return distinct rows: lower batch_size or insert more rows"};
   }
-  std::sort(heap.begin(), heap.end(), better);
+  if (best.size() > keep) prune();
+  std::sort(best.begin(), best.end(), better);
   for (int64_t i = 0; i < r.batch_size; ++i) {
-    Record(t, r, out, i, heap[i].row, heap[i].state, 1.0f);
+    Record(t, r, out, i, best[i].row, best[i].state, 1.0f);
   }
   return {};
 }

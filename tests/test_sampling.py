@@ -181,3 +181,25 @@ def test_zero_priority_rows_come_back_after_update(make_table):
     s = gj.Sample(jnp.array([0]), jnp.asarray(generations[:1]), jnp.ones(1), jnp.zeros(1, jnp.int32))
     assert int(gj.update_priorities(table, s, jnp.array([1.0]))) == 1
     assert int(gj.sample(table, jax.random.key(0), 1, method="fifo").indices[0]) == 0
+
+
+@pytest.mark.parametrize("batch", [1, 7, 100, 333])
+def test_fifo_lifo_topk_match_a_reference_on_larger_tables(make_table, batch):
+    rows = 2000
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=rows)
+    rng = np.random.default_rng(batch)
+    priorities = rng.integers(0, 20, rows).astype(np.float32)  # many ties, some zeros
+    table.insert({"x": np.zeros(rows, np.int32)}, priorities=priorities)
+    table.insert({"x": np.zeros(500, np.int32)}, priorities=rng.integers(0, 20, 500))  # wrap: rows 0..499 newest
+    status = table.row_status()
+    selectable = np.flatnonzero(status["priority"] > 0)
+    seq = status["insert_seq"][selectable]
+    prio = status["priority"][selectable]
+    expected = {
+        "fifo": selectable[np.argsort(seq)][:batch],
+        "lifo": selectable[np.argsort(-seq.astype(np.int64))][:batch],
+        "topk": selectable[np.lexsort((selectable, -prio))][:batch],
+    }
+    for method, rows_expected in expected.items():
+        got = gj.sample(table, jax.random.key(0), batch, method=method)
+        np.testing.assert_array_equal(np.asarray(got.indices), rows_expected, err_msg=method)
