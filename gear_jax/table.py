@@ -98,12 +98,14 @@ class Table:
     # -- opening and closing ------------------------------------------------------------------
 
     @classmethod
-    def create(cls, spec: TableSpec, name: str | None = None) -> Table:
+    def create(cls, spec: TableSpec, name: str | None = None, pin: bool = True) -> Table:
         """Creates a table in new shared memory (mode 0600).
 
         Args:
           spec: the table's `TableSpec`.
           name: the shared-memory name; by default an unguessable `gear_jax_<32 hex digits>`.
+          pin: register the memory with CUDA (pinned and mapped, so GPU kernels read it) where this
+            build has the CUDA handlers and the process sees a GPU. Ignored otherwise.
 
         Raises:
           InvalidArgumentError: `name` is malformed or already in use.
@@ -118,19 +120,22 @@ class Table:
         step_bytes = [f.step_bytes for f in spec.fields.values()]
         try:
             native = _native.NativeTable.create(
-                name, spec.capacity, spec.max_steps, step_bytes, spec.to_json(), spec.spec_hash
+                name, spec.capacity, spec.max_steps, step_bytes, spec.to_json(), spec.spec_hash, bool(pin)
             )
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
         return cls(native, spec)
 
     @classmethod
-    def attach(cls, name: str, spec: TableSpec | None = None) -> Table:
+    def attach(cls, name: str, spec: TableSpec | None = None, pin: bool = False) -> Table:
         """Opens a table that another process (or this one) created, by name.
 
         Args:
           name: the creator's `table.name`.
           spec: if given, the table must have exactly this spec.
+          pin: register the memory with CUDA in this process too (as `create` does). Off by default:
+            actor processes that only write need no CUDA context; a learner that samples on a GPU
+            from a table another process created passes `pin=True`.
 
         Raises:
           TableNotFoundError: no table of that name exists on this host.
@@ -139,7 +144,7 @@ class Table:
         if not isinstance(name, str) or not _NAME_PATTERN.match(name):
             raise InvalidArgumentError(f"name {name!r} is not a table name")
         try:
-            native = _native.NativeTable.attach(name)
+            native = _native.NativeTable.attach(name, bool(pin))
         except _native.TableNotFoundError as e:
             raise TableNotFoundError(str(e)) from None
         except _native.TableFormatError as e:
@@ -192,6 +197,11 @@ class Table:
     @property
     def closed(self) -> bool:
         return self._native.closed
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the memory is registered with CUDA in this process (GPU kernels can read it)."""
+        return bool(self._native.pinned)
 
     @property
     def handle(self) -> int:

@@ -19,6 +19,7 @@
 #endif
 #if GEAR_JAX_WITH_CUDA
 #include "xla_ffi/cuda_handlers.h"
+#include "xla_ffi/cuda_runtime.h"
 #endif
 
 namespace py = pybind11;
@@ -146,6 +147,13 @@ PYBIND11_MODULE(_native, m) {
     return out;
   });
   m.attr("with_cuda") = py::bool_(GEAR_JAX_WITH_CUDA);
+  m.def("cuda_device_count", [] {
+#if GEAR_JAX_WITH_CUDA
+    return gear::CudaDeviceCount();
+#else
+    return 0;
+#endif
+  }, "CUDA devices this process can use (0 in a CPU-only build, or without a GPU)");
   m.attr("format_version") = gear::kFormatVersion;
   m.def("row_stride", &gear::RowStride, py::arg("row_bytes"));
 
@@ -153,15 +161,18 @@ PYBIND11_MODULE(_native, m) {
       .def_static(
           "create",
           [](const std::string& name, int64_t capacity, int32_t max_steps,
-             const std::vector<int64_t>& step_bytes, const std::string& spec_json, uint64_t spec_hash) {
+             const std::vector<int64_t>& step_bytes, const std::string& spec_json, uint64_t spec_hash,
+             bool pin) {
             return std::make_unique<OpenTable>(
-                SharedTable::Create(name, capacity, max_steps, step_bytes, spec_json, spec_hash));
+                SharedTable::Create(name, capacity, max_steps, step_bytes, spec_json, spec_hash, pin));
           },
           py::arg("name"), py::arg("capacity"), py::arg("max_steps"), py::arg("step_bytes"),
-          py::arg("spec_json"), py::arg("spec_hash"))
+          py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"))
       .def_static("attach",
-                  [](const std::string& name) { return std::make_unique<OpenTable>(SharedTable::Attach(name)); },
-                  py::arg("name"))
+                  [](const std::string& name, bool pin) {
+                    return std::make_unique<OpenTable>(SharedTable::Attach(name, pin));
+                  },
+                  py::arg("name"), py::arg("pin"))
       .def_buffer([](OpenTable& self) {
         SharedTable& t = self.table();
         return py::buffer_info(t.base(), 1, py::format_descriptor<uint8_t>::format(), 1,
@@ -175,6 +186,7 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("spec_json", [](OpenTable& s) { return s.table().spec_json(); })
       .def_property_readonly("spec_hash", [](OpenTable& s) { return s.table().header()->spec_hash; })
       .def_property_readonly("total_bytes", [](OpenTable& s) { return s.table().total_bytes(); })
+      .def_property_readonly("pinned", [](OpenTable& s) { return s.table().pinned(); })
       .def_property_readonly("size", [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->size); })
       .def_property_readonly("selectable",
                              [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->selectable); })

@@ -11,6 +11,9 @@
 #include <cstring>
 
 #include "kernels/atomics.h"
+#if GEAR_JAX_WITH_CUDA
+#include "xla_ffi/cuda_runtime.h"
+#endif
 
 namespace gear {
 namespace {
@@ -34,7 +37,7 @@ int64_t RowStride(int64_t row_bytes) {
   return static_cast<int64_t>(RoundUp(row_bytes, row_bytes >= 1024 ? 128 : 16));
 }
 
-SharedTable::SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator)
+SharedTable::SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator, bool pin)
     : name_(std::move(name)), base_(base), total_bytes_(total_bytes), creator_(creator) {
   TableHeader* h = header();
   view_.capacity = h->capacity;
@@ -49,14 +52,33 @@ SharedTable::SharedTable(std::string name, uint8_t* base, size_t total_bytes, bo
   for (int f = 0; f < h->num_fields; ++f) {
     view_.fields[f] = FieldView{base_ + h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes};
   }
+#if GEAR_JAX_WITH_CUDA
+  cuda_ = CudaPinning::Pin(base_, total_bytes_, pin);
+#else
+  (void)pin;
+#endif
 }
 
-SharedTable::~SharedTable() { munmap(base_, total_bytes_); }
+SharedTable::~SharedTable() {
+#if GEAR_JAX_WITH_CUDA
+  cuda_.reset();  // unregisters the memory from CUDA before it is unmapped
+#endif
+  munmap(base_, total_bytes_);
+}
+
+bool SharedTable::pinned() const {
+#if GEAR_JAX_WITH_CUDA
+  return cuda_->pinned();
+#else
+  return false;
+#endif
+}
 
 std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_t capacity,
                                                  int32_t max_steps,
                                                  const std::vector<int64_t>& step_bytes,
-                                                 const std::string& spec_json, uint64_t spec_hash) {
+                                                 const std::string& spec_json, uint64_t spec_hash,
+                                                 bool pin) {
   if (capacity < 1 || capacity > INT32_MAX) throw std::invalid_argument("capacity must be in [1, 2**31 - 1]");
   if (max_steps < 1) throw std::invalid_argument("max_steps must be >= 1");
   if (step_bytes.empty() || step_bytes.size() > static_cast<size_t>(kMaxFields)) {
@@ -117,10 +139,10 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_
   std::memcpy(h->spec_json, spec_json.data(), spec_json.size());
   __atomic_thread_fence(__ATOMIC_RELEASE);
   std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));  // last: a header with magic is complete
-  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), total, true));
+  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), total, true, pin));
 }
 
-std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name) {
+std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool pin) {
   const std::string path = ShmPath(name);
   int fd = shm_open(path.c_str(), O_RDWR, 0);
   if (fd < 0) {
@@ -155,7 +177,7 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name) {
     munmap(base, size);
     throw FormatError("shared-memory object '" + name + "' " + problem);
   }
-  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), size, false));
+  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), size, false, pin));
 }
 
 std::string SharedTable::spec_json() const {

@@ -16,6 +16,10 @@
 
 namespace gear {
 
+#if GEAR_JAX_WITH_CUDA
+class CudaPinning;
+#endif
+
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
 inline constexpr uint32_t kFormatVersion = 1;
 inline constexpr size_t kSpecJsonCapacity = 16384;
@@ -59,12 +63,13 @@ int64_t RowStride(int64_t row_bytes);
 
 class SharedTable {
  public:
-  // Creates the mapping `/name` (mode 0600, fails if it exists) and its header.
+  // Creates the mapping `/name` (mode 0600, fails if it exists) and its header. With `pin`, in a CUDA
+  // build on a process that sees a GPU, the memory is also registered with CUDA (pinned and mapped).
   static std::shared_ptr<SharedTable> Create(const std::string& name, int64_t capacity,
                                              int32_t max_steps, const std::vector<int64_t>& step_bytes,
-                                             const std::string& spec_json, uint64_t spec_hash);
+                                             const std::string& spec_json, uint64_t spec_hash, bool pin);
   // Maps an existing table; refuses mappings that are not gear_jax tables of this format.
-  static std::shared_ptr<SharedTable> Attach(const std::string& name);
+  static std::shared_ptr<SharedTable> Attach(const std::string& name, bool pin);
 
   ~SharedTable();
   SharedTable(const SharedTable&) = delete;
@@ -77,6 +82,11 @@ class SharedTable {
   TableHeader* header() const { return reinterpret_cast<TableHeader*>(base_); }
   const TableView& view() const { return view_; }
   std::string spec_json() const;
+  // Whether the memory is registered with CUDA (pinned and mapped into the GPUs' address space).
+  bool pinned() const;
+#if GEAR_JAX_WITH_CUDA
+  CudaPinning* cuda() const { return cuda_.get(); }
+#endif
 
   // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0).
   int64_t Claim();
@@ -90,7 +100,7 @@ class SharedTable {
   void Unlink();
 
  private:
-  SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator);
+  SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator, bool pin);
   void CheckOwned(int64_t row) const;
 
   std::string name_;
@@ -99,6 +109,9 @@ class SharedTable {
   bool creator_;
   bool unlinked_ = false;
   TableView view_;
+#if GEAR_JAX_WITH_CUDA
+  std::unique_ptr<CudaPinning> cuda_;  // always set; unpinned where the process sees no GPU
+#endif
 };
 
 }  // namespace gear

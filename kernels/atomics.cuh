@@ -1,0 +1,42 @@
+// Atomic access to table memory from CUDA kernels: the device counterpart of atomics.h.
+//
+// The table is pinned host memory that CPU writers change while kernels read it, so every access that
+// takes part in the seqlock or in a read-modify-write is an atomic at system scope (ld.acquire.sys,
+// fence.acq.sys, atom.sys). Plain loads (never the read-only ld.global.nc path) copy row data between
+// an acquire and the fence that precedes the generation's re-read.
+#pragma once
+
+#include <cstdint>
+#include <cuda/atomic>
+
+namespace gear::device {
+
+template <typename T>
+__device__ __forceinline__ cuda::atomic_ref<T, cuda::thread_scope_system> SystemRef(const T* p) {
+  return cuda::atomic_ref<T, cuda::thread_scope_system>(*const_cast<T*>(p));
+}
+
+__device__ __forceinline__ uint64_t LoadAcquire(const uint64_t* p) {
+  return SystemRef(p).load(cuda::memory_order_acquire);
+}
+
+template <typename T>
+__device__ __forceinline__ T LoadRelaxed(const T* p) {
+  return SystemRef(p).load(cuda::memory_order_relaxed);
+}
+
+__device__ __forceinline__ void FenceAcquire() {
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
+}
+
+__device__ __forceinline__ bool CompareExchange(uint64_t* p, uint64_t* expected, uint64_t desired) {
+  return SystemRef(p).compare_exchange_strong(*expected, desired, cuda::memory_order_acq_rel,
+                                              cuda::memory_order_acquire);
+}
+
+template <typename T>
+__device__ __forceinline__ T FetchAdd(T* p, T v) {
+  return SystemRef(p).fetch_add(v, cuda::memory_order_acq_rel);
+}
+
+}  // namespace gear::device

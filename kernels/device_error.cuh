@@ -1,0 +1,46 @@
+// Errors that CUDA kernels find in the data they read (a row id out of range, a table with no
+// selectable row). A kernel cannot fail for bad data, and its caller does not wait for it, so the first
+// thread that finds one fills a DeviceError that lives in mapped pinned host memory, and the kernel
+// completes with defined outputs. The runtime reads and clears the record on the host later
+// (xla_ffi/cuda_handlers.cu: at the next call on the same table and device).
+#pragma once
+
+#include <cstdint>
+
+#include "atomics.cuh"
+
+namespace gear {
+
+// Where an error was found, and what the record's numbers mean there.
+enum class ErrorSite : int32_t {
+  kNone = 0,
+  kSampleEmpty = 1,       // no selectable row
+  kSampleTooFew = 2,      // fifo/lifo/topk: value = selectable rows, limit = batch_size
+  kGatherIndex = 3,       // element = pick, value = row id, limit = capacity
+  kGatherStart = 4,       // element = pick, value = window start, limit = max_steps
+  kScatterIndex = 5,      // element = entry, value = row id, limit = capacity
+  kScatterPriority = 6,   // element = entry, value = bits of the float32 priority
+};
+
+struct DeviceError {
+  int32_t claim;  // 0 while free; the first reporting thread sets 1 and owns the other fields
+  int32_t site;   // ErrorSite, published after element, value and limit
+  int64_t element;
+  int64_t value;
+  int64_t limit;
+};
+
+// Records an error unless one is already recorded (the first one wins until the host clears it).
+__device__ inline void ReportError(DeviceError* error, ErrorSite site, int64_t element, int64_t value,
+                                   int64_t limit) {
+  int32_t expected = 0;
+  if (!device::SystemRef(&error->claim).compare_exchange_strong(expected, 1, cuda::memory_order_relaxed)) {
+    return;
+  }
+  error->element = element;
+  error->value = value;
+  error->limit = limit;
+  device::SystemRef(&error->site).store(static_cast<int32_t>(site), cuda::memory_order_release);
+}
+
+}  // namespace gear

@@ -1,0 +1,179 @@
+#include "gather.cuh"
+
+#include <cstdint>
+
+#include "atomics.cuh"
+
+namespace gear {
+namespace {
+
+// Tuning of the gather. Rows are read from host memory over PCIe, so what matters is many 16-byte
+// requests in flight, each warp's requests covering whole 128-byte lines.
+struct GatherPolicy {
+  static constexpr int kBlockThreads = 256;
+  static constexpr int kWarpThreads = 32;
+  static constexpr int kUnroll = 4;                      // vector loads per thread before their stores
+  static constexpr int64_t kWholeBlockRowBytes = 4096;   // from this many bytes a row gets a whole block
+};
+
+// The threads that copy one output row: a warp (small rows, several rows per block) or the whole block.
+template <int kThreads>
+struct RowGroup {
+  static_assert(kThreads == GatherPolicy::kWarpThreads || kThreads == GatherPolicy::kBlockThreads);
+  static constexpr int kRowsPerBlock = GatherPolicy::kBlockThreads / kThreads;
+
+  __device__ static int64_t Row() {
+    return static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kThreads;
+  }
+  __device__ static int Lane() { return static_cast<int>(threadIdx.x % kThreads); }
+
+  // True when `p` holds on every thread of the group. Also a barrier: the group's stores before it are
+  // ordered before its stores after it.
+  __device__ static bool All(bool p) {
+    if constexpr (kThreads == GatherPolicy::kBlockThreads) {
+      return __syncthreads_and(p) != 0;
+    } else {
+      __syncwarp();
+      return __all_sync(0xffffffffu, p) != 0;
+    }
+  }
+};
+
+// dst[0, n) = src[0, n), vector `V` at a time, spread over the group.
+template <typename V, int kThreads>
+__device__ void CopyVectors(const V* src, V* dst, int64_t n, int lane) {
+  constexpr int kUnroll = GatherPolicy::kUnroll;
+  int64_t i = lane;
+  for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
+    V v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = src[i + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) dst[i + u * kThreads] = v[u];
+  }
+  for (; i < n; i += kThreads) dst[i] = src[i];
+}
+
+// Copies `bytes` when src and dst have the same offset within a V: single bytes up to the first V
+// boundary, whole Vs, then the remaining bytes.
+template <typename V, int kThreads>
+__device__ void CopyAligned(const uint8_t* src, uint8_t* dst, int64_t bytes, int lane) {
+  constexpr int64_t kSize = sizeof(V);
+  const int64_t misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(src) % kSize);
+  const int64_t head = misalign == 0 ? 0 : (kSize - misalign < bytes ? kSize - misalign : bytes);
+  const int64_t body = (bytes - head) / kSize;
+  const int64_t tail = head + body * kSize;
+  CopyVectors<uint8_t, kThreads>(src, dst, head, lane);
+  CopyVectors<V, kThreads>(reinterpret_cast<const V*>(src + head), reinterpret_cast<V*>(dst + head), body,
+                           lane);
+  CopyVectors<uint8_t, kThreads>(src + tail, dst + tail, bytes - tail, lane);
+}
+
+// 16-byte loads and stores where src and dst allow them, 4-byte ones next, single bytes otherwise.
+template <int kThreads>
+__device__ void CopyBytes(const uint8_t* src, uint8_t* dst, int64_t bytes, int lane) {
+  const uintptr_t offsets = reinterpret_cast<uintptr_t>(src) ^ reinterpret_cast<uintptr_t>(dst);
+  if (offsets % sizeof(uint4) == 0) {
+    CopyAligned<uint4, kThreads>(src, dst, bytes, lane);
+  } else if (offsets % sizeof(uint32_t) == 0) {
+    CopyAligned<uint32_t, kThreads>(src, dst, bytes, lane);
+  } else {
+    CopyVectors<uint8_t, kThreads>(src, dst, bytes, lane);
+  }
+}
+
+template <int kThreads>
+__device__ void ZeroBytes(uint8_t* dst, int64_t bytes, int lane) {
+  constexpr int64_t kSize = sizeof(uint4);
+  const int64_t misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst) % kSize);
+  const int64_t head = misalign == 0 ? 0 : (kSize - misalign < bytes ? kSize - misalign : bytes);
+  const int64_t body = (bytes - head) / kSize;
+  const int64_t tail = head + body * kSize;
+  for (int64_t i = lane; i < head; i += kThreads) dst[i] = 0;
+  uint4* vectors = reinterpret_cast<uint4*>(dst + head);
+  for (int64_t i = lane; i < body; i += kThreads) vectors[i] = make_uint4(0, 0, 0, 0);
+  for (int64_t i = tail + lane; i < bytes; i += kThreads) dst[i] = 0;
+}
+
+// One output row per group: check the generation (acquire), copy the window of every field and zero
+// the rest, fence, read the generation again. A row whose generation differs or is odd at either read,
+// on any thread of the group, is zeroed and invalid.
+template <int kThreads>
+__global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
+    GatherKernel(TableView t, const int32_t* indices, const uint32_t* generations, const int32_t* starts,
+                 GatherRequest r, GatherOutputs out, DeviceError* error) {
+  using Group = RowGroup<kThreads>;
+  const int64_t i = Group::Row();
+  if (i >= r.batch_size) return;
+  const int lane = Group::Lane();
+  const int64_t window = r.window;
+  const int64_t row = indices[i];
+  const int64_t start = starts[i];
+  const uint32_t generation = generations[i];
+  const bool row_in_range = row >= 0 && row < t.capacity;
+  const bool in_range = row_in_range && start >= 0 && start < t.max_steps;
+  if (!in_range && lane == 0) {
+    if (row_in_range) {
+      ReportError(error, ErrorSite::kGatherStart, i, start, t.max_steps);
+    } else {
+      ReportError(error, ErrorSite::kGatherIndex, i, row, t.capacity);
+    }
+  }
+
+  bool ok = false;
+  int64_t steps = 0;
+  if (in_range) {
+    const uint64_t before = device::LoadAcquire(&t.state[row]);
+    ok = StateGeneration(before) == generation && (generation & 1u) == 0;
+    if (ok) {
+      const int64_t length = device::LoadRelaxed(&t.length[row]);
+      steps = length - start < 0 ? 0 : (length - start > window ? window : length - start);
+    }
+  }
+  for (int32_t f = 0; f < r.num_fields; ++f) {
+    const FieldView& field = t.fields[r.field_ids[f]];
+    uint8_t* dst = out.fields[f] + i * window * field.step_bytes;
+    const int64_t copied = steps * field.step_bytes;
+    if (copied > 0) {
+      CopyBytes<kThreads>(field.data + row * field.row_stride + start * field.step_bytes, dst, copied, lane);
+    }
+    ZeroBytes<kThreads>(dst + copied, window * field.step_bytes - copied, lane);
+  }
+  if (ok) {
+    device::FenceAcquire();
+    ok = StateGeneration(device::LoadRelaxed(&t.state[row])) == generation;
+  }
+  const bool valid = Group::All(ok);
+  if (!valid) {
+    for (int32_t f = 0; f < r.num_fields; ++f) {
+      const int64_t step_bytes = t.fields[r.field_ids[f]].step_bytes;
+      ZeroBytes<kThreads>(out.fields[f] + i * window * step_bytes, window * step_bytes, lane);
+    }
+  }
+  for (int64_t s = lane; s < window; s += kThreads) out.valid[i * window + s] = valid && s < steps;
+}
+
+}  // namespace
+
+cudaError_t GatherRowsCuda(const TableView& table, const int32_t* indices, const uint32_t* generations,
+                           const int32_t* starts, const GatherRequest& request, GatherOutputs out,
+                           DeviceError* error, cudaStream_t stream) {
+  if (request.batch_size == 0) return cudaSuccess;
+  int64_t row_bytes = 0;
+  for (int32_t f = 0; f < request.num_fields; ++f) {
+    row_bytes += request.window * table.fields[request.field_ids[f]].step_bytes;
+  }
+  constexpr int kBlock = GatherPolicy::kBlockThreads;
+  if (row_bytes >= GatherPolicy::kWholeBlockRowBytes) {
+    GatherKernel<kBlock><<<static_cast<unsigned>(request.batch_size), kBlock, 0, stream>>>(
+        table, indices, generations, starts, request, out, error);
+  } else {
+    constexpr int64_t kRowsPerBlock = RowGroup<GatherPolicy::kWarpThreads>::kRowsPerBlock;
+    const int64_t blocks = (request.batch_size + kRowsPerBlock - 1) / kRowsPerBlock;
+    GatherKernel<GatherPolicy::kWarpThreads><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+        table, indices, generations, starts, request, out, error);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace gear

@@ -1,0 +1,497 @@
+#include "sample.cuh"
+
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <cub/util_type.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
+#include "atomics.cuh"
+#include "philox.h"
+#include "scratch.cuh"
+
+namespace gear {
+namespace {
+
+struct SamplePolicy {
+  static constexpr int kPickThreads = 256;       // threads per block of the one-thread-per-pick kernels
+  static constexpr int kUniformAttempts = 64;    // rejection attempts per pick: kUniformAttempts of sample.cc
+  static constexpr int kFallbackThreads = 1024;  // the single block of the uniform fallback scan
+  static constexpr int kOrderedThreads = 256;    // fifo/lifo/topk: threads of a candidate block
+  static constexpr int kOrderedItems = 8;        // rows per thread of a candidate block
+  static constexpr int64_t kOrderedTile = int64_t{kOrderedThreads} * kOrderedItems;
+};
+
+// Sort key of a row that is not selectable: after every real key (see OrderKey).
+constexpr uint64_t kNoCandidate = ~uint64_t{0};
+
+unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+__device__ int64_t ThreadIndex() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+
+__device__ SampleRequest Seeded(SampleRequest r, const uint32_t* seed) {
+  r.seed0 = seed[0];
+  r.seed1 = seed[1];
+  return r;
+}
+
+// The device twins of the helpers of sample.cc, with the same arithmetic.
+__device__ double Weight(uint64_t state, float exponent) {
+  if (!StateSelectable(state)) return 0.0;
+  const double p = StatePriority(state);
+  if (exponent == 1.0f) return p;
+  if (exponent == 0.0f) return 1.0;
+  return pow(p, static_cast<double>(exponent));
+}
+
+__device__ int32_t WindowStart(const TableView& t, int64_t row, const SampleRequest& r, uint32_t pick) {
+  if (r.window <= 0) return 0;
+  const int32_t length = device::LoadRelaxed(&t.length[row]);
+  const int64_t choices = (length - r.window > 0 ? length - r.window : 0) + int64_t{1};
+  const double u = UniformDouble(r.seed0, r.seed1, pick, 0, Draw::kWindowStart);
+  const int64_t start = static_cast<int64_t>(u * choices);
+  return static_cast<int32_t>(start < choices - 1 ? start : choices - 1);
+}
+
+__device__ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
+                       uint32_t generation, float probability) {
+  out.indices[pick] = static_cast<int32_t>(row);
+  out.generations[pick] = generation;
+  out.probabilities[pick] = probability;
+  out.starts[pick] = WindowStart(t, row, r, static_cast<uint32_t>(pick));
+  device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
+}
+
+// A pick that could not be made: row 0 with an odd generation, which no gather or update accepts.
+__device__ void RecordFailed(SampleResult out, int64_t pick) {
+  out.indices[pick] = 0;
+  out.generations[pick] = 1;
+  out.probabilities[pick] = 0.0f;
+  out.starts[pick] = 0;
+}
+
+// ---- uniform ---------------------------------------------------------------------------------------
+
+// One thread per pick: the rejection draws of sample.cc. A pick that finds no selectable row in
+// kUniformAttempts draws is marked with index -1 for the fallback.
+__global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* seed, int64_t rows,
+                                  SampleResult out) {
+  const int64_t i = ThreadIndex();
+  if (i >= r.batch_size) return;
+  r = Seeded(r, seed);
+  const uint32_t pick = static_cast<uint32_t>(i);
+  for (int attempt = 0; rows > 0 && attempt < SamplePolicy::kUniformAttempts; ++attempt) {
+    const double u = UniformDouble(r.seed0, r.seed1, pick, attempt, Draw::kSelect);
+    const int64_t drawn = static_cast<int64_t>(u * rows);
+    const int64_t candidate = drawn < rows - 1 ? drawn : rows - 1;
+    const uint64_t s = device::LoadAcquire(&t.state[candidate]);
+    if (StateSelectable(s)) {
+      Record(t, r, out, i, candidate, StateGeneration(s), 0.0f);
+      return;
+    }
+  }
+  out.indices[i] = -1;
+}
+
+// One block. Without marked picks: every pick's probability is 1 / the table's selectable count. With
+// some: the exact fallback of sample.cc. Pass 1 counts the selectable rows V; each marked pick draws
+// its rank k = floor(u V) among them; pass 2 walks the rows tile by tile and hands the k-th selectable
+// row to the picks of rank k.
+__global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
+    UniformFinishKernel(TableView t, SampleRequest r, const uint32_t* seed, int64_t rows, int64_t* ranks,
+                        SampleResult out, DeviceError* error) {
+  constexpr int kThreads = SamplePolicy::kFallbackThreads;
+  using Reduce = cub::BlockReduce<int64_t, kThreads>;
+  using Scan = cub::BlockScan<int32_t, kThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } temp;
+  __shared__ int32_t tile_rows[kThreads];    // the tile's selectable rows, by rank
+  __shared__ uint64_t tile_states[kThreads];  // and the states they were selected with
+  __shared__ int64_t selectable_rows;
+  r = Seeded(r, seed);
+  const int tid = static_cast<int>(threadIdx.x);
+
+  bool marked = false;
+  for (int64_t i = tid; i < r.batch_size; i += kThreads) marked = marked || out.indices[i] < 0;
+  if (!__syncthreads_or(marked)) {
+    if (tid == 0) selectable_rows = device::LoadRelaxed(t.selectable);
+    __syncthreads();
+  } else {
+    int64_t mine = 0;
+    for (int64_t k = tid; k < rows; k += kThreads) mine += StateSelectable(device::LoadAcquire(&t.state[k])) ? 1 : 0;
+    const int64_t total = Reduce(temp.reduce).Sum(mine);
+    if (tid == 0) selectable_rows = total;
+    __syncthreads();
+    const int64_t count = selectable_rows;
+    if (count == 0) {
+      for (int64_t i = tid; i < r.batch_size; i += kThreads) {
+        if (out.indices[i] < 0) RecordFailed(out, i);
+      }
+      if (tid == 0) ReportError(error, ErrorSite::kSampleEmpty, 0, 0, 0);
+      return;
+    }
+    for (int64_t i = tid; i < r.batch_size; i += kThreads) {
+      if (out.indices[i] >= 0) continue;
+      const double u = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kFallback);
+      const int64_t rank = static_cast<int64_t>(u * count);
+      ranks[i] = rank < count - 1 ? rank : count - 1;
+    }
+
+    int64_t before = 0;  // selectable rows in earlier tiles
+    int32_t last_row = -1;
+    uint64_t last_state = 0;
+    for (int64_t first = 0; first < rows; first += kThreads) {
+      const int64_t k = first + tid;
+      const uint64_t s = k < rows ? device::LoadAcquire(&t.state[k]) : 0;
+      const int32_t selectable = StateSelectable(s) ? 1 : 0;
+      int32_t rank, tile_count;
+      Scan(temp.scan).ExclusiveSum(selectable, rank, tile_count);
+      if (selectable) {
+        tile_rows[rank] = static_cast<int32_t>(k);
+        tile_states[rank] = s;
+      }
+      __syncthreads();
+      for (int64_t i = tid; i < r.batch_size; i += kThreads) {
+        if (out.indices[i] >= 0) continue;
+        const int64_t at = ranks[i] - before;
+        if (at >= 0 && at < tile_count) Record(t, r, out, i, tile_rows[at], StateGeneration(tile_states[at]), 0.0f);
+      }
+      if (tile_count > 0) {
+        last_row = tile_rows[tile_count - 1];
+        last_state = tile_states[tile_count - 1];
+      }
+      before += tile_count;
+      __syncthreads();
+    }
+    // Writers emptied rows between the passes: the ranks past the end take the last selectable row.
+    for (int64_t i = tid; i < r.batch_size; i += kThreads) {
+      if (out.indices[i] >= 0) continue;
+      if (last_row >= 0) {
+        Record(t, r, out, i, last_row, StateGeneration(last_state), 0.0f);
+      } else {
+        RecordFailed(out, i);
+      }
+    }
+    if (last_row < 0) {
+      if (tid == 0) ReportError(error, ErrorSite::kSampleEmpty, 0, 0, 0);
+      return;
+    }
+  }
+  const int64_t count = selectable_rows;
+  const float probability = 1.0f / static_cast<float>(count > 1 ? count : 1);
+  for (int64_t i = tid; i < r.batch_size; i += kThreads) out.probabilities[i] = probability;
+}
+
+struct UniformScratch {
+  int64_t* ranks;
+
+  UniformScratch(ScratchCarver& carver, const SampleRequest& r) : ranks(carver.Take<int64_t>(r.batch_size)) {}
+};
+
+cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
+                          const UniformScratch& scratch, SampleResult out, DeviceError* error,
+                          cudaStream_t stream) {
+  UniformPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0, stream>>>(
+      t, r, seed, rows, out);
+  if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  UniformFinishKernel<<<1, SamplePolicy::kFallbackThreads, 0, stream>>>(t, r, seed, rows, scratch.ranks, out,
+                                                                      error);
+  return cudaGetLastError();
+}
+
+// ---- prioritized -----------------------------------------------------------------------------------
+
+struct WeightOfRow {
+  const uint64_t* state;
+  float exponent;
+  __device__ double operator()(int64_t row) const { return Weight(device::LoadRelaxed(&state[row]), exponent); }
+};
+using WeightIterator = thrust::transform_iterator<WeightOfRow, thrust::counting_iterator<int64_t>>;
+
+WeightIterator Weights(const TableView& t, float exponent) {
+  return WeightIterator(thrust::counting_iterator<int64_t>(0), WeightOfRow{t.state, exponent});
+}
+
+// prefix[k] = sum of the weights of rows 0..k: nondecreasing, and rising exactly at rows of positive
+// weight (at the time of the scan).
+
+// First index in [first, last) whose prefix exceeds `value`; `last` if none.
+__device__ int64_t FirstAbove(const double* prefix, int64_t first, int64_t last, double value) {
+  while (first < last) {
+    const int64_t mid = first + (last - first) / 2;
+    if (prefix[mid] > value) {
+      last = mid;
+    } else {
+      first = mid + 1;
+    }
+  }
+  return first;
+}
+
+// First index in [0, last) whose prefix is at least `value`.
+__device__ int64_t FirstAtLeast(const double* prefix, int64_t last, double value) {
+  int64_t first = 0;
+  while (first < last) {
+    const int64_t mid = first + (last - first) / 2;
+    if (prefix[mid] >= value) {
+      last = mid;
+    } else {
+      first = mid + 1;
+    }
+  }
+  return first;
+}
+
+// The nearest row after `row` that had positive weight, or `rows`.
+__device__ int64_t NextWeighted(const double* prefix, int64_t rows, int64_t row) {
+  return FirstAbove(prefix, row + 1, rows, prefix[row]);
+}
+
+// The nearest row before `row` that had positive weight, or -1.
+__device__ int64_t PreviousWeighted(const double* prefix, int64_t row) {
+  if (row == 0 || !(prefix[row - 1] > 0.0)) return -1;
+  return FirstAtLeast(prefix, row, prefix[row - 1]);
+}
+
+// One thread per pick: the row whose prefix interval holds u * total. Writers may have changed rows
+// since the scan, so the pick takes the nearest row, forward first, that is selectable now, with
+// probability (its weight now) / total, as the walk of sample.cc does.
+__global__ void PrioritizedPickKernel(TableView t, SampleRequest r, const uint32_t* seed, int64_t rows,
+                                      const double* prefix, SampleResult out, DeviceError* error) {
+  const int64_t i = ThreadIndex();
+  if (i >= r.batch_size) return;
+  r = Seeded(r, seed);
+  const double total = rows > 0 ? prefix[rows - 1] : 0.0;
+  auto try_record = [&](int64_t row) {
+    const uint64_t s = device::LoadAcquire(&t.state[row]);
+    const double w = Weight(s, r.priority_exponent);
+    if (w > 0.0) Record(t, r, out, i, row, StateGeneration(s), static_cast<float>(w / total));
+    return w > 0.0;
+  };
+  if (total > 0.0) {
+    const double target = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kSelect) * total;
+    int64_t found = FirstAbove(prefix, 0, rows, target);
+    if (found == rows) found = PreviousWeighted(prefix, rows);  // rounding put the target at the total
+    for (int64_t k = found; k < rows; k = NextWeighted(prefix, rows, k)) {
+      if (try_record(k)) return;
+    }
+    for (int64_t k = PreviousWeighted(prefix, found); k >= 0; k = PreviousWeighted(prefix, k)) {
+      if (try_record(k)) return;
+    }
+  }
+  RecordFailed(out, i);
+  ReportError(error, ErrorSite::kSampleEmpty, 0, 0, 0);
+}
+
+struct PrioritizedScratch {
+  double* prefix;
+  void* scan_temp;
+  size_t scan_bytes = 0;
+  cudaError_t status = cudaSuccess;
+
+  PrioritizedScratch(ScratchCarver& carver, const TableView& t, const SampleRequest& r, int64_t rows) {
+    prefix = carver.Take<double>(rows);
+    if (rows > 0) {
+      status = cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, Weights(t, r.priority_exponent), prefix, rows);
+    }
+    scan_temp = carver.Take<uint8_t>(scan_bytes);
+  }
+};
+
+cudaError_t SamplePrioritized(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
+                              PrioritizedScratch& scratch, SampleResult out, DeviceError* error,
+                              cudaStream_t stream) {
+  if (scratch.status != cudaSuccess) return scratch.status;
+  if (rows > 0) {
+    cudaError_t status = cub::DeviceScan::InclusiveSum(scratch.scan_temp, scratch.scan_bytes,
+                                                       Weights(t, r.priority_exponent), scratch.prefix, rows,
+                                                       stream);
+    if (status == cudaSuccess) status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+  }
+  PrioritizedPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
+                          stream>>>(t, r, seed, rows, scratch.prefix, out, error);
+  return cudaGetLastError();
+}
+
+// ---- fifo, lifo, topk ------------------------------------------------------------------------------
+
+// A key per selectable row, unique among them, ascending in answer order: fifo the insert order, lifo
+// its reverse, topk priority descending then row id ascending (float32 bits of positive priorities
+// order as the priorities do).
+__device__ uint64_t OrderKey(const TableView& t, SampleMethod method, int64_t row, uint64_t state) {
+  switch (method) {
+    case SampleMethod::kFifo: return device::LoadRelaxed(&t.insert_seq[row]);
+    case SampleMethod::kLifo: return ~device::LoadRelaxed(&t.insert_seq[row]);
+    default: {
+      const uint32_t priority_bits = static_cast<uint32_t>(state);
+      return (static_cast<uint64_t>(~priority_bits) << 32) | static_cast<uint64_t>(row);
+    }
+  }
+}
+
+// One block per tile of rows: counts the tile's selectable rows, sorts the tile by key and keeps its
+// `keep` = min(batch_size, tile) best rows as (key, row << 32 | generation) candidates. The answer's
+// rows are among the candidates.
+__global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
+    OrderedCandidatesKernel(TableView t, SampleMethod method, int64_t rows, int64_t keep, uint64_t* keys,
+                            uint64_t* values, unsigned long long* selectable_rows) {
+  constexpr int kThreads = SamplePolicy::kOrderedThreads, kItems = SamplePolicy::kOrderedItems;
+  using Sort = cub::BlockRadixSort<uint64_t, kThreads, kItems, uint64_t>;
+  using Reduce = cub::BlockReduce<int, kThreads>;
+  __shared__ union {
+    typename Sort::TempStorage sort;
+    typename Reduce::TempStorage reduce;
+  } temp;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * SamplePolicy::kOrderedTile;
+  uint64_t key[kItems], value[kItems];
+  int selectable = 0;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int64_t row = first + j * kThreads + threadIdx.x;
+    const uint64_t s = row < rows ? device::LoadAcquire(&t.state[row]) : 0;
+    key[j] = kNoCandidate;
+    value[j] = 0;
+    if (row < rows && StateSelectable(s)) {
+      ++selectable;
+      key[j] = OrderKey(t, method, row, s);
+      value[j] = (static_cast<uint64_t>(row) << 32) | StateGeneration(s);
+    }
+  }
+  const int tile_selectable = Reduce(temp.reduce).Sum(selectable);
+  if (threadIdx.x == 0 && tile_selectable > 0) atomicAdd(selectable_rows, tile_selectable);
+  __syncthreads();
+  Sort(temp.sort).Sort(key, value);
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int64_t rank = static_cast<int64_t>(threadIdx.x) * kItems + j;
+    if (rank < keep) {
+      keys[blockIdx.x * keep + rank] = key[j];
+      values[blockIdx.x * keep + rank] = value[j];
+    }
+  }
+}
+
+// One thread per pick: the pick-th best candidate, once the table is known to hold batch_size rows.
+__global__ void OrderedRecordKernel(TableView t, SampleRequest r, const uint32_t* seed, const uint64_t* values,
+                                    const unsigned long long* selectable_rows, SampleResult out,
+                                    DeviceError* error) {
+  const int64_t i = ThreadIndex();
+  if (i >= r.batch_size) return;
+  const int64_t count = static_cast<int64_t>(*selectable_rows);
+  if (count < r.batch_size) {
+    RecordFailed(out, i);
+    if (i == 0) {
+      ReportError(error, count == 0 ? ErrorSite::kSampleEmpty : ErrorSite::kSampleTooFew, 0, count,
+                  r.batch_size);
+    }
+    return;
+  }
+  r = Seeded(r, seed);
+  const uint64_t v = values[i];
+  Record(t, r, out, i, static_cast<int64_t>(v >> 32), static_cast<uint32_t>(v), 1.0f);
+}
+
+struct OrderedScratch {
+  int64_t tiles, keep, candidates;
+  uint64_t* keys[2];
+  uint64_t* values[2];
+  unsigned long long* selectable_rows;
+  void* sort_temp;
+  size_t sort_bytes = 0;
+  cudaError_t status = cudaSuccess;
+
+  OrderedScratch(ScratchCarver& carver, const SampleRequest& r, int64_t rows)
+      : tiles((rows + SamplePolicy::kOrderedTile - 1) / SamplePolicy::kOrderedTile),
+        keep(r.batch_size < SamplePolicy::kOrderedTile ? r.batch_size : SamplePolicy::kOrderedTile),
+        candidates(tiles * keep) {
+    for (int b = 0; b < 2; ++b) {
+      keys[b] = carver.Take<uint64_t>(candidates);
+      values[b] = carver.Take<uint64_t>(candidates);
+    }
+    selectable_rows = carver.Take<unsigned long long>(1);
+    if (tiles > 1) {
+      cub::DoubleBuffer<uint64_t> k(keys[0], keys[1]), v(values[0], values[1]);
+      status = cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, k, v, candidates);
+    }
+    sort_temp = carver.Take<uint8_t>(sort_bytes);
+  }
+};
+
+cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
+                          OrderedScratch& scratch, SampleResult out, DeviceError* error, cudaStream_t stream) {
+  if (scratch.status != cudaSuccess) return scratch.status;
+  cudaError_t status = cudaMemsetAsync(scratch.selectable_rows, 0, sizeof(unsigned long long), stream);
+  if (status != cudaSuccess) return status;
+  const uint64_t* sorted = scratch.values[0];  // one tile: the block sort is the answer's order already
+  if (scratch.tiles > 0) {
+    OrderedCandidatesKernel<<<static_cast<unsigned>(scratch.tiles), SamplePolicy::kOrderedThreads, 0, stream>>>(
+        t, r.method, rows, scratch.keep, scratch.keys[0], scratch.values[0], scratch.selectable_rows);
+    if (status = cudaGetLastError(); status != cudaSuccess) return status;
+  }
+  if (scratch.tiles > 1) {
+    cub::DoubleBuffer<uint64_t> keys(scratch.keys[0], scratch.keys[1]), values(scratch.values[0], scratch.values[1]);
+    status = cub::DeviceRadixSort::SortPairs(scratch.sort_temp, scratch.sort_bytes, keys, values,
+                                             scratch.candidates, 0, 64, stream);
+    if (status == cudaSuccess) status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    sorted = values.Current();
+  }
+  OrderedRecordKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0, stream>>>(
+      t, r, seed, sorted, scratch.selectable_rows, out, error);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t SampleScratchBytes(const SampleRequest& request, int64_t rows) {
+  ScratchCarver carver(nullptr);
+  switch (request.method) {
+    case SampleMethod::kUniform: {
+      UniformScratch memory(carver, request);
+      break;
+    }
+    case SampleMethod::kPrioritized: {
+      PrioritizedScratch memory(carver, TableView{}, request, rows);
+      break;
+    }
+    case SampleMethod::kFifo:
+    case SampleMethod::kLifo:
+    case SampleMethod::kTopK: {
+      OrderedScratch memory(carver, request, rows);
+      break;
+    }
+  }
+  return carver.bytes();
+}
+
+cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request, int64_t rows,
+                           const uint32_t* seed, void* scratch, SampleResult out, DeviceError* error,
+                           cudaStream_t stream) {
+  if (request.batch_size == 0) return cudaSuccess;
+  ScratchCarver carver(scratch);
+  switch (request.method) {
+    case SampleMethod::kUniform: {
+      UniformScratch memory(carver, request);
+      return SampleUniform(table, request, rows, seed, memory, out, error, stream);
+    }
+    case SampleMethod::kPrioritized: {
+      PrioritizedScratch memory(carver, table, request, rows);
+      return SamplePrioritized(table, request, rows, seed, memory, out, error, stream);
+    }
+    case SampleMethod::kFifo:
+    case SampleMethod::kLifo:
+    case SampleMethod::kTopK: {
+      OrderedScratch memory(carver, request, rows);
+      return SampleOrdered(table, request, rows, seed, memory, out, error, stream);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace gear

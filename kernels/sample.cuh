@@ -1,0 +1,35 @@
+// CUDA selection of rows with the semantics of SampleRowsCpu (sample.h), enqueued on a stream.
+//
+//  - `table` is the device view of the table (its memory pinned and mapped). `rows` bounds the claimed
+//    rows [0, rows) the selection looks at: the caller reads it from next_seq when it enqueues the call
+//    (rows claimed later hold no committed data yet, and writers only ever add rows to that range).
+//  - The seed words are device memory (`seed`: uint32[2]); request.seed0 and request.seed1 are ignored.
+//  - uniform, fifo, lifo and topk pick exactly the rows SampleRowsCpu picks for the same seed and table
+//    contents, and draw the same window starts. prioritized draws from the same distribution (a prefix
+//    sum of p^a and one binary search per pick) but not the same rows.
+//  - Data errors are recorded in `error` (device address of a DeviceError): no selectable row, or fewer
+//    selectable rows than batch_size for fifo/lifo/topk. A pick that could not be made (every pick, for
+//    too few rows) holds row 0 with the odd generation 1, which gather marks invalid and
+//    update_priorities skips.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "device_error.cuh"
+#include "sample.h"
+#include "table_view.h"
+
+namespace gear {
+
+// Bytes of device scratch memory SampleRowsCuda needs (0: pass nullptr).
+size_t SampleScratchBytes(const SampleRequest& request, int64_t rows);
+
+// Returns the first failing launch's status (cudaGetLastError after each launch), or cudaSuccess.
+cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request, int64_t rows,
+                           const uint32_t* seed, void* scratch, SampleResult out, DeviceError* error,
+                           cudaStream_t stream);
+
+}  // namespace gear

@@ -1,0 +1,308 @@
+"""The CUDA handlers against the CPU handlers, on the same tables in one process.
+
+Tests marked `gpu` run where jax sees a GPU and skip elsewhere. A jitted function runs on the device its
+inputs are committed to, so each comparison runs the same function once on the CPU and once on the GPU.
+The CUDA handlers report bad data at the next call on the table (see xla_ffi/cuda_handlers.cu); the
+error tests wait for the failing call before making the next one.
+"""
+
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import gear_jax as gj
+from conftest import transitions
+from gear_jax import _native
+
+P_THRESHOLD = 1e-3
+CPU = jax.devices("cpu")[0]
+
+
+@pytest.fixture
+def gpu():
+    """The first GPU jax sees; skips the test where there is none."""
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("jax sees no GPU")
+    if not gj.build_info()["cuda"]:
+        pytest.fail("jax sees a GPU but gear_jax was built without its CUDA handlers (GEAR_JAX_CUDA=ON)")
+    return devices[0]
+
+
+def run_on(device, fn, *args):
+    """jit(fn)(*args) with the arguments committed to `device`, so that it runs there."""
+    return jax.block_until_ready(jax.jit(fn)(*jax.device_put(args, device)))
+
+
+def sample_on(device, table, key, batch_size, **kwargs):
+    return run_on(device, lambda k: gj.sample(table, k, batch_size, **kwargs), key)
+
+
+def gather_on(device, table, s, **kwargs):
+    return run_on(device, lambda s: gj.gather(table, s, **kwargs), s)
+
+
+def update_on(device, table, s, priorities):
+    priorities = jnp.asarray(priorities, jnp.float32)
+    return run_on(device, lambda s, p: gj.update_priorities(table, s, p), s, priorities)
+
+
+def assert_same_sample(got, expected):
+    for name in ("indices", "generations", "probabilities", "starts"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(got, name)), np.asarray(getattr(expected, name)), err_msg=name
+        )
+
+
+def make_sample(table, rows, generations=None):
+    """A Sample of `rows` with their current generations (or the ones given)."""
+    rows = np.asarray(rows, np.int32)
+    if generations is None:
+        generations = table.row_status()["generation"][np.clip(rows, 0, table.capacity - 1)]
+    zeros = jnp.zeros(rows.shape, jnp.int32)
+    return gj.Sample(jnp.asarray(rows), jnp.asarray(generations, jnp.uint32), jnp.zeros(rows.shape), zeros)
+
+
+def test_cuda_handlers_built_when_nvcc_present():
+    if os.environ.get("GEAR_JAX_CUDA", "AUTO").upper() == "OFF" or shutil.which("nvcc") is None:
+        pytest.skip("no CUDA compiler on PATH (or GEAR_JAX_CUDA=OFF): a CPU-only build is expected")
+    assert gj.build_info()["cuda"] is True, "nvcc is on PATH but gear_jax was built without CUDA handlers"
+
+
+def test_tables_are_pinned_exactly_when_asked_and_a_gpu_is_visible(make_table):
+    table = make_table()
+    expected = bool(_native.with_cuda) and _native.cuda_device_count() > 0
+    assert table.pinned is expected
+    with gj.Table.attach(table.name) as actor_view:  # actors do not pin by default
+        assert actor_view.pinned is False
+    with gj.Table.attach(table.name, pin=True) as learner_view:
+        assert learner_view.pinned is expected
+    unpinned = make_table(pin=False)
+    assert unpinned.pinned is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["uniform", "fifo", "lifo", "topk"])
+def test_selection_matches_cpu_exactly(make_table, gpu, method):
+    table = make_table(capacity=64)
+    priorities = np.random.default_rng(0).choice([0.0, 0.5, 1.0, 2.0], 50).astype(np.float32)  # ties, zeros
+    table.insert(transitions(50), priorities=priorities)
+    with table.writer() as held:
+        held.append({"obs": np.zeros(3, np.float32), "action": np.int32(0)})  # row 50, being written
+        batch = 300 if method == "uniform" else 20
+        for seed in range(4):
+            key = jax.random.key(seed)
+            got = sample_on(gpu, table, key, batch, method=method)
+            assert_same_sample(got, sample_on(CPU, table, key, batch, method=method))
+            assert not np.isin(np.asarray(got.indices), np.append(np.flatnonzero(priorities == 0), 50)).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fifo", "lifo", "topk"])
+def test_ordered_selection_over_many_tiles_matches_cpu(make_table, gpu, method):
+    # More rows than one candidate tile (2048), a ring that wrapped, and many equal priorities.
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=5000)
+    rng = np.random.default_rng(1)
+    for start in range(0, 6500, 1300):
+        table.insert({"x": np.arange(start, start + 1300, dtype=np.int32)},
+                     priorities=rng.choice([0.0, 1.0, 2.0, 3.5], 1300).astype(np.float32))
+    for batch in (1, 300, 2500):
+        key = jax.random.key(batch)
+        assert_same_sample(sample_on(gpu, table, key, batch, method=method),
+                           sample_on(CPU, table, key, batch, method=method))
+
+
+@pytest.mark.gpu
+def test_uniform_fallback_matches_cpu(make_table, gpu):
+    # 2 selectable rows out of 4096 claimed: rejection almost always fails and the exact scan decides.
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4096)
+    priorities = np.zeros(4096, np.float32)
+    priorities[[5, 4000]] = 1.0
+    table.insert({"x": np.arange(4096, dtype=np.int32)}, priorities=priorities)
+    for seed in range(3):
+        key = jax.random.key(seed)
+        got = sample_on(gpu, table, key, 500)
+        assert_same_sample(got, sample_on(CPU, table, key, 500))
+        assert set(np.asarray(got.indices)) <= {5, 4000}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["uniform", "topk"])
+def test_windows_match_cpu(make_table, gpu, method):
+    fields = {"t": gj.Field((), "int32"), "x": gj.Field((3,), "int16")}
+    table = make_table(fields=fields, capacity=16, max_steps=9)
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(1, 10, 12).astype(np.int32)
+    steps = np.arange(9, dtype=np.int32)
+    data = {"t": np.stack([steps + 100 * r for r in range(12)]),
+            "x": rng.integers(-1000, 1000, (12, 9, 3)).astype(np.int16)}
+    table.insert(data, lengths=lengths, priorities=rng.uniform(0.5, 2.0, 12).astype(np.float32))
+    key = jax.random.key(7)
+    got = sample_on(gpu, table, key, 10, method=method, window=4)
+    expected = sample_on(CPU, table, key, 10, method=method, window=4)
+    assert_same_sample(got, expected)
+    batch = gather_on(gpu, table, got)
+    reference = gather_on(CPU, table, expected)
+    for name in ("t", "x", "valid"):
+        np.testing.assert_array_equal(np.asarray(batch[name]), np.asarray(reference[name]), err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 2.0])
+def test_prioritized_matches_exact_distribution_on_gpu(make_table, gpu, exponent):
+    table = make_table(capacity=32)
+    priorities = np.random.default_rng(0).uniform(0.1, 3.0, 30).astype(np.float32)
+    priorities[7] = 0.0
+    table.insert(transitions(30), priorities=priorities)
+    fn = jax.jit(lambda k: gj.sample(table, k, 2000, method="prioritized", priority_exponent=exponent))
+    counts = np.zeros(32, np.int64)
+    for i in range(20):
+        s = fn(jax.device_put(jax.random.key(1000 + i), gpu))
+        counts += np.bincount(np.asarray(s.indices), minlength=32)
+    weights = np.where(priorities > 0, priorities.astype(np.float64) ** exponent, 0.0)
+    exact = weights / weights.sum()
+    assert counts[7] == 0 and counts[30:].sum() == 0
+    keep = exact > 0
+    assert stats.chisquare(counts[:30][keep], exact[keep] * counts.sum()).pvalue > P_THRESHOLD
+    np.testing.assert_allclose(np.asarray(s.probabilities), exact[np.asarray(s.indices)], rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_prioritized_over_many_rows_on_gpu(make_table, gpu):
+    rows = 10_000
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=rows)
+    priorities = np.full(rows, 1e-3, np.float32)
+    priorities[-10:] = 100.0
+    table.insert({"x": np.arange(rows, dtype=np.int32)}, priorities=priorities)
+    fn = jax.jit(lambda k: gj.sample(table, k, 2000, method="prioritized"))
+    counts = np.zeros(rows, np.int64)
+    for i in range(10):
+        counts += np.bincount(np.asarray(fn(jax.device_put(jax.random.key(i), gpu)).indices), minlength=rows)
+    exact = priorities.astype(np.float64) / priorities.sum()
+    observed = np.append(counts[-10:], counts[:-10].sum())
+    expected = np.append(exact[-10:], exact[:-10].sum()) * counts.sum()
+    assert stats.chisquare(observed, expected).pvalue > P_THRESHOLD
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"a": gj.Field((4,), "float32"), "b": gj.Field((), "int32")},   # 16-byte and 4-byte steps
+        {"a": gj.Field((3,), "int16"), "b": gj.Field((), "bool")},      # 6-byte and 1-byte steps
+        {"a": gj.Field((64, 96), "uint8"), "b": gj.Field((5,), "float64")},  # a row per block
+    ],
+)
+@pytest.mark.parametrize("max_steps,window", [(1, None), (5, 3)])
+def test_gather_matches_cpu(make_table, gpu, fields, max_steps, window):
+    table = make_table(fields=fields, capacity=40, max_steps=max_steps)
+    rng = np.random.default_rng(3)
+    lead = (40, max_steps) if max_steps > 1 else (40,)
+    data = {name: rng.integers(0, 100, lead + f.shape).astype(f.dtype) for name, f in fields.items()}
+    table.insert(data, lengths=rng.integers(1, max_steps + 1, 40) if max_steps > 1 else None)
+    s = sample_on(CPU, table, jax.random.key(4), 333, window=window)
+    batch = gather_on(gpu, table, s)
+    reference = gather_on(CPU, table, s)
+    assert bool(np.asarray(reference["valid"]).any())
+    for name in (*fields, "valid"):
+        assert batch[name].dtype == reference[name].dtype and batch[name].shape == reference[name].shape
+        np.testing.assert_array_equal(np.asarray(batch[name]), np.asarray(reference[name]), err_msg=name)
+
+
+@pytest.mark.gpu
+def test_rows_being_written_are_never_sampled_on_gpu(make_table, gpu):
+    table = make_table(capacity=32)
+    table.insert(transitions(31))
+    with table.writer() as held:
+        held.append({"obs": np.zeros(3, np.float32), "action": np.int32(0)})  # row 31
+        for method, batch in (("uniform", 2000), ("prioritized", 2000), ("topk", 31), ("lifo", 31)):
+            s = sample_on(gpu, table, jax.random.key(5), batch, method=method)
+            assert 31 not in set(np.asarray(s.indices)), method
+            assert bool(gather_on(gpu, table, s)["valid"].all()), method
+
+
+@pytest.mark.gpu
+def test_rows_overwritten_after_sampling_come_back_invalid_on_gpu(make_table, gpu):
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    s = sample_on(gpu, table, jax.random.key(6), 8, method="fifo")
+    np.testing.assert_array_equal(np.asarray(s.indices), np.arange(8))
+    table.insert(transitions(3, start=100))  # overwrites rows 0..2, the oldest
+    with table.writer() as held:
+        held.append({"obs": np.ones(3, np.float32), "action": np.int32(1)})  # claims row 3
+        batch = gather_on(gpu, table, s)
+    valid = np.asarray(batch["valid"])
+    np.testing.assert_array_equal(valid, np.arange(8) >= 4)
+    np.testing.assert_array_equal(np.asarray(batch["obs"])[:4], 0)
+    np.testing.assert_array_equal(np.asarray(batch["obs"])[4:], transitions(8)["obs"][4:])
+
+
+@pytest.mark.gpu
+def test_update_priorities_matches_cpu(make_table, gpu):
+    tables = [make_table(capacity=16) for _ in range(2)]
+    for table in tables:
+        table.insert(transitions(16), priorities=np.full(16, 0.5, np.float32))
+        table.insert(transitions(2, start=50))  # rows 0 and 1 now hold a newer generation
+    stale = tables[0].row_status()["generation"] - 2
+    rows = [1, 2, 1, 5, 7, 0, 9]
+    generations = tables[0].row_status()["generation"][rows]
+    generations[5] = stale[0]  # row 0 was overwritten since this "sample": skipped
+    priorities = [0.25, 0.0, 3.0, 2.0, 1.0, 9.0, 0.0]
+    counts = [int(update_on(device, table, make_sample(table, rows, generations), priorities))
+              for table, device in zip(tables, (gpu, CPU))]
+    assert counts[0] == counts[1] == 6
+    for key in ("priority", "generation"):
+        np.testing.assert_array_equal(tables[0].row_status()[key], tables[1].row_status()[key], err_msg=key)
+    assert tables[0]._native.selectable == tables[1]._native.selectable
+    assert tables[0].row_status()["priority"][1] == 3.0  # the later entry of row 1 wins
+
+
+@pytest.mark.gpu
+def test_sample_errors_surface_at_the_next_call(make_table, gpu):
+    table = make_table(capacity=4)
+    key = jax.device_put(jax.random.key(0), gpu)
+    empty = jax.jit(lambda k: gj.sample(table, k, 8))
+    s = jax.block_until_ready(empty(key))  # the kernel found no row: every pick is an invalid row 0
+    np.testing.assert_array_equal(np.asarray(s.generations), 1)
+    with pytest.raises(gj.EXECUTION_ERRORS, match="no selectable rows"):
+        gather_on(gpu, table, s)  # the next call on the table, whichever it is
+    assert not bool(gather_on(gpu, table, s)["valid"].any())  # the error was reported once
+    table.insert(transitions(2))
+    few = jax.jit(lambda k: gj.sample(table, k, 3, method="fifo"))
+    jax.block_until_ready(few(key))
+    with pytest.raises(gj.EXECUTION_ERRORS, match="fewer than batch_size 3"):
+        jax.block_until_ready(few(key))
+
+
+@pytest.mark.gpu
+def test_gather_and_update_errors_surface_at_the_next_call(make_table, gpu):
+    table = make_table(capacity=4)
+    table.insert(transitions(4))
+    bad = make_sample(table, [0, 4])
+    np.testing.assert_array_equal(np.asarray(gather_on(gpu, table, bad)["valid"]), [True, False])
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"indices\[1\] = 4 is outside \[0, 4\)"):
+        gather_on(gpu, table, bad)
+    before = table.row_status()["priority"]
+    good = make_sample(table, [0, 1])
+    assert int(update_on(gpu, table, good, [1.0, np.nan])) == 0
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"priorities\[1\].*finite and >= 0"):
+        update_on(gpu, table, good, [1.0, 1.0])
+    np.testing.assert_array_equal(table.row_status()["priority"], before)
+
+
+@pytest.mark.gpu
+def test_closed_table_raises_on_gpu(make_table, gpu):
+    table = make_table()
+    table.insert(transitions(4))
+    fn = jax.jit(lambda k: gj.sample(table, k, 2))
+    key = jax.device_put(jax.random.key(0), gpu)
+    jax.block_until_ready(fn(key))
+    table.close()
+    with pytest.raises(gj.EXECUTION_ERRORS, match="closed"):
+        jax.block_until_ready(fn(key))

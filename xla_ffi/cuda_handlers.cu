@@ -1,0 +1,324 @@
+// XLA FFI handlers for the CUDA platform: the targets of cpu_handlers.cc with the same arguments, results
+// and attributes, running the kernels of kernels/*.cu on XLA's stream for the call.
+//
+// How errors are reported. A handler never waits for its stream.
+//  - What the host can check, it checks before enqueuing anything, and fails the call at once with the
+//    CPU handler's code and message: a closed table or one of another spec, a table whose memory is not
+//    registered with CUDA, bad attributes or result shapes, no scratch memory, a failed launch.
+//  - Errors in the data are known only to the kernels: a sample of a table with no selectable row or
+//    with fewer than batch_size rows for fifo/lifo/topk, a row id or window start out of range, a NaN,
+//    infinite or negative priority. The first one is written to a small record in pinned host memory,
+//    one record per table and CUDA device, and the call completes with defined outputs: a pick that
+//    could not be made holds row 0 with the odd generation 1 (gather returns it zeroed and invalid,
+//    update_priorities skips it), a row out of range is gathered as zeros and invalid, and an update
+//    with a bad entry changes nothing and counts 0 rows.
+//  - Errors surface at the next call: every handler first looks at the record of its table and device,
+//    and when an earlier call left an error there, clears it and fails with that error's code and
+//    message (as the CPU handler would have), noting that an earlier call found it. "Next" means the
+//    first call whose handler runs after the failing kernel did: the handlers of one jitted program all
+//    run before its kernels, so an error in a learner step shows at a later step. A record still set
+//    when the table is closed is dropped.
+#include "xla_ffi/cuda_handlers.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kernels/atomics.h"
+#include "kernels/device_error.cuh"
+#include "kernels/gather.cuh"
+#include "kernels/priorities.cuh"
+#include "kernels/sample.cuh"
+#include "kernels/scratch.cuh"
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/cuda_runtime.h"
+#include "xla_ffi/registry.h"
+
+namespace ffi = xla::ffi;
+
+namespace gear {
+namespace {
+
+std::string Prefix(const char* op) { return std::string("gear_jax.") + op + ": "; }
+
+// The status code the CPU handlers use for each kind of kernel error.
+ffi::ErrorCode CodeOf(KernelCode code) {
+  switch (code) {
+    case KernelCode::kEmpty:
+    case KernelCode::kTooFew: return ffi::ErrorCode::kFailedPrecondition;
+    case KernelCode::kOutOfRange: return ffi::ErrorCode::kOutOfRange;
+    default: return ffi::ErrorCode::kInvalidArgument;
+  }
+}
+
+// The error an earlier call on this table and device recorded, as the CPU handler words it; the record
+// is cleared. Success when there is none.
+ffi::Error TakeEarlierError(DeviceError* record, int32_t device) {
+  const auto site = static_cast<ErrorSite>(__atomic_load_n(&record->site, __ATOMIC_ACQUIRE));
+  if (site == ErrorSite::kNone) return ffi::Error::Success();
+  const int64_t element = record->element, value = record->value, limit = record->limit;
+  __atomic_store_n(&record->site, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&record->claim, 0, __ATOMIC_RELEASE);
+
+  const char* op = "sample";
+  KernelCode code = KernelCode::kOutOfRange;
+  std::string message;
+  switch (site) {
+    case ErrorSite::kSampleEmpty:
+      code = KernelCode::kEmpty;
+      message = "the table holds no selectable rows (every row is empty, being written, or has priority 0); "
+                "insert rows before sampling";
+      break;
+    case ErrorSite::kSampleTooFew:
+      code = KernelCode::kTooFew;
+      message = "the table holds " + std::to_string(value) + " selectable rows, fewer than batch_size " +
+                std::to_string(limit) + "; fifo, lifo and topk return distinct rows: lower batch_size or insert "
+                "more rows";
+      break;
+    case ErrorSite::kGatherIndex:
+    case ErrorSite::kScatterIndex:
+      op = site == ErrorSite::kGatherIndex ? "gather" : "update_priorities";
+      message = "indices[" + std::to_string(element) + "] = " + std::to_string(value) + " is outside [0, " +
+                std::to_string(limit) + "); pass a Sample from this table";
+      break;
+    case ErrorSite::kGatherStart:
+      op = "gather";
+      message = "starts[" + std::to_string(element) + "] = " + std::to_string(value) +
+                " is outside [0, max_steps=" + std::to_string(limit) + ")";
+      break;
+    case ErrorSite::kScatterPriority: {
+      op = "update_priorities";
+      code = KernelCode::kInvalidArgument;
+      const uint32_t bits = static_cast<uint32_t>(value);
+      float priority;
+      std::memcpy(&priority, &bits, sizeof(priority));
+      message = "priorities[" + std::to_string(element) + "] = " + std::to_string(priority) +
+                "; priorities must be finite and >= 0 (no row was updated)";
+      break;
+    }
+    default: message = "unknown error record " + std::to_string(static_cast<int32_t>(site)); break;
+  }
+  return ffi::Error(CodeOf(code), Prefix(op) + message + " [found on CUDA device " + std::to_string(device) +
+                                      " by an earlier call: CUDA calls report bad data at the next call on the "
+                                      "table]");
+}
+
+ffi::Error CudaFailure(const char* op, const char* what, cudaError_t status) {
+  return ffi::Error(ffi::ErrorCode::kInternal, Prefix(op) + what + ": " + cudaGetErrorString(status));
+}
+
+// Makes `device` the calling thread's current CUDA device while it lives. XLA calls the handler with
+// the stream's device current already; this guards a thread that has another one current.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    status_ = cudaGetDevice(&previous_);
+    if (status_ == cudaSuccess && previous_ != device) {
+      status_ = cudaSetDevice(device);
+      restore_ = status_ == cudaSuccess;
+    }
+  }
+  ~ScopedDevice() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+  cudaError_t status_;
+};
+
+// A table resolved for one call on one device.
+struct CudaTable {
+  std::shared_ptr<SharedTable> table;  // keeps the mapping while the handler enqueues work on it
+  const CudaPinning::DeviceSide* side = nullptr;
+};
+
+// Resolves (handle, spec hash) on `device`, then fails with the error an earlier call left, if any.
+ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* op, CudaTable* out) {
+  std::string error;
+  out->table = LookupTable(handle, static_cast<uint64_t>(spec_hash), &error);
+  if (!out->table) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, error);
+  out->side = out->table->cuda()->ForDevice(device, out->table->view(), &error);
+  if (out->side == nullptr) {
+    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
+                      Prefix(op) + "table '" + out->table->name() + "' cannot be read on CUDA device " +
+                          std::to_string(device) + ": " + error);
+  }
+  return TakeEarlierError(out->side->error_host, device);
+}
+
+// Device scratch memory for this call (nullptr for 0 bytes).
+ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, const char* op, void** memory) {
+  *memory = nullptr;
+  if (bytes == 0) return ffi::Error::Success();
+  std::optional<void*> block = scratch.Allocate(bytes, ScratchCarver::kAlign);
+  if (!block.has_value()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      Prefix(op) + "cannot allocate " + std::to_string(bytes) + " bytes of GPU scratch memory");
+  }
+  *memory = *block;
+  return ffi::Error::Success();
+}
+
+ffi::Error Launched(cudaError_t status, const char* op) {
+  return status == cudaSuccess ? ffi::Error::Success() : CudaFailure(op, "kernel launch failed", status);
+}
+
+// Rows [0, rows) were claimed by the time of the call: the range the selection looks at.
+int64_t ClaimedRows(const TableView& t) {
+  const uint64_t next = LoadRelaxed(t.next_seq);
+  return next < static_cast<uint64_t>(t.capacity) ? static_cast<int64_t>(next) : t.capacity;
+}
+
+ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                      ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::S32> indices,
+                      ffi::ResultBuffer<ffi::U32> generations, ffi::ResultBuffer<ffi::F32> probabilities,
+                      ffi::ResultBuffer<ffi::S32> starts, int64_t handle, int64_t spec_hash, int32_t method,
+                      float priority_exponent, int32_t window) {
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure("sample", "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, "sample", &t); error.failure()) return error;
+  if (seed.element_count() != 2) return ffi::Error::InvalidArgument("seed must hold 2 uint32 words");
+  if (method < 0 || method > static_cast<int32_t>(SampleMethod::kTopK)) {
+    return ffi::Error::InvalidArgument(Prefix("sample") + "unknown sampling method");
+  }
+  SampleRequest request;
+  request.method = static_cast<SampleMethod>(method);
+  request.priority_exponent = priority_exponent;
+  request.window = window;
+  request.batch_size = static_cast<int64_t>(indices->element_count());
+  const int64_t rows = ClaimedRows(t.table->view());
+  void* memory;
+  if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), "sample", &memory);
+      error.failure()) {
+    return error;
+  }
+  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
+                   starts->typed_data()};
+  return Launched(SampleRowsCuda(t.side->view, request, rows, seed.typed_data(), memory, out,
+                                 t.side->error_device, stream),
+                  "sample");
+}
+
+ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> indices,
+                      ffi::Buffer<ffi::U32> generations, ffi::Buffer<ffi::S32> starts,
+                      ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out, int64_t handle,
+                      int64_t spec_hash, ffi::Span<const int64_t> fields, int32_t window) {
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure("gather", "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, "gather", &t); error.failure()) return error;
+  const TableView& view = t.side->view;
+  if (fields.size() != fields_out.size() || fields.size() > static_cast<size_t>(kMaxFields)) {
+    return ffi::Error::InvalidArgument(Prefix("gather") + "one result per field is expected");
+  }
+  GatherRequest request;
+  request.batch_size = static_cast<int64_t>(indices.element_count());
+  request.window = window;
+  request.num_fields = static_cast<int32_t>(fields.size());
+  if (window < 1 || generations.element_count() != indices.element_count() ||
+      starts.element_count() != indices.element_count() ||
+      static_cast<int64_t>(valid->element_count()) != request.batch_size * window) {
+    return ffi::Error::InvalidArgument(Prefix("gather") + "indices, generations, starts and valid do not match");
+  }
+  GatherOutputs out;
+  out.valid = valid->typed_data();
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (fields[f] < 0 || fields[f] >= view.num_fields) {
+      return ffi::Error::InvalidArgument(Prefix("gather") + "field id out of range");
+    }
+    auto result = fields_out.get<ffi::AnyBuffer>(f);
+    if (!result.has_value()) return result.error();
+    const int64_t expected = request.batch_size * window * view.fields[fields[f]].step_bytes;
+    if (static_cast<int64_t>((*result)->size_bytes()) != expected) {
+      return ffi::Error::InvalidArgument(Prefix("gather") + "result buffer has the wrong size");
+    }
+    request.field_ids[f] = static_cast<int32_t>(fields[f]);
+    out.fields[f] = static_cast<uint8_t*>((*result)->untyped_data());
+  }
+  return Launched(GatherRowsCuda(view, indices.typed_data(), generations.typed_data(), starts.typed_data(), request,
+                                 out, t.side->error_device, stream),
+                  "gather");
+}
+
+ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                                ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
+                                ffi::Buffer<ffi::F32> priorities, ffi::AnyBuffer /*after*/,
+                                ffi::ResultBuffer<ffi::S32> updated, int64_t handle, int64_t spec_hash) {
+  constexpr const char* kOp = "update_priorities";
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  const int64_t n = static_cast<int64_t>(indices.element_count());
+  if (static_cast<int64_t>(generations.element_count()) != n ||
+      static_cast<int64_t>(priorities.element_count()) != n) {
+    return ffi::Error::InvalidArgument(Prefix(kOp) + "indices, generations and priorities do not match");
+  }
+  const TableView& view = t.side->view;
+  void* memory;
+  if (ffi::Error error = AllocateScratch(scratch, ScatterPrioritiesScratchBytes(view, n), kOp, &memory);
+      error.failure()) {
+    return error;
+  }
+  return Launched(ScatterPrioritiesCuda(view, indices.typed_data(), generations.typed_data(), priorities.typed_data(),
+                                        n, memory, updated->typed_data(), t.side->error_device, stream),
+                  kOp);
+}
+
+}  // namespace
+}  // namespace gear
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleCuda, gear::SampleImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Ctx<ffi::ScratchAllocator>()              // scratch: device memory
+                                  .Arg<ffi::Buffer<ffi::U32>>()              // seed: uint32[2] from the key
+                                  .Arg<ffi::AnyBuffer>()                     // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // indices: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()              // probabilities: float32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<int32_t>("method")
+                                  .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxGatherCuda, gear::GatherImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // indices: int32[B]
+                                  .Arg<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
+                                  .Ret<ffi::Buffer<ffi::PRED>>()             // valid: bool[B, window]
+                                  .RemainingRets()                           // one [B, window, *shape] per field
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<ffi::Span<const int64_t>>("fields")
+                                  .Attr<int32_t>("window"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxUpdatePrioritiesCuda, gear::UpdatePrioritiesImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Ctx<ffi::ScratchAllocator>()              // scratch: device memory
+                                  .Arg<ffi::Buffer<ffi::S32>>()              // indices: int32[B]
+                                  .Arg<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // priorities: float32[B]
+                                  .Arg<ffi::AnyBuffer>()                     // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // updated: int32[] rows written
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash"));

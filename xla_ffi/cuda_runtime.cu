@@ -1,0 +1,116 @@
+#include "xla_ffi/cuda_runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "kernels/device_error.cuh"
+
+namespace gear {
+namespace {
+
+// Describes a failed CUDA call and clears the runtime's last error, so that a later launch check does
+// not report it again.
+std::string Failed(const char* call, cudaError_t status) {
+  cudaGetLastError();
+  return std::string(call) + " failed: " + cudaGetErrorString(status);
+}
+
+// The same byte of the mapping, seen from a device.
+template <typename T>
+T* Rebase(T* host, const uint8_t* host_base, uint8_t* device_base) {
+  return reinterpret_cast<T*>(device_base + (reinterpret_cast<const uint8_t*>(host) - host_base));
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error here, and not one for a later launch check
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<CudaPinning> CudaPinning::Pin(uint8_t* base, size_t bytes, bool want) {
+  if (!want) {
+    return std::unique_ptr<CudaPinning>(new CudaPinning(base, "not asked to pin (pin=False)"));
+  }
+  if (CudaDeviceCount() == 0) {
+    return std::unique_ptr<CudaPinning>(new CudaPinning(base, "this process sees no CUDA device"));
+  }
+  cudaError_t status = cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (status != cudaSuccess) {
+    return std::unique_ptr<CudaPinning>(new CudaPinning(
+        base, Failed("cudaHostRegister", status) + " (" + std::to_string(bytes) + " bytes of shared memory)"));
+  }
+  void* errors = nullptr;
+  status = cudaHostAlloc(&errors, kMaxDevices * sizeof(DeviceError), cudaHostAllocMapped | cudaHostAllocPortable);
+  if (status != cudaSuccess) {
+    std::string reason = Failed("cudaHostAlloc", status);
+    cudaHostUnregister(base);
+    cudaGetLastError();
+    return std::unique_ptr<CudaPinning>(new CudaPinning(base, std::move(reason)));
+  }
+  std::memset(errors, 0, kMaxDevices * sizeof(DeviceError));
+  std::unique_ptr<CudaPinning> pinning(new CudaPinning(base, ""));
+  pinning->pinned_ = true;
+  pinning->errors_ = static_cast<DeviceError*>(errors);
+  return pinning;
+}
+
+CudaPinning::~CudaPinning() {
+  if (!pinned_) return;
+  // Kernels that earlier calls enqueued may still read the memory: wait for every device that used it.
+  int current = 0;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess;
+  for (int device = 0; device < kMaxDevices; ++device) {
+    if (sides_[device] && cudaSetDevice(device) == cudaSuccess) cudaDeviceSynchronize();
+  }
+  if (restore) cudaSetDevice(current);
+  cudaFreeHost(errors_);
+  cudaHostUnregister(base_);
+  cudaGetLastError();  // failures here (CUDA already shut down at exit) leave nothing to undo
+}
+
+const CudaPinning::DeviceSide* CudaPinning::ForDevice(int device, const TableView& host_view, std::string* error) {
+  if (!pinned_) {
+    *error = "its memory is not registered with CUDA: " + reason_;
+    return nullptr;
+  }
+  if (device < 0 || device >= kMaxDevices) {
+    *error = "CUDA device " + std::to_string(device) + " is outside the " + std::to_string(kMaxDevices) +
+             " devices gear_jax supports";
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (sides_[device]) return sides_[device].get();
+  void* table = nullptr;
+  void* errors = nullptr;
+  cudaError_t status = cudaHostGetDevicePointer(&table, base_, 0);
+  if (status == cudaSuccess) status = cudaHostGetDevicePointer(&errors, errors_, 0);
+  if (status != cudaSuccess) {
+    *error = Failed("cudaHostGetDevicePointer", status) + " on CUDA device " + std::to_string(device);
+    return nullptr;
+  }
+  auto side = std::make_unique<DeviceSide>();
+  uint8_t* device_base = static_cast<uint8_t*>(table);
+  TableView& view = side->view;
+  view = host_view;
+  view.state = Rebase(host_view.state, base_, device_base);
+  view.length = Rebase(host_view.length, base_, device_base);
+  view.insert_seq = Rebase(host_view.insert_seq, base_, device_base);
+  view.times_sampled = Rebase(host_view.times_sampled, base_, device_base);
+  view.next_seq = Rebase(host_view.next_seq, base_, device_base);
+  view.selectable = Rebase(host_view.selectable, base_, device_base);
+  for (int32_t f = 0; f < view.num_fields; ++f) {
+    view.fields[f].data = Rebase(host_view.fields[f].data, base_, device_base);
+  }
+  side->error_host = errors_ + device;
+  side->error_device = static_cast<DeviceError*>(errors) + device;
+  sides_[device] = std::move(side);
+  return sides_[device].get();
+}
+
+}  // namespace gear
