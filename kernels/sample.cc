@@ -7,6 +7,7 @@
 
 #include "atomics.h"
 #include "philox.h"
+#include "selection.h"
 
 namespace gear {
 namespace {
@@ -25,28 +26,15 @@ KernelStatus Empty() {
           "0); insert rows before sampling"};
 }
 
-double Weight(uint64_t state, float exponent) {
-  if (!StateSelectable(state)) return 0.0;
-  double p = StatePriority(state);
-  if (exponent == 1.0f) return p;
-  if (exponent == 0.0f) return 1.0;
-  return std::pow(p, static_cast<double>(exponent));
-}
-
-int32_t WindowStart(const TableView& t, int64_t row, const SampleRequest& r, uint32_t pick) {
-  if (r.window <= 0) return 0;
-  int32_t length = LoadRelaxed(&t.length[row]);
-  int64_t choices = std::max<int64_t>(length - r.window, 0) + 1;
-  double u = UniformDouble(r.seed0, r.seed1, pick, 0, Draw::kWindowStart);
-  return static_cast<int32_t>(std::min<int64_t>(static_cast<int64_t>(u * choices), choices - 1));
-}
 
 void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
             uint64_t state, float probability) {
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = StateGeneration(state);
   out.probabilities[pick] = probability;
-  out.starts[pick] = WindowStart(t, row, r, static_cast<uint32_t>(pick));
+  out.starts[pick] = r.window > 0 ? WindowStart(LoadRelaxed(&t.length[row]), r.window, r.seed0, r.seed1,
+                                                static_cast<uint32_t>(pick))
+                                  : 0;
   FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
 }
 
@@ -125,7 +113,7 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
       const uint64_t s = LoadRelaxed(&t.state[k]);
       if (s != states[k]) {
         states[k] = s;
-        weights[k] = static_cast<float>(Weight(s, r.priority_exponent));
+        weights[k] = static_cast<float>(PriorityWeight(s, r.priority_exponent));
       }
       sum += weights[k];
     }

@@ -10,6 +10,7 @@
 #include <thrust/iterator/transform_iterator.h>
 
 #include "atomics.cuh"
+#include "selection.h"
 #include "philox.h"
 #include "scratch.cuh"
 
@@ -38,30 +39,15 @@ __device__ SampleRequest Seeded(SampleRequest r, const uint32_t* seed) {
   return r;
 }
 
-// The device twins of the helpers of sample.cc, with the same arithmetic.
-__device__ double Weight(uint64_t state, float exponent) {
-  if (!StateSelectable(state)) return 0.0;
-  const double p = StatePriority(state);
-  if (exponent == 1.0f) return p;
-  if (exponent == 0.0f) return 1.0;
-  return pow(p, static_cast<double>(exponent));
-}
-
-__device__ int32_t WindowStart(const TableView& t, int64_t row, const SampleRequest& r, uint32_t pick) {
-  if (r.window <= 0) return 0;
-  const int32_t length = device::LoadRelaxed(&t.length[row]);
-  const int64_t choices = (length - r.window > 0 ? length - r.window : 0) + int64_t{1};
-  const double u = UniformDouble(r.seed0, r.seed1, pick, 0, Draw::kWindowStart);
-  const int64_t start = static_cast<int64_t>(u * choices);
-  return static_cast<int32_t>(start < choices - 1 ? start : choices - 1);
-}
 
 __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
                        uint32_t generation, float probability) {
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = generation;
   out.probabilities[pick] = probability;
-  out.starts[pick] = WindowStart(t, row, r, static_cast<uint32_t>(pick));
+  out.starts[pick] = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), r.window, r.seed0, r.seed1,
+                                                static_cast<uint32_t>(pick))
+                                  : 0;
   device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
 }
 
@@ -209,7 +195,7 @@ cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, int64_t ro
 struct WeightOfRow {
   const uint64_t* state;
   float exponent;
-  __device__ double operator()(int64_t row) const { return Weight(device::LoadRelaxed(&state[row]), exponent); }
+  __device__ double operator()(int64_t row) const { return PriorityWeight(device::LoadRelaxed(&state[row]), exponent); }
 };
 using WeightIterator = thrust::transform_iterator<WeightOfRow, thrust::counting_iterator<int64_t>>;
 
@@ -269,7 +255,7 @@ __global__ void PrioritizedPickKernel(TableView t, SampleRequest r, const uint32
   const double total = rows > 0 ? prefix[rows - 1] : 0.0;
   auto try_record = [&](int64_t row) {
     const uint64_t s = device::LoadAcquire(&t.state[row]);
-    const double w = Weight(s, r.priority_exponent);
+    const double w = PriorityWeight(s, r.priority_exponent);
     if (w > 0.0) Record(t, r, out, i, row, StateGeneration(s), static_cast<float>(w / total));
     return w > 0.0;
   };

@@ -1,0 +1,33 @@
+// Arithmetic of selection shared by the CPU (sample.cc) and CUDA (sample.cu) kernels, so that both
+// compute the same weights and draw the same window starts.
+#pragma once
+
+#include <math.h>
+
+#include <cstdint>
+
+#include "philox.h"
+#include "table_view.h"
+
+namespace gear {
+
+// p^a of a selectable row; 0 for a row that is empty, being written or of priority 0.
+GEAR_HD double PriorityWeight(uint64_t state, float exponent) {
+  if (!StateSelectable(state)) return 0.0;
+  const double p = StatePriority(state);
+  if (exponent == 1.0f) return p;
+  if (exponent == 0.0f) return 1.0;
+  return pow(p, static_cast<double>(exponent));
+}
+
+// First step of a window of `window` steps (0: none) in a row of `length` steps, uniform over the
+// max(length - window, 0) + 1 possible starts.
+GEAR_HD int32_t WindowStart(int32_t length, int32_t window, uint32_t seed0, uint32_t seed1, uint32_t pick) {
+  if (window <= 0) return 0;
+  const int64_t choices = (length - window > 0 ? length - window : 0) + int64_t{1};
+  const double u = UniformDouble(seed0, seed1, pick, 0, Draw::kWindowStart);
+  const int64_t start = static_cast<int64_t>(u * static_cast<double>(choices));
+  return static_cast<int32_t>(start < choices - 1 ? start : choices - 1);
+}
+
+}  // namespace gear
