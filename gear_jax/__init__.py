@@ -34,7 +34,7 @@ def build_info() -> dict[str, Any]:
         "format_version": int(_native.format_version),
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
-        "ffi_platforms": list(_ffi.REGISTERED_PLATFORMS),
+        "ffi_platforms": [p.lower() for p in _ffi.REGISTERED_PLATFORMS],
     }
 
 

@@ -216,7 +216,8 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
       after: any array this update must run after.
 
     Returns:
-      int32[] number of rows updated; pass it as `after=` to a later `sample` to order the two.
+      int32[] number of entries applied (a row picked twice counts twice; a row overwritten since it
+      was sampled counts zero); pass it as `after=` to a later `sample` to order the two.
 
     Raises:
       InvalidArgumentError: `priorities` has the wrong shape (at trace time).

@@ -41,8 +41,9 @@ def test_quickstart_smoke_runs_and_reports(tmp_path):
 
 
 def test_quickstart_learns_cartpole():
-    # A random or untrained greedy policy scores about 10-30; a few thousand updates reach well above.
-    summary = run_quickstart("--steps", "3000", "--seed", "1", "--eval_episodes", "10", "--eval_every", "3000")
+    # 3000 steps (12000 transitions, about 15 s). The untrained greedy policy of this seed scores about
+    # 10 (most seeds do; the maximum is 500); seeds 0-3 measured 156-280 after training.
+    summary = run_quickstart("--steps=3000", "--seed=1", "--eval_episodes=10", "--eval_every=3000")
     assert summary["table_size"] == summary["transitions"]  # below capacity: nothing overwritten
-    assert summary["eval_return"] >= 2 * summary["initial_eval_return"]
-    assert summary["eval_return"] >= 60
+    assert summary["initial_eval_return"] < 50
+    assert summary["eval_return"] >= 100
