@@ -2,7 +2,7 @@
 
 A report is a JSON-ready dict:
 
-    {"suite": str, "config": {flag: value}, "machine": {...}, "notes": [str],
+    {"suite": str, "available": bool, "config": {flag: value}, "machine": {...}, "notes": [str],
      "plot": {"x": point key, "y": throughput key, "label": str},
      "records": [{"point": {key: value}, "system": str, "op": str, "iters": int,
                   "latency_s": {"p50", "p75", "p90", "p95", "mean", "min", "max"},
@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -140,6 +141,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def source_revision(path: str) -> str | None:
+    """The git commit of the checkout holding `path` (with "-dirty" if it has changes), or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        commit = subprocess.run(["git", "-C", folder, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if commit.returncode != 0:
+        return None
+    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def machine_info() -> dict[str, Any]:
     """The machine and software a report was measured on."""
     import jax
@@ -157,7 +173,9 @@ def machine_info() -> dict[str, Any]:
         "jax_backend": jax.default_backend(),
         "devices": [str(d) for d in devices],
         "gpus": [d.device_kind for d in devices if d.platform == "gpu"],
+        "load_avg_start": list(os.getloadavg()),
         "gear_jax": gear_jax.build_info(),
+        "gear_jax_revision": source_revision(gear_jax.__file__),
         "versions": {p: _version(p) for p in ("numpy", "jax", "flashbax", "torch", "torchrl", "tensordict")},
     }
 
@@ -169,11 +187,14 @@ def make_report(
     records: list[dict[str, Any]],
     notes: Iterable[str],
     plot: dict[str, str] | None,
+    available: bool = True,
 ) -> dict[str, Any]:
-    """A report (see the module docstring), with speedups filled in."""
+    """A report (see the module docstring), with speedups filled in. `available` is False for a suite
+    whose feature this build lacks (its notes say why, and it has no records)."""
     add_speedups(records)
     return {
         "suite": suite,
+        "available": available,
         "config": config,
         "machine": machine,
         "notes": list(notes),

@@ -39,15 +39,28 @@ class Dataset:
         pool_rows = min(POOL_ROWS, self.rows)
         return rng.integers(0, 256, (pool_rows, self.steps, self.item_bytes), dtype=np.uint8)
 
+    def _stamp(self, first_steps: np.ndarray, ids: np.ndarray) -> None:
+        """Writes each row's id into the first 4 bytes of its first step (uint8[n, item_bytes])."""
+        if self.item_bytes >= 4:
+            first_steps[:, :4] = ids.astype("<u4").view(np.uint8).reshape(-1, 4)
+
     def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
         """Yields (first row, uint8[c, steps, item_bytes]) covering rows 0..rows-1 in order."""
         pool = self._pool()
         for start in range(0, self.rows, self.chunk_rows):
             ids = np.arange(start, min(self.rows, start + self.chunk_rows))
             chunk = pool[ids % len(pool)]
-            if self.item_bytes >= 4:
-                chunk[:, 0, :4] = ids.astype("<u4").view(np.uint8).reshape(-1, 4)
+            self._stamp(chunk[:, 0], ids)
             yield start, chunk
+
+    def step_column(self, step: int) -> np.ndarray:
+        """Step `step` of every row, uint8[rows, item_bytes] (for buffers filled one time step at a time)."""
+        pool = self._pool()
+        ids = np.arange(self.rows)
+        column = pool[ids % len(pool), step]
+        if step == 0:
+            self._stamp(column, ids)
+        return column
 
     def priorities(self) -> np.ndarray:
         """float32[rows] in [0.1, 1), the same for every system."""
@@ -64,7 +77,8 @@ class Dataset:
 def cap_rows(requested: int, row_bytes: int, budget_gib: float, copies: int = 2) -> int:
     """The largest row count <= `requested` such that `copies` copies of the table fit in `budget_gib`.
 
-    The suites keep the gear_jax table and one baseline's copy alive at a time, hence 2 copies.
+    The suites hold one system's copy at a time; the second copy leaves room for what a system
+    allocates while it is built and for memory freed late.
     """
     limit = int(budget_gib * 2**30) // (copies * row_bytes)
     return max(1, min(requested, limit))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,12 +13,14 @@ from tqdm import tqdm
 
 from gear_jax.bench.common import GEAR, PERCENTILES
 
-console = Console(highlight=False)
+TABLE_WIDTH = 200
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else TABLE_WIDTH)
 
 
 def progress(total: int, desc: str) -> tqdm:
     """A progress bar on stderr counting timed iterations."""
-    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit="it", leave=False, dynamic_ncols=True, disable=None)
 
 
 def note(text: str) -> None:
@@ -55,35 +58,37 @@ def format_rate(value: float, unit: str) -> str:
     return f"{value:.1f} {unit}"
 
 
+def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list[str], list[list[str]]]:
+    """Header and one row of strings per record: the point, system, op, latency percentiles,
+    throughput, and for a baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50)."""
+    keys = list(records[0]["point"]) if records else []
+    header = [*keys, "system", "op", *(f"p{p}" for p in PERCENTILES), f"{item_unit}/s", "GB/s", "gear_jax speedup"]
+    gear = {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == GEAR}
+    rows = []
+    for r in records:
+        target = gear.get((json.dumps(r["point"], sort_keys=True), r["op"]))
+        speedup = target.get(f"speedup_vs_{r['system']}") if target is not None else None
+        rows.append([
+            *(str(r["point"][k]) for k in keys),
+            r["system"],
+            r["op"],
+            *(format_seconds(r["latency_s"][f"p{p}"]) for p in PERCENTILES),
+            format_rate(r["throughput"]["items_per_s"], ""),
+            f"{r['throughput']['bytes_per_s'] / 1e9:.3f}",
+            f"{speedup:.2f}x" if speedup is not None else "",
+        ])
+    return header, rows
+
+
 def print_table(records: Sequence[dict[str, Any]], item_unit: str) -> None:
-    """Prints one row per record: the point, system, op, latency percentiles, throughput, and for a
-    baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50)."""
+    """Prints `table_cells` as a rich table."""
     if not records:
         console.print("no measurements")
         return
-    keys = list(records[0]["point"])
-    table = RichTable(show_lines=False)
-    for k in keys:
-        table.add_column(k, justify="right")
-    table.add_column("system")
-    table.add_column("op")
-    for p in PERCENTILES:
-        table.add_column(f"p{p}", justify="right")
-    table.add_column(f"{item_unit}/s", justify="right")
-    table.add_column("GB/s", justify="right")
-    table.add_column("gear_jax speedup", justify="right")
-    gear = {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == GEAR}
-    for r in records:
-        lat, tp = r["latency_s"], r["throughput"]
-        target = gear.get((json.dumps(r["point"], sort_keys=True), r["op"]))
-        speedup = target.get(f"speedup_vs_{r['system']}") if target is not None else None
-        table.add_row(
-            *[str(r["point"][k]) for k in keys],
-            r["system"],
-            r["op"],
-            *[format_seconds(lat[f"p{p}"]) for p in PERCENTILES],
-            format_rate(tp["items_per_s"], ""),
-            f"{tp['bytes_per_s'] / 1e9:.3f}",
-            f"{speedup:.2f}x" if speedup is not None else "",
-        )
+    header, rows = table_cells(records, item_unit)
+    table = RichTable()
+    for name in header:
+        table.add_column(name, justify="left" if name in ("system", "op") else "right")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)

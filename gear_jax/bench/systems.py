@@ -226,16 +226,12 @@ class FlashbaxSystem(System):
         self.fbx = fbx
         data = work.data
         buffer = self._buffer(1)
+        self.state = buffer.init(jnp.zeros((data.item_bytes,), jnp.uint8))
+        add = jax.jit(buffer.add, donate_argnums=0)
         if work.window:
-            self.state = buffer.init(jnp.zeros((data.item_bytes,), jnp.uint8))
-            add = jax.jit(buffer.add, donate_argnums=0)
-            array = data.as_array()
             for t in range(data.steps):
-                self.state = add(self.state, array[:, t : t + 1])
-            del array
+                self.state = add(self.state, data.step_column(t)[:, None])
         else:
-            self.state = buffer.init(jnp.zeros((data.item_bytes,), jnp.uint8))
-            add = jax.jit(buffer.add, donate_argnums=0)
             for _, chunk in data.chunks():
                 self.state = add(self.state, chunk[:, 0])
             if work.method == "prioritized":
@@ -266,6 +262,23 @@ class FlashbaxSystem(System):
         jax.tree_util.tree_map(lambda x: x.delete(), self.state)
 
 
+def import_torchrl() -> tuple[Any, Any]:
+    """(torch, torchrl.data), with torchrl's info logging silenced and torch on one CPU thread.
+
+    One thread, like numpy's take and gear_jax's CPU gather: with two OpenMP threads on a 2-core
+    machine, torch's index copies stall for milliseconds now and then (p90 of a 32-row `extend` was
+    7-18 ms instead of 50 us). Raises Unavailable if torchrl is not importable.
+    """
+    try:
+        import torch
+        import torchrl.data
+    except Exception as e:  # noqa: BLE001 - any import failure means the baseline is unavailable
+        raise Unavailable(f"torchrl is not importable ({type(e).__name__}: {e})") from None
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
+    torch.set_num_threads(1)
+    return torch, torchrl.data
+
+
 class TorchrlSystem(System):
     """torchrl: ReplayBuffer over LazyTensorStorage with RandomSampler, PrioritizedSampler, or
     SliceSampler for windows."""
@@ -276,28 +289,24 @@ class TorchrlSystem(System):
         super().__init__(work)
         if work.method not in ("uniform", "prioritized"):
             raise Unavailable(f"torchrl has no {work.method} sampler in this comparison")
-        try:
-            import torch
-            from tensordict import TensorDict
-            from torchrl.data import LazyTensorStorage, PrioritizedSampler, RandomSampler, ReplayBuffer, SliceSampler
-        except Exception as e:  # noqa: BLE001 - any import failure means the baseline is unavailable
-            raise Unavailable(f"torchrl is not importable ({type(e).__name__}: {e})") from None
-        logging.getLogger("torchrl").setLevel(logging.WARNING)
+        torch, rl = import_torchrl()
+        from tensordict import TensorDict
+
         data = work.data
         n = data.rows * data.steps
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if work.window:
-                    sampler = SliceSampler(slice_len=work.window, traj_key="episode", cache_values=True,
+                    sampler = rl.SliceSampler(slice_len=work.window, traj_key="episode", cache_values=True,
                                            strict_length=True)
                 elif work.method == "prioritized":
-                    sampler = PrioritizedSampler(max_capacity=n, alpha=work.priority_exponent, beta=1.0)
+                    sampler = rl.PrioritizedSampler(max_capacity=n, alpha=work.priority_exponent, beta=1.0)
                 else:
-                    sampler = RandomSampler()
+                    sampler = rl.RandomSampler()
         except Exception as e:  # noqa: BLE001 - e.g. its C++ extension does not load with this torch
             raise Unavailable(f"torchrl {work.method} sampler failed: {type(e).__name__}: {e}") from None
-        self.buffer = ReplayBuffer(storage=LazyTensorStorage(n), sampler=sampler)
+        self.buffer = rl.ReplayBuffer(storage=rl.LazyTensorStorage(n), sampler=sampler)
         for start, chunk in data.chunks():
             x = torch.from_numpy(chunk.reshape(-1, data.item_bytes))
             if work.window:

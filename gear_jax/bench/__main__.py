@@ -1,0 +1,111 @@
+"""`python -m gear_jax.bench SUITE [flags]`: runs one benchmark suite and prints, saves and plots it.
+
+Sweeps are comma-separated lists (`--batch_size=32,64,128`). See docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from types import ModuleType
+
+from gear_jax.bench import actor_learner, gather, insert, sample, selection, sharded
+from gear_jax.bench.common import GEAR, machine_info, make_report, parse_names, write_json
+from gear_jax.bench.display import note, print_header, print_table
+from gear_jax.bench.plot import plot_report
+
+SUITES: dict[str, ModuleType] = {
+    "gather": gather,
+    "sample": sample,
+    "insert": insert,
+    "actor_learner": actor_learner,
+    "sharded": sharded,
+}
+SYSTEMS: dict[str, tuple[str, ...]] = {
+    "gather": selection.SYSTEMS,
+    "sample": selection.SYSTEMS,
+    "insert": insert.SYSTEMS,
+    "actor_learner": (GEAR,),
+    "sharded": (GEAR,),
+}
+BUSY_LOAD = 0.5
+ITEM_UNITS = {"gather": "rows", "sample": "samples", "insert": "rows", "actor_learner": "rows", "sharded": "rows"}
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line; list flags left unset take the suite's defaults."""
+    p = argparse.ArgumentParser(prog="python -m gear_jax.bench", description=__doc__.splitlines()[0])
+    p.add_argument("suite", choices=sorted(SUITES))
+    p.add_argument("--batch_size", help="picks per step (insert: rows per insert call), e.g. 32,64,1024")
+    p.add_argument("--item_bytes", help="bytes per row (per step with --window), e.g. 1024,65536")
+    p.add_argument("--table_rows", help="rows in the table, e.g. 10000,100000")
+    p.add_argument("--window", type=int, default=0, help="gather: steps per sampled window (0: whole rows)")
+    p.add_argument("--max_steps", type=int, default=0, help="gather with --window: steps per row (default 4 x window)")
+    p.add_argument("--methods", default="uniform,prioritized,fifo,lifo,topk", help="sample: selection methods")
+    p.add_argument("--priority_exponent", type=float, default=0.6, help="exponent of prioritized sampling")
+    p.add_argument("--writers", default="1,2", help="insert: writer processes")
+    p.add_argument("--world_size", default="1,2,4", help="actor_learner: actor processes")
+    p.add_argument("--insert_batch", type=int, default=32, help="actor_learner: rows per actor insert")
+    p.add_argument("--iters", type=int, default=100, help="timed iterations per point and system")
+    p.add_argument("--warmup", type=int, default=10, help="untimed iterations first (after compiling)")
+    p.add_argument("--systems", help="comma-separated systems to run (default: all of the suite's)")
+    p.add_argument("--reverb_python", help="interpreter with dm-reverb installed, for the Reverb baseline")
+    p.add_argument("--reverb_timeout", type=float, default=1800.0, help="seconds allowed per Reverb worker run")
+    p.add_argument("--mem_budget_gib", type=float, default=8.0, help="memory for two copies of a table; caps table_rows")
+    p.add_argument("--json", help="write the report (every measurement, config, machine) to this path")
+    p.add_argument("--plot", help="write a PNG of throughput against the swept variable to this path")
+    return p
+
+
+def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fills the suite's defaults and checks `--systems`."""
+    suite = SUITES[args.suite]
+    for key, value in suite.DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    known = SYSTEMS[args.suite]
+    args.systems = parse_names(args.systems) if args.systems else list(known)
+    unknown = [s for s in args.systems if s not in known]
+    if unknown:
+        p.error(f"--systems {unknown} are not systems of the {args.suite} suite; choose from {list(known)}")
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters must be >= 1 and --warmup >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the suite; returns the exit status."""
+    p = parser()
+    args = resolve(p.parse_args(argv), p)
+    suite = SUITES[args.suite]
+    config = {k: v for k, v in vars(args).items() if k not in ("json", "plot")}
+    machine = machine_info()
+    print_header(args.suite, config, machine)
+    notes: list[str] = []
+
+    def add_note(text: str) -> None:
+        if text not in notes:
+            note(text)
+            notes.append(text)
+
+    busy = os.getloadavg()[0]
+    if busy > BUSY_LOAD:
+        add_note(f"the 1-minute load average is {busy:.2f} before the run: other processes may disturb the timings")
+    records = suite.run(args, add_note)
+    machine["load_avg_end"] = list(os.getloadavg())
+    report = make_report(args.suite, config, machine, records, notes, suite.PLOT, getattr(suite, "AVAILABLE", True))
+    print_table(report["records"], ITEM_UNITS[args.suite])
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        if plot_report(report, args.plot):
+            print(f"wrote {args.plot}")
+        else:
+            note(f"no plot written to {args.plot}: the report has no measurements")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
