@@ -6,6 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -25,6 +28,21 @@ uint64_t RoundUp(uint64_t value, uint64_t multiple) { return (value + multiple -
 std::string ShmPath(const std::string& name) { return "/" + name; }
 
 std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// This process's pid, without a system call per row; reset in a forked child.
+std::atomic<int32_t> cached_pid{0};
+
+int32_t ThisPid() {
+  int32_t pid = cached_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    static const bool reset_after_fork =
+        pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); }) == 0;
+    (void)reset_after_fork;
+    pid = static_cast<int32_t>(getpid());
+    cached_pid.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
+}
 
 bool WriterAlive(int32_t pid) {
   if (pid <= 0) return true;  // claimed, pid not yet recorded: treat as alive
@@ -207,7 +225,7 @@ int64_t SharedTable::Claim() {
       if (StatePriority(state) > 0.0f) FetchAdd<int64_t>(&h->selectable, -1);
       if (LoadRelaxed(&view_.length[row]) > 0) FetchAdd<int64_t>(&h->size, -1);
     }
-    StoreRelaxed(&writer_pid[row], static_cast<int32_t>(getpid()));
+    StoreRelaxed(&writer_pid[row], ThisPid());
     StoreRelaxed(&view_.length[row], 0);
     return row;
   }
@@ -218,7 +236,7 @@ void SharedTable::CheckOwned(int64_t row) const {
   if (row < 0 || row >= view_.capacity) throw std::out_of_range("row " + std::to_string(row) + " is outside the table");
   const int32_t* writer_pid = reinterpret_cast<const int32_t*>(base_ + header()->writer_pid_offset);
   const uint64_t state = LoadAcquire(&view_.state[row]);
-  if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != getpid()) {
+  if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != ThisPid()) {
     throw std::runtime_error("row " + std::to_string(row) + " of table '" + name_ + "' is not held by this writer (it was reclaimed or already committed)");
   }
 }
