@@ -13,13 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import gear_jax as gj
-from conftest import transitions
+from conftest import (
+    assert_mass_in_tail,
+    assert_prioritized,
+    draw_counts,
+    prioritized_table,
+    transitions,
+)
 from gear_jax import _native
 
-P_THRESHOLD = 1e-3
 CPU = jax.devices("cpu")[0]
 
 
@@ -156,21 +160,9 @@ def test_windows_match_cpu(make_table, gpu, method):
 @pytest.mark.gpu
 @pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 2.0])
 def test_prioritized_matches_exact_distribution_on_gpu(make_table, gpu, exponent):
-    table = make_table(capacity=32)
-    priorities = np.random.default_rng(0).uniform(0.1, 3.0, 30).astype(np.float32)
-    priorities[7] = 0.0
-    table.insert(transitions(30), priorities=priorities)
-    fn = jax.jit(lambda k: gj.sample(table, k, 2000, method="prioritized", priority_exponent=exponent))
-    counts = np.zeros(32, np.int64)
-    for i in range(20):
-        s = fn(jax.device_put(jax.random.key(1000 + i), gpu))
-        counts += np.bincount(np.asarray(s.indices), minlength=32)
-    weights = np.where(priorities > 0, priorities.astype(np.float64) ** exponent, 0.0)
-    exact = weights / weights.sum()
-    assert counts[7] == 0 and counts[30:].sum() == 0
-    keep = exact > 0
-    assert stats.chisquare(counts[:30][keep], exact[keep] * counts.sum()).pvalue > P_THRESHOLD
-    np.testing.assert_allclose(np.asarray(s.probabilities), exact[np.asarray(s.indices)], rtol=1e-5)
+    table, priorities = prioritized_table(make_table)
+    counts, _, s = draw_counts(table, 32, "prioritized", device=gpu, priority_exponent=exponent)
+    assert_prioritized(counts, s, priorities, exponent)
 
 
 @pytest.mark.gpu
@@ -180,14 +172,8 @@ def test_prioritized_over_many_rows_on_gpu(make_table, gpu):
     priorities = np.full(rows, 1e-3, np.float32)
     priorities[-10:] = 100.0
     table.insert({"x": np.arange(rows, dtype=np.int32)}, priorities=priorities)
-    fn = jax.jit(lambda k: gj.sample(table, k, 2000, method="prioritized"))
-    counts = np.zeros(rows, np.int64)
-    for i in range(10):
-        counts += np.bincount(np.asarray(fn(jax.device_put(jax.random.key(i), gpu)).indices), minlength=rows)
-    exact = priorities.astype(np.float64) / priorities.sum()
-    observed = np.append(counts[-10:], counts[:-10].sum())
-    expected = np.append(exact[-10:], exact[:-10].sum()) * counts.sum()
-    assert stats.chisquare(observed, expected).pvalue > P_THRESHOLD
+    counts, _, _ = draw_counts(table, rows, "prioritized", draws=20_000, device=gpu)
+    assert_mass_in_tail(counts, priorities)
 
 
 @pytest.mark.gpu

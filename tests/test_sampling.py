@@ -5,22 +5,14 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from conftest import transitions
-
-P_THRESHOLD = 1e-3  # a correct sampler fails a single test this rarely
-
-
-def draw_counts(table, rows, method, draws=40_000, batch=2_000, window=None, **kwargs):
-    """Row counts (and starts) of `draws` picks from `draws // batch` jitted calls with fixed keys."""
-    fn = jax.jit(lambda k: gj.sample(table, k, batch, method=method, window=window, **kwargs))
-    counts = np.zeros(rows, np.int64)
-    starts = []
-    for i in range(draws // batch):
-        s = fn(jax.random.key(1000 + i))
-        counts += np.bincount(np.asarray(s.indices), minlength=rows)
-        starts.append(np.asarray(s.starts))
-    return counts, np.concatenate(starts), s
-
+from conftest import (
+    P_THRESHOLD,
+    assert_mass_in_tail,
+    assert_prioritized,
+    draw_counts,
+    prioritized_table,
+    transitions,
+)
 
 def test_uniform_matches_exact_distribution_and_skips_unselectable_rows(make_table):
     table = make_table(capacity=64)
@@ -52,17 +44,9 @@ def test_uniform_exact_fallback_when_rejection_fails(make_table):
 
 @pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 2.0])
 def test_prioritized_matches_exact_distribution(make_table, exponent):
-    table = make_table(capacity=32)
-    priorities = np.random.default_rng(0).uniform(0.1, 3.0, 30).astype(np.float32)
-    priorities[7] = 0.0
-    table.insert(transitions(30), priorities=priorities)
+    table, priorities = prioritized_table(make_table)
     counts, _, s = draw_counts(table, 32, "prioritized", priority_exponent=exponent)
-    weights = np.where(priorities > 0, priorities.astype(np.float64) ** exponent, 0.0)
-    exact = weights / weights.sum()
-    assert counts[7] == 0 and counts[30:].sum() == 0
-    keep = exact > 0
-    assert stats.chisquare(counts[:30][keep], exact[keep] * counts.sum()).pvalue > P_THRESHOLD
-    np.testing.assert_allclose(np.asarray(s.probabilities), exact[np.asarray(s.indices)], rtol=1e-5)
+    assert_prioritized(counts, s, priorities, exponent)
 
 
 def test_prioritized_over_many_blocks(make_table):
@@ -73,10 +57,7 @@ def test_prioritized_over_many_blocks(make_table):
     priorities[-10:] = 100.0
     table.insert({"x": np.arange(rows, dtype=np.int32)}, priorities=priorities)
     counts, _, _ = draw_counts(table, rows, "prioritized", draws=20_000)
-    exact = priorities.astype(np.float64) / priorities.sum()
-    tail = counts[-10:]
-    assert stats.chisquare(np.append(tail, counts[:-10].sum()),
-                           np.append(exact[-10:], exact[:-10].sum()) * counts.sum()).pvalue > P_THRESHOLD
+    assert_mass_in_tail(counts, priorities)
 
 
 def test_window_starts_are_uniform_over_valid_positions(make_table):
