@@ -64,6 +64,16 @@ def _check_table(table: Any, op: str) -> Table:
     return table
 
 
+def _check_sample(sample: Any, op: str) -> int:
+    """The batch size of a well-formed Sample; raises for anything else."""
+    if not isinstance(sample, Sample):
+        raise InvalidArgumentError(f"{op}: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
+    shapes = {name: jnp.shape(getattr(sample, name)) for name in ("indices", "generations", "probabilities", "starts")}
+    if len(set(shapes.values())) != 1 or len(shapes["indices"]) != 1:
+        raise InvalidArgumentError(f"{op}: the Sample's arrays must all have shape (B,); got {shapes}")
+    return shapes["indices"][0]
+
+
 def _attrs(table: Table) -> dict[str, Any]:
     return {"handle": np.int64(table.handle), "spec_hash": np.int64(table.spec.spec_hash)}
 
@@ -172,8 +182,7 @@ def gather(
       are zero.
     """
     table = _check_table(table, "gather")
-    if not isinstance(sample, Sample):
-        raise InvalidArgumentError(f"gather: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
+    b = _check_sample(sample, "gather")
     names = list(table.spec.fields)
     if fields is None:
         chosen = names
@@ -189,7 +198,6 @@ def gather(
     else:
         _check_window(table, window, "gather")
         steps = 1
-    b = sample.indices.shape[0]
     lead = (b, steps) if table.spec.is_trajectory else (b,)
     out_types = [jax.ShapeDtypeStruct(lead, jnp.bool_)]
     out_types += [jax.ShapeDtypeStruct((*lead, *table.spec.fields[f].shape), table.spec.fields[f].dtype) for f in chosen]
@@ -225,10 +233,8 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
         changed), or the table was closed.
     """
     table = _check_table(table, "update_priorities")
-    if not isinstance(sample, Sample):
-        raise InvalidArgumentError(f"update_priorities: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
+    b = _check_sample(sample, "update_priorities")
     priorities = jnp.asarray(priorities)
-    b = sample.indices.shape[0]
     if priorities.shape != (b,):
         raise InvalidArgumentError(
             f"update_priorities: priorities has shape {priorities.shape}, expected ({b},) to match the sample"

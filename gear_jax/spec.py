@@ -21,6 +21,7 @@ SUPPORTED_DTYPES = (
 )
 RESERVED_FIELD_NAMES = ("valid",)
 MAX_FIELDS = 64
+MAX_TABLE_BYTES = 2**50
 SPEC_FORMAT = 1
 
 
@@ -106,6 +107,12 @@ class TableSpec:
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
                 raise SpecError(f"TableSpec {attr}={value!r} must be an int in [{low}, {high}]")
+        row_bytes = self.max_steps * sum(f.step_bytes for f in self.fields.values())
+        if int(self.capacity) * row_bytes > MAX_TABLE_BYTES:
+            raise SpecError(
+                f"TableSpec of {int(self.capacity) * row_bytes} bytes is larger than gear_jax addresses "
+                f"({MAX_TABLE_BYTES} bytes); lower capacity, max_steps or the fields' sizes"
+            )
         object.__setattr__(self, "fields", dict(self.fields))
         object.__setattr__(self, "capacity", int(self.capacity))
         object.__setattr__(self, "max_steps", int(self.max_steps))

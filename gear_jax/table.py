@@ -335,8 +335,19 @@ class EpisodeWriter:
 
     def __init__(self, table: Table):
         self._table = table
-        self._row: int | None = None
         self._steps = 0
+        # The row held, in a cell the finalizer shares: a writer dropped without close() (an
+        # exception, say) still gives its row back instead of holding it for the process's lifetime.
+        self._held: list[int | None] = [None]
+        self._finalizer = weakref.finalize(self, _abandon_held, table._native, self._held)
+
+    @property
+    def _row(self) -> int | None:
+        return self._held[0]
+
+    @_row.setter
+    def _row(self, row: int | None) -> None:
+        self._held[0] = row
 
     @property
     def steps(self) -> int:
@@ -389,13 +400,20 @@ class EpisodeWriter:
         return row
 
     def close(self) -> None:
-        """Abandons an unfinished episode (the row becomes empty again)."""
-        if self._row is not None and not self._table.closed:
-            self._table._native.abandon(self._row)
-        self._row, self._steps = None, 0
+        """Abandons an unfinished episode (the row becomes empty again), even after the table's
+        close(): other processes may still be using the table."""
+        _abandon_held(self._table._native, self._held)
+        self._steps = 0
 
     def __enter__(self) -> EpisodeWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _abandon_held(native: Any, held: list[int | None]) -> None:
+    """Gives back the row in `held`, if any (a writer's close and finalizer)."""
+    row, held[0] = held[0], None
+    if row is not None:
+        native.abandon(row)

@@ -18,6 +18,11 @@ inline bool CompareExchange(uint64_t* p, uint64_t* expected, uint64_t desired) {
   return __atomic_compare_exchange_n(p, expected, desired, /*weak=*/false, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE);
 }
+inline bool CompareExchange(int32_t* p, int32_t* expected, int32_t desired) {
+  return __atomic_compare_exchange_n(p, expected, desired, /*weak=*/false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE);
+}
+inline void FenceRelease() { __atomic_thread_fence(__ATOMIC_RELEASE); }
 template <typename T>
 inline T FetchAdd(T* p, T v) {
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);

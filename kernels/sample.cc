@@ -92,17 +92,17 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
 struct WeightMemo {
   float exponent = 1.0f;
   std::vector<uint64_t> states;
-  std::vector<float> weights;
+  std::vector<double> weights;
 
   void Prepare(int64_t rows, float a) {
     if (a != exponent) {
       std::fill(states.begin(), states.end(), 0);
-      std::fill(weights.begin(), weights.end(), 0.0f);
+      std::fill(weights.begin(), weights.end(), 0.0);
       exponent = a;
     }
     if (static_cast<int64_t>(states.size()) < rows) {
       states.resize(static_cast<size_t>(rows), 0);
-      weights.resize(static_cast<size_t>(rows), 0.0f);
+      weights.resize(static_cast<size_t>(rows), 0.0);
     }
   }
 };
@@ -113,7 +113,7 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
   thread_local WeightMemo memo;
   memo.Prepare(claimed, r.priority_exponent);
   uint64_t* states = memo.states.data();
-  float* weights = memo.weights.data();
+  double* weights = memo.weights.data();
   // Pass 1: refresh the weights of rows whose state changed; sum each block in row order.
   std::vector<double> block_start(num_blocks + 1, 0.0);
   for (int64_t b = 0; b < num_blocks; ++b) {
@@ -123,13 +123,18 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
       const uint64_t s = LoadRelaxed(&t.state[k]);
       if (s != states[k]) {
         states[k] = s;
-        weights[k] = static_cast<float>(PriorityWeight(s, r.priority_exponent));
+        weights[k] = PriorityWeight(s, r.priority_exponent);
       }
       sum += weights[k];
     }
     block_start[b + 1] = block_start[b] + sum;
   }
   const double total = block_start[num_blocks];
+  if (std::isinf(total)) {
+    return {KernelCode::kInvalidArgument,
+            "the sum of priority^priority_exponent overflows a double; lower priority_exponent or "
+            "rescale the priorities"};
+  }
   if (!(total > 0.0)) return Empty();
 
   // Pass 2: the picks in increasing target order; each one walks from its block's start to the first
@@ -149,8 +154,8 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
     if (block * kPriorityBlock > row) row = block * kPriorityBlock, running = block_start[block];
     bool assigned = false;
     for (; row < claimed; ++row) {
-      const float w = weights[row];
-      if (w <= 0.0f) continue;
+      const double w = weights[row];
+      if (w <= 0.0) continue;
       const uint64_t s = LoadAcquire(&t.state[row]);
       if (s != states[row]) continue;
       last_row = row, last_state = s;
@@ -165,7 +170,7 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
     // Rounding, or writers changing rows since pass 1: the target lies past the last row.
     for (int64_t k = claimed - 1; k >= 0 && last_row < 0; --k) {
       const uint64_t s = LoadAcquire(&t.state[k]);
-      if (weights[k] > 0.0f && s == states[k]) last_row = k, last_state = s;
+      if (weights[k] > 0.0 && s == states[k]) last_row = k, last_state = s;
     }
     if (last_row < 0) return Empty();
     Record(t, r, out, pick, last_row, last_state, static_cast<float>(weights[last_row] / total));
@@ -235,6 +240,7 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
 }  // namespace
 
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out) {
+  if (request.batch_size <= 0) return {};
   switch (request.method) {
     case SampleMethod::kUniform: return SampleUniform(table, request, out);
     case SampleMethod::kPrioritized: return SamplePrioritized(table, request, out);

@@ -169,3 +169,13 @@ def test_gather_rejects_out_of_range_rows(make_table):
     s = gj.Sample(jnp.array([0, 4]), jnp.array([2, 2], jnp.uint32), jnp.ones(2), jnp.zeros(2, jnp.int32))
     with pytest.raises(gj.EXECUTION_ERRORS, match=r"indices\[1\] = 4 is outside \[0, 4\)"):
         jax.block_until_ready(gj.gather(table, s)["valid"])
+
+
+def test_malformed_samples_are_refused(make_table):
+    table = make_table(capacity=4)
+    table.insert(transitions(4))
+    s = gj.Sample(jnp.zeros(1 << 16, jnp.int32), jnp.zeros(1, jnp.uint32), jnp.zeros(1 << 16), jnp.zeros(1, jnp.int32))
+    with pytest.raises(gj.InvalidArgumentError, match=r"shape \(B,\)"):
+        gj.gather(table, s)
+    with pytest.raises(gj.InvalidArgumentError, match=r"shape \(B,\)"):
+        gj.update_priorities(table, s, jnp.ones(1 << 16))

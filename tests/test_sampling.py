@@ -184,3 +184,12 @@ def test_fifo_lifo_topk_match_a_reference_on_larger_tables(make_table, batch):
     for method, rows_expected in expected.items():
         got = gj.sample(table, jax.random.key(0), batch, method=method)
         np.testing.assert_array_equal(np.asarray(got.indices), rows_expected, err_msg=method)
+
+
+def test_prioritized_weight_overflow_is_an_error_not_a_silent_collapse(make_table):
+    table = make_table(capacity=4)
+    table.insert(transitions(3), priorities=[1e30, 1.0, 1.0])
+    s = gj.sample(table, jax.random.key(0), 8, method="prioritized", priority_exponent=2.0)
+    np.testing.assert_array_equal(np.asarray(s.indices), 0)  # 1e60 fits a double
+    with pytest.raises(gj.EXECUTION_ERRORS, match="overflows"):
+        jax.block_until_ready(gj.sample(table, jax.random.key(0), 8, method="prioritized", priority_exponent=11.0).indices)

@@ -53,3 +53,8 @@ def test_spec_round_trips_through_json_and_hashes_stably():
     other = gj.TableSpec({"a": gj.Field((2,), "bfloat16"), "b": gj.Field((), "int64")}, capacity=10, max_steps=3)
     assert other.spec_hash != spec.spec_hash
     assert 0 <= spec.spec_hash < 2**63
+
+
+def test_spec_too_large_to_address_is_refused():
+    with pytest.raises(gj.SpecError, match="larger than gear_jax addresses"):
+        gj.TableSpec({"x": gj.Field((2**30,), "uint8")}, capacity=16, max_steps=2**30)

@@ -231,3 +231,28 @@ def test_all_rows_held_by_writers_raises_instead_of_hanging(make_table):
         w.close()
     table.insert({"x": np.zeros((1, 1), np.float32)})
     assert table.size == 1
+
+
+def test_dropped_writer_gives_its_row_back(make_table):
+    import gc
+
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=2, max_steps=2)
+    writer = table.writer()
+    writer.append({"x": 1.0})
+    row = writer._row
+    assert table.row_status()["generation"][row] % 2 == 1
+    del writer
+    gc.collect()
+    status = table.row_status()
+    assert status["generation"][row] % 2 == 0 and status["length"][row] == 0
+
+
+def test_writer_closed_after_its_table_still_gives_the_row_back(make_table):
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=2, max_steps=2)
+    other = gj.Table.attach(table.name)
+    writer = other.writer()
+    writer.append({"x": 1.0})
+    row = writer._row
+    other.close()
+    writer.close()
+    assert table.row_status()["generation"][row] % 2 == 0

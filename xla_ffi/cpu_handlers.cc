@@ -74,6 +74,13 @@ ffi::Error GatherImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> gener
   GatherRequest request;
   request.batch_size = static_cast<int64_t>(indices.element_count());
   request.window = window;
+  if (window < 1 || generations.element_count() != indices.element_count() ||
+      starts.element_count() != indices.element_count() ||
+      static_cast<int64_t>(valid->element_count()) != request.batch_size * window) {
+    return ffi::Error::InvalidArgument(
+        "gear_jax.gather: indices, generations and starts must have one entry per pick, and valid "
+        "batch x window entries");
+  }
   request.num_fields = static_cast<int32_t>(fields.size());
   GatherOutputs out;
   out.valid = valid->typed_data();
@@ -103,6 +110,11 @@ ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::
   std::string error;
   auto table = LookupTable(handle, static_cast<uint64_t>(spec_hash), &error);
   if (!table) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, error);
+  if (generations.element_count() != indices.element_count() ||
+      priorities.element_count() != indices.element_count()) {
+    return ffi::Error::InvalidArgument(
+        "gear_jax.update_priorities: indices, generations and priorities must have one entry per pick");
+  }
   return ToError(ScatterPrioritiesCpu(table->view(), indices.typed_data(), generations.typed_data(),
                                      priorities.typed_data(),
                                      static_cast<int64_t>(indices.element_count()),

@@ -71,6 +71,12 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::buffer>& fiel
   for (int32_t f = 0; f < view.num_fields; ++f) {
     infos.push_back(fields[f].request());
     const py::buffer_info& info = infos.back();
+    for (py::ssize_t d = info.ndim - 1, expected_stride = info.itemsize; d >= 0; --d) {
+      if (info.shape[d] > 1 && info.strides[d] != expected_stride) {
+        throw std::invalid_argument("field " + std::to_string(f) + " is not a C-contiguous array");
+      }
+      expected_stride *= info.shape[d];
+    }
     const int64_t expected = batch * steps * view.fields[f].step_bytes;
     if (info.size * info.itemsize != expected) {
       throw std::invalid_argument("field " + std::to_string(f) + " holds " + std::to_string(info.size * info.itemsize) +
@@ -199,5 +205,6 @@ PYBIND11_MODULE(_native, m) {
       .def("claim", [](OpenTable& s) { return s.table().Claim(); })
       .def("commit", [](OpenTable& s, int64_t row, int32_t length, float priority) { s.table().Commit(row, length, priority); },
            py::arg("row"), py::arg("length"), py::arg("priority"))
-      .def("abandon", [](OpenTable& s, int64_t row) { s.table().Abandon(row); }, py::arg("row"));
+      // Works after close too: other processes may still use the table, so the row must not stay held.
+      .def("abandon", [](OpenTable& s, int64_t row) { s.shared()->Abandon(row); }, py::arg("row"));
 }

@@ -106,8 +106,10 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_
 
   TableHeader layout{};
   uint64_t offset = RoundUp(sizeof(TableHeader), kColumnAlign);
+  auto too_large = [] { return std::invalid_argument("the table is too large to address (capacity x max_steps x field bytes)"); };
   auto column = [&](uint64_t bytes) {
-    uint64_t at = offset;
+    uint64_t at = offset, end = 0;
+    if (__builtin_add_overflow(offset, bytes + kColumnAlign, &end)) throw too_large();
     offset = RoundUp(offset + bytes, kColumnAlign);
     return at;
   };
@@ -119,8 +121,15 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_
   layout.writer_pid_offset = column(rows * sizeof(int32_t));
   for (size_t f = 0; f < step_bytes.size(); ++f) {
     if (step_bytes[f] < 1) throw std::invalid_argument("every field needs at least one byte per step");
-    const int64_t stride = RowStride(step_bytes[f] * max_steps);
-    layout.fields[f] = FieldLayout{column(rows * static_cast<uint64_t>(stride)), stride, step_bytes[f]};
+    int64_t row_bytes = 0;
+    uint64_t column_bytes = 0;
+    if (__builtin_mul_overflow(step_bytes[f], static_cast<int64_t>(max_steps), &row_bytes) ||
+        row_bytes > (int64_t{1} << 48)) {
+      throw too_large();
+    }
+    const int64_t stride = RowStride(row_bytes);
+    if (__builtin_mul_overflow(rows, static_cast<uint64_t>(stride), &column_bytes)) throw too_large();
+    layout.fields[f] = FieldLayout{column(column_bytes), stride, step_bytes[f]};
   }
   const uint64_t total = offset;
 
@@ -217,28 +226,38 @@ int64_t SharedTable::Claim() {
     uint64_t state = LoadAcquire(&view_.state[row]);
     uint32_t generation = StateGeneration(state);
     if (generation & 1u) {
-      // Being written. Take it over only if its writer process is gone.
-      if (WriterAlive(LoadRelaxed(&writer_pid[row]))) continue;
+      // Being written. Take it over only if its writer process is gone: first its pid (so that one
+      // reclaimer wins), then its generation.
+      int32_t dead = LoadRelaxed(&writer_pid[row]);
+      if (WriterAlive(dead)) continue;
+      if (!CompareExchange(&writer_pid[row], &dead, ThisPid())) continue;
       if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 2, 0.0f))) continue;
     } else {
       if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 1, 0.0f))) continue;
       if (StatePriority(state) > 0.0f) FetchAdd<int64_t>(&h->selectable, -1);
       if (LoadRelaxed(&view_.length[row]) > 0) FetchAdd<int64_t>(&h->size, -1);
+      StoreRelaxed(&writer_pid[row], ThisPid());
     }
-    StoreRelaxed(&writer_pid[row], ThisPid());
+    FenceRelease();  // the odd generation becomes visible before any data this writer stores
     StoreRelaxed(&view_.length[row], 0);
     return row;
   }
   throw std::runtime_error("every row of table '" + name_ + "' is being written; raise capacity or end episodes sooner");
 }
 
-void SharedTable::CheckOwned(int64_t row) const {
+uint64_t SharedTable::CheckOwned(int64_t row) const {
   if (row < 0 || row >= view_.capacity) throw std::out_of_range("row " + std::to_string(row) + " is outside the table");
   const int32_t* writer_pid = reinterpret_cast<const int32_t*>(base_ + header()->writer_pid_offset);
   const uint64_t state = LoadAcquire(&view_.state[row]);
   if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != ThisPid()) {
-    throw std::runtime_error("row " + std::to_string(row) + " of table '" + name_ + "' is not held by this writer (it was reclaimed or already committed)");
+    throw std::runtime_error(NotHeld(row));
   }
+  return state;
+}
+
+std::string SharedTable::NotHeld(int64_t row) const {
+  return "row " + std::to_string(row) + " of table '" + name_ +
+         "' is not held by this writer (it was reclaimed or already committed)";
 }
 
 void SharedTable::Commit(int64_t row, int32_t length, float priority) {
@@ -248,25 +267,28 @@ void SharedTable::Commit(int64_t row, int32_t length, float priority) {
   if (!std::isfinite(priority) || priority < 0.0f) {
     throw std::invalid_argument("priority " + std::to_string(priority) + " must be finite and >= 0");
   }
-  CheckOwned(row);
+  uint64_t held = CheckOwned(row);
   TableHeader* h = header();
   int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + h->writer_pid_offset);
   StoreRelaxed(&view_.insert_seq[row], FetchAdd<uint64_t>(&h->commit_seq, 1) + 1);
   StoreRelaxed(&view_.length[row], length);
   StoreRelaxed(&writer_pid[row], 0);
-  const uint32_t generation = StateGeneration(LoadRelaxed(&view_.state[row]));
-  StoreRelease(&view_.state[row], MakeState(generation + 1, priority));
+  // Publish (release) only if the row is still the one this writer claimed.
+  if (!CompareExchange(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, priority))) {
+    throw std::runtime_error(NotHeld(row));
+  }
   FetchAdd<int64_t>(&h->size, 1);
   if (priority > 0.0f) FetchAdd<int64_t>(&h->selectable, 1);
 }
 
 void SharedTable::Abandon(int64_t row) {
-  CheckOwned(row);
+  uint64_t held = CheckOwned(row);
   int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + header()->writer_pid_offset);
   StoreRelaxed(&view_.length[row], 0);
   StoreRelaxed(&writer_pid[row], 0);
-  const uint32_t generation = StateGeneration(LoadRelaxed(&view_.state[row]));
-  StoreRelease(&view_.state[row], MakeState(generation + 1, 0.0f));
+  if (!CompareExchange(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, 0.0f))) {
+    throw std::runtime_error(NotHeld(row));
+  }
 }
 
 std::vector<int32_t> SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t batch,

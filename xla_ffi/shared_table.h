@@ -101,7 +101,9 @@ class SharedTable {
 
  private:
   SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator, bool pin);
-  void CheckOwned(int64_t row) const;
+  // The state of a row this process holds (odd generation, this pid); throws otherwise.
+  uint64_t CheckOwned(int64_t row) const;
+  std::string NotHeld(int64_t row) const;
 
   std::string name_;
   uint8_t* base_;
