@@ -282,10 +282,10 @@ class Table:
             raise InvalidArgumentError(f"batch is missing fields {missing}; every insert writes all of {names}")
         arrays: list[np.ndarray] = []
         rows = steps = None
+        lead = 2 if self._spec.is_trajectory else 1
+        layout = "[B, T, *shape]" if self._spec.is_trajectory else "[B, *shape]"
         for name, field in self._spec.fields.items():
-            array = to_numpy(batch[name], f"batch[{name!r}]")
-            lead = 2 if self._spec.is_trajectory else 1
-            layout = "[B, T, *shape]" if self._spec.is_trajectory else "[B, *shape]"
+            array = coerce(batch[name], field.dtype, f"batch[{name!r}]")
             if array.ndim != lead + len(field.shape) or array.shape[lead:] != field.shape:
                 raise InvalidArgumentError(
                     f"batch[{name!r}] has shape {array.shape}; expected {layout} with shape={field.shape}"
@@ -298,7 +298,7 @@ class Table:
                 raise InvalidArgumentError(
                     f"batch[{name!r}] has {b} rows and {t} steps, but earlier fields have {rows} rows and {steps} steps"
                 )
-            arrays.append(coerce(batch[name] if isinstance(batch[name], (list, tuple)) else array, field.dtype, f"batch[{name!r}]"))
+            arrays.append(array)
         assert rows is not None and steps is not None
         if not 1 <= steps <= self._spec.max_steps and rows > 0:
             raise InvalidArgumentError(f"the batch has {steps} steps per row; the table holds 1 to max_steps={self._spec.max_steps}")

@@ -26,6 +26,18 @@ def start_python(code: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+def hold_a_row(table, then: str) -> str:
+    """Code for a process that attaches, starts an episode of one step, prints its row, then runs `then`."""
+    return f"""
+        import os, time, gear_jax as gj
+        t = gj.Table.attach({table.name!r})
+        w = t.writer()
+        w.append({{"x": 1}})
+        print(w._row, flush=True)
+        {then}
+    """
+
+
 def test_second_process_inserts_rows_the_first_samples(make_table):
     table = make_table(fields={"x": gj.Field((4,), "float32"), "id": gj.Field((), "int64")}, capacity=64)
     done = run_python(f"""
@@ -87,14 +99,7 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
 
 def test_dead_writer_row_is_reclaimed(make_table):
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4, max_steps=3)
-    done = run_python(f"""
-        import os, gear_jax as gj
-        t = gj.Table.attach({table.name!r})
-        w = t.writer()
-        w.append({{"x": 1}})
-        print(w._row, flush=True)
-        os._exit(0)  # dies mid-episode: the row stays odd
-    """)
+    done = run_python(hold_a_row(table, then="os._exit(0)"))  # dies mid-episode: the row stays odd
     dead_row = int(done.stdout)
     assert table.row_status()["generation"][dead_row] % 2 == 1
     for method in ("uniform", "fifo"):
@@ -109,14 +114,7 @@ def test_dead_writer_row_is_reclaimed(make_table):
 
 def test_live_writer_row_is_not_stolen(make_table):
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=2, max_steps=3)
-    holder = start_python(f"""
-        import sys, gear_jax as gj
-        t = gj.Table.attach({table.name!r})
-        w = t.writer()
-        w.append({{"x": 5}})
-        print(w._row, flush=True)
-        __import__("time").sleep(30)
-    """)
+    holder = start_python(hold_a_row(table, then="time.sleep(30)"))
     try:
         held = int(holder.stdout.readline())
         rows = table.insert({"x": np.zeros((6, 1), np.int32)})
