@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "kernels/device_error.cuh"
@@ -31,6 +33,89 @@ int CudaDeviceCount() {
     return 0;
   }
   return count;
+}
+
+bool DescribeCudaDevice(int device, CudaDeviceInfo* info, std::string* error) {
+  cudaDeviceProp prop{};
+  cudaError_t status = cudaGetDeviceProperties(&prop, device);
+  int atomics = 0, pageable = 0, major = 0, minor = 0;
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&atomics, cudaDevAttrHostNativeAtomicSupported, device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (status != cudaSuccess) {
+    *error = Failed("cudaDeviceGetAttribute", status) + " for CUDA device " + std::to_string(device);
+    return false;
+  }
+  int registered = 0;
+  if (cudaDeviceGetAttribute(&registered, cudaDevAttrHostRegisterSupported, device) != cudaSuccess) {
+    cudaGetLastError();
+    registered = 0;
+  }
+  info->name = prop.name;
+  info->compute_capability = major * 10 + minor;
+  info->host_native_atomics = atomics != 0;
+  info->pageable_memory_access = pageable != 0;
+  info->host_register_supported = registered != 0;
+  return true;
+}
+
+bool HostNativeAtomics(int device) {
+  static constexpr int kUnknown = -1;
+  static std::atomic<int> cached[64] = {};
+  static std::once_flag init;
+  std::call_once(init, [] {
+    for (auto& c : cached) c.store(kUnknown, std::memory_order_relaxed);
+  });
+  if (device < 0 || device >= 64) return false;
+  int value = cached[device].load(std::memory_order_relaxed);
+  if (value == kUnknown) {
+    int atomics = 0;
+    if (cudaDeviceGetAttribute(&atomics, cudaDevAttrHostNativeAtomicSupported, device) != cudaSuccess) {
+      cudaGetLastError();
+      atomics = 0;
+    }
+    value = atomics != 0 ? 1 : 0;
+    cached[device].store(value, std::memory_order_relaxed);
+  }
+  return value == 1;
+}
+
+std::vector<double> TimeHostToDeviceCopies(const void* host, size_t bytes, int device, int repeats,
+                                           std::string* error) {
+  std::vector<double> seconds;
+  int previous = 0;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+  void* destination = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaError_t status = cudaSetDevice(device);
+  const char* call = "cudaSetDevice";
+  if (status == cudaSuccess) status = cudaMalloc(&destination, std::max<size_t>(bytes, 1)), call = "cudaMalloc";
+  if (status == cudaSuccess) status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), call = "cudaStreamCreate";
+  if (status == cudaSuccess) status = cudaEventCreate(&start), call = "cudaEventCreate";
+  if (status == cudaSuccess) status = cudaEventCreate(&stop);
+  for (int i = -1; status == cudaSuccess && i < repeats; ++i) {
+    call = "cudaMemcpyAsync";
+    status = cudaEventRecord(start, stream);
+    if (status == cudaSuccess) status = cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream);
+    if (status == cudaSuccess) status = cudaEventRecord(stop, stream);
+    if (status == cudaSuccess) status = cudaEventSynchronize(stop);
+    float ms = 0.0f;
+    if (status == cudaSuccess) status = cudaEventElapsedTime(&ms, start, stop);
+    if (status == cudaSuccess && i >= 0) seconds.push_back(ms * 1e-3);
+  }
+  if (status != cudaSuccess) {
+    *error = Failed(call, status);
+    seconds.clear();
+  }
+  if (start) cudaEventDestroy(start);
+  if (stop) cudaEventDestroy(stop);
+  if (stream) cudaStreamDestroy(stream);
+  if (destination) cudaFree(destination);
+  if (restore) cudaSetDevice(previous);
+  cudaGetLastError();
+  return seconds;
 }
 
 std::unique_ptr<CudaPinning> CudaPinning::Pin(uint8_t* base, size_t bytes, bool want) {

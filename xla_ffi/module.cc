@@ -160,6 +160,24 @@ PYBIND11_MODULE(_native, m) {
     return 0;
 #endif
   }, "CUDA devices this process can use (0 in a CPU-only build, or without a GPU)");
+  m.def("cuda_device_info", [](int device) {
+#if GEAR_JAX_WITH_CUDA
+    gear::CudaDeviceInfo info;
+    std::string error;
+    if (!gear::DescribeCudaDevice(device, &info, &error)) throw std::runtime_error(error);
+    py::dict out;
+    out["name"] = info.name;
+    out["compute_capability"] = info.compute_capability;
+    out["host_native_atomics"] = info.host_native_atomics;
+    out["pageable_memory_access"] = info.pageable_memory_access;
+    out["host_register_supported"] = info.host_register_supported;
+    return out;
+#else
+    (void)device;
+    throw std::runtime_error("this gear_jax build has no CUDA support");
+    return py::dict();
+#endif
+  }, py::arg("device"), "What CUDA device `device` can do with host memory");
   m.attr("format_version") = gear::kFormatVersion;
   m.def("row_stride", &gear::RowStride, py::arg("row_bytes"));
 
@@ -200,6 +218,30 @@ PYBIND11_MODULE(_native, m) {
         return __atomic_load_n(&s.table().header()->next_seq, __ATOMIC_RELAXED);
       })
       .def("layout", &gear::Layout)
+      .def("cuda_copy_seconds",
+           [](OpenTable& s, uint64_t offset, uint64_t bytes, int device, int repeats) {
+             SharedTable& t = s.table();
+             if (offset > t.total_bytes() || bytes > t.total_bytes() - offset || bytes == 0 || repeats < 1) {
+               throw std::invalid_argument("copy range outside the table, empty, or repeats < 1");
+             }
+#if GEAR_JAX_WITH_CUDA
+             if (!t.pinned()) throw std::runtime_error("the table's memory is not registered with CUDA");
+             std::string error;
+             std::vector<double> seconds;
+             {
+               py::gil_scoped_release release;
+               seconds = gear::TimeHostToDeviceCopies(t.base() + offset, bytes, device, repeats, &error);
+             }
+             if (seconds.empty()) throw std::runtime_error(error);
+             return seconds;
+#else
+             (void)device;
+             throw std::runtime_error("this gear_jax build has no CUDA support");
+             return std::vector<double>();
+#endif
+           },
+           py::arg("offset"), py::arg("bytes"), py::arg("device") = 0, py::arg("repeats") = 20,
+           "Seconds per timed cudaMemcpy of table bytes [offset, offset + bytes) to the GPU (pinned reference)")
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
            py::arg("priorities"))
       .def("claim", [](OpenTable& s) { return s.table().Claim(); })
