@@ -19,6 +19,7 @@ from gear_jax.errors import (
     TableMismatchError,
     TableNotFoundError,
 )
+from gear_jax.pool import clear_pool, configure_pool, pool_stats
 from gear_jax.ops import METHODS, Sample, gather, sample, update_priorities
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
@@ -55,7 +56,10 @@ __all__ = [
     "TableSpec",
     "__version__",
     "build_info",
+    "clear_pool",
+    "configure_pool",
     "gather",
+    "pool_stats",
     "sample",
     "update_priorities",
 ]

@@ -70,7 +70,10 @@ class Table:
 
     A compiled function follows the table it was traced with: once the table is closed it raises
     instead of reading freed memory. The creator removes the name on `close()` (or at exit); memory
-    stays mapped until every process that attached has closed it.
+    stays mapped until every process that attached has closed it. A closed table's memory and handle
+    may go to the pool of closed tables (`gear_jax.pool`): a later table of the same spec created from
+    it gets the same handle, compares equal to the closed one, and functions compiled for the closed
+    table run on it.
     """
 
     def __init__(self, native: Any, spec: TableSpec):
@@ -98,14 +101,18 @@ class Table:
     # -- opening and closing ------------------------------------------------------------------
 
     @classmethod
-    def create(cls, spec: TableSpec, name: str | None = None, pin: bool = True) -> Table:
-        """Creates a table in new shared memory (mode 0600).
+    def create(cls, spec: TableSpec, name: str | None = None, pin: bool = True, reuse: bool = True) -> Table:
+        """Creates a table in shared memory (mode 0600).
 
         Args:
           spec: the table's `TableSpec`.
           name: the shared-memory name; by default an unguessable `gear_jax_<32 hex digits>`.
           pin: register the memory with CUDA (pinned and mapped, so GPU kernels read it) where this
             build has the CUDA handlers and the process sees a GPU. Ignored otherwise.
+          reuse: take the memory (and, for the same spec, the handle) of a table this process closed,
+            from the pool of closed tables (`gear_jax.pool`), when one fits. Such memory is already
+            pinned; its rows start empty, but field bytes are not zeroed (no read returns bytes of a
+            row beyond what its writer wrote).
 
         Raises:
           InvalidArgumentError: `name` is malformed or already in use.
@@ -120,7 +127,7 @@ class Table:
         step_bytes = [f.step_bytes for f in spec.fields.values()]
         try:
             native = _native.NativeTable.create(
-                name, spec.capacity, spec.max_steps, step_bytes, spec.to_json(), spec.spec_hash, bool(pin)
+                name, spec.capacity, spec.max_steps, step_bytes, spec.to_json(), spec.spec_hash, bool(pin), bool(reuse)
             )
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
@@ -168,6 +175,15 @@ class Table:
 
     def __enter__(self) -> Table:
         return self
+
+    def __eq__(self, other: object) -> bool:
+        # Compiled calls carry (handle, spec hash): tables equal in those are one table to them.
+        if not isinstance(other, Table):
+            return NotImplemented
+        return (self.handle, self._spec.spec_hash) == (other.handle, other._spec.spec_hash)
+
+    def __hash__(self) -> int:
+        return hash((self.handle, self._spec.spec_hash))
 
     def __exit__(self, *exc: object) -> None:
         self.close()

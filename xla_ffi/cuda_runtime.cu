@@ -145,15 +145,30 @@ std::unique_ptr<CudaPinning> CudaPinning::Pin(uint8_t* base, size_t bytes, bool 
   return pinning;
 }
 
-CudaPinning::~CudaPinning() {
-  if (!pinned_) return;
-  // Kernels that earlier calls enqueued may still read the memory: wait for every device that used it.
+void CudaPinning::SynchronizeDevicesUsed() {
   int current = 0;
   const bool restore = cudaGetDevice(&current) == cudaSuccess;
   for (int device = 0; device < kMaxDevices; ++device) {
     if (sides_[device] && cudaSetDevice(device) == cudaSuccess) cudaDeviceSynchronize();
   }
   if (restore) cudaSetDevice(current);
+  cudaGetLastError();
+}
+
+void CudaPinning::Quiesce() {
+  if (!pinned_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  SynchronizeDevicesUsed();
+  std::memset(errors_, 0, kMaxDevices * sizeof(DeviceError));
+  for (auto& side : sides_) {
+    if (side) retired_.push_back(std::move(side));
+  }
+}
+
+CudaPinning::~CudaPinning() {
+  if (!pinned_) return;
+  // Kernels that earlier calls enqueued may still read the memory: wait for every device that used it.
+  SynchronizeDevicesUsed();
   cudaFreeHost(errors_);
   cudaHostUnregister(base_);
   cudaGetLastError();  // failures here (CUDA already shut down at exit) leave nothing to undo

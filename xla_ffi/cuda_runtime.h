@@ -59,6 +59,11 @@ class CudaPinning {
   bool pinned() const { return pinned_; }
   const std::string& reason() const { return reason_; }
 
+  // Before the memory holds another table: waits for the kernels of every device that used it, clears
+  // the error records and forgets the device views (they follow the old table's layout). Callers make
+  // sure no handler still works on the old table.
+  void Quiesce();
+
   // What kernels on one device use: the table's view through the device's mapping, and the record of
   // data errors of this table on this device (pinned host memory: host and device address).
   struct DeviceSide {
@@ -81,6 +86,8 @@ class CudaPinning {
   DeviceError* errors_ = nullptr;  // [kMaxDevices] when pinned: cudaHostAlloc'ed, mapped and portable
   std::mutex mutex_;
   std::unique_ptr<DeviceSide> sides_[kMaxDevices];
+  std::vector<std::unique_ptr<DeviceSide>> retired_;  // views of earlier tables in this memory
+  void SynchronizeDevicesUsed();
 };
 
 }  // namespace gear

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/registry.h"
 #include "xla_ffi/shared_table.h"
+#include "xla_ffi/table_pool.h"
 
 #ifndef GEAR_JAX_WITH_CUDA
 #define GEAR_JAX_WITH_CUDA 0
@@ -30,29 +32,92 @@ namespace {
 // A table opened by this process: the mapping and its registry handle.
 class OpenTable {
  public:
-  explicit OpenTable(std::shared_ptr<SharedTable> table)
-      : table_(std::move(table)), handle_(RegisterTable(table_)) {}
+  OpenTable(std::shared_ptr<SharedTable> table, int64_t handle)
+      : table_(std::move(table)), name_(table_->name()), handle_(handle), creator_(table_->creator()) {
+    if (handle_ > 0) {
+      RegisterTableAt(handle_, table_);
+    } else {
+      handle_ = RegisterTable(table_);
+    }
+  }
   ~OpenTable() { Close(); }
 
+  // Attachers keep the mapping until this object goes (a writer may still give a row back); the
+  // creator hands it to the pool of closed tables when nothing else can reach it, or removes the name.
   void Close() {
     if (closed_) return;
     closed_ = true;
     UnregisterTable(handle_);
-    if (table_->creator()) table_->Unlink();
+    if (!creator_) return;
+    table_->MarkClosed();
+    if (TablePool::Get().Offer(table_, handle_)) {
+      table_.reset();  // the pool's now: this object must never touch the memory again
+    } else {
+      table_->Unlink();
+    }
   }
   SharedTable& table() {
-    if (closed_) throw std::runtime_error("table '" + table_->name() + "' is closed");
+    if (closed_) throw std::runtime_error("table '" + name_ + "' is closed");
     return *table_;
   }
-  const std::shared_ptr<SharedTable>& shared() const { return table_; }
+  // The mapping, also after close (nullptr once the creator gave it to the pool).
+  SharedTable* mapping() const { return table_.get(); }
+  const std::string& name() const { return name_; }
+  bool creator() const { return creator_; }
   int64_t handle() const { return handle_; }
   bool closed() const { return closed_; }
 
  private:
   std::shared_ptr<SharedTable> table_;
+  std::string name_;
   int64_t handle_;
+  bool creator_;
   bool closed_ = false;
 };
+
+// Creates a table, in the memory of a closed one from the pool when one fits (taking its handle too
+// when the spec is the same), else in new shared memory; a full /dev/shm empties the pool and retries.
+std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
+                                       const std::vector<int64_t>& step_bytes, const std::string& spec_json,
+                                       uint64_t spec_hash, bool pin, bool reuse) {
+  const TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
+  TablePool& pool = TablePool::Get();
+  if (reuse) {
+    if (std::optional<PooledTable> entry = pool.Take(plan.total_bytes, spec_hash)) {
+      std::shared_ptr<SharedTable> table;
+      try {
+        table = SharedTable::Reopen(*entry->table, entry->pool_name, name, plan, spec_json, spec_hash, pin);
+      } catch (...) {
+        pool.Return(std::move(*entry));
+        throw;
+      }
+      const bool same_spec = entry->spec_hash == spec_hash;
+      pool.CountReuse(same_spec);
+      return std::make_unique<OpenTable>(std::move(table), same_spec ? entry->handle : 0);
+    }
+  }
+  try {
+    return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);
+  } catch (const OutOfSpaceError&) {
+    if (pool.Stats().tables == 0) throw;
+    pool.Clear();
+  }
+  return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);
+}
+
+py::dict PoolStats() {
+  const TablePoolStats s = TablePool::Get().Stats();
+  py::dict out;
+  out["tables"] = s.tables;
+  out["bytes"] = s.bytes;
+  out["max_tables"] = s.max_tables;
+  out["max_bytes"] = s.max_bytes;
+  out["reused"] = s.reused;
+  out["reused_handles"] = s.reused_handles;
+  out["pooled"] = s.pooled;
+  out["refused"] = s.refused;
+  return out;
+}
 
 py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::buffer>& fields, int64_t batch,
                             int32_t steps, py::array_t<int32_t, py::array::c_style | py::array::forcecast> lengths,
@@ -126,6 +191,7 @@ PYBIND11_MODULE(_native, m) {
 
   static py::exception<gear::NotFoundError> not_found(m, "TableNotFoundError", PyExc_FileNotFoundError);
   static py::exception<gear::FormatError> format(m, "TableFormatError", PyExc_ValueError);
+  static py::exception<gear::OutOfSpaceError> no_space(m, "OutOfSpaceError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -133,6 +199,8 @@ PYBIND11_MODULE(_native, m) {
       py::set_error(not_found, e.what());
     } catch (const gear::FormatError& e) {
       py::set_error(format, e.what());
+    } catch (const gear::OutOfSpaceError& e) {
+      py::set_error(no_space, e.what());
     }
   });
 
@@ -179,22 +247,21 @@ PYBIND11_MODULE(_native, m) {
 #endif
   }, py::arg("device"), "What CUDA device `device` can do with host memory");
   m.attr("format_version") = gear::kFormatVersion;
+  m.def("pool_stats", &gear::PoolStats, "The pool of closed tables: what it holds, its limits, its counts");
+  m.def("pool_clear", [] { gear::TablePool::Get().Clear(); }, "Drops every closed table the pool holds");
+  m.def("pool_configure", [](int64_t max_tables, uint64_t max_bytes) {
+    if (max_tables < 0) throw std::invalid_argument("max_tables must be >= 0");
+    gear::TablePool::Get().Configure(max_tables, max_bytes);
+  }, py::arg("max_tables"), py::arg("max_bytes"));
   m.def("row_stride", &gear::RowStride, py::arg("row_bytes"));
 
   py::class_<OpenTable>(m, "NativeTable", py::buffer_protocol())
-      .def_static(
-          "create",
-          [](const std::string& name, int64_t capacity, int32_t max_steps,
-             const std::vector<int64_t>& step_bytes, const std::string& spec_json, uint64_t spec_hash,
-             bool pin) {
-            return std::make_unique<OpenTable>(
-                SharedTable::Create(name, capacity, max_steps, step_bytes, spec_json, spec_hash, pin));
-          },
-          py::arg("name"), py::arg("capacity"), py::arg("max_steps"), py::arg("step_bytes"),
-          py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"))
+      .def_static("create", &gear::CreateTable, py::arg("name"), py::arg("capacity"), py::arg("max_steps"),
+                  py::arg("step_bytes"), py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"),
+                  py::arg("reuse"))
       .def_static("attach",
                   [](const std::string& name, bool pin) {
-                    return std::make_unique<OpenTable>(SharedTable::Attach(name, pin));
+                    return std::make_unique<OpenTable>(SharedTable::Attach(name, pin), 0);
                   },
                   py::arg("name"), py::arg("pin"))
       .def_buffer([](OpenTable& self) {
@@ -205,8 +272,8 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &OpenTable::Close)
       .def_property_readonly("closed", &OpenTable::closed)
       .def_property_readonly("handle", &OpenTable::handle)
-      .def_property_readonly("name", [](OpenTable& s) { return s.shared()->name(); })
-      .def_property_readonly("creator", [](OpenTable& s) { return s.shared()->creator(); })
+      .def_property_readonly("name", &OpenTable::name)
+      .def_property_readonly("creator", &OpenTable::creator)
       .def_property_readonly("spec_json", [](OpenTable& s) { return s.table().spec_json(); })
       .def_property_readonly("spec_hash", [](OpenTable& s) { return s.table().header()->spec_hash; })
       .def_property_readonly("total_bytes", [](OpenTable& s) { return s.table().total_bytes(); })
@@ -248,5 +315,8 @@ PYBIND11_MODULE(_native, m) {
       .def("commit", [](OpenTable& s, int64_t row, int32_t length, float priority) { s.table().Commit(row, length, priority); },
            py::arg("row"), py::arg("length"), py::arg("priority"))
       // Works after close too: other processes may still use the table, so the row must not stay held.
-      .def("abandon", [](OpenTable& s, int64_t row) { s.shared()->Abandon(row); }, py::arg("row"));
+      // A creator's table in the pool has no rows to give back: nobody else could reach them.
+      .def("abandon", [](OpenTable& s, int64_t row) {
+        if (SharedTable* mapping = s.mapping()) mapping->Abandon(row);
+      }, py::arg("row"));
 }

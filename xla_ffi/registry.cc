@@ -1,6 +1,7 @@
 #include "xla_ffi/registry.h"
 
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace gear {
@@ -25,6 +26,14 @@ int64_t RegisterTable(std::shared_ptr<SharedTable> table) {
   const int64_t handle = r.next_handle++;
   r.tables.emplace(handle, std::move(table));
   return handle;
+}
+
+void RegisterTableAt(int64_t handle, std::shared_ptr<SharedTable> table) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!r.tables.emplace(handle, std::move(table)).second) {
+    throw std::logic_error("gear_jax table handle " + std::to_string(handle) + " is in use");
+  }
 }
 
 void UnregisterTable(int64_t handle) {

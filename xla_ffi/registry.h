@@ -14,6 +14,8 @@
 namespace gear {
 
 int64_t RegisterTable(std::shared_ptr<SharedTable> table);
+// Registers under a handle an earlier table had (from the pool of closed tables; it must be free).
+void RegisterTableAt(int64_t handle, std::shared_ptr<SharedTable> table);
 void UnregisterTable(int64_t handle);
 
 // Returns the table, or nullptr with *error set when the handle is closed or the spec differs.

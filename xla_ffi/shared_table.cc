@@ -32,7 +32,53 @@ std::string Errno(const char* what) { return std::string(what) + ": " + std::str
 // This process's pid, without a system call per row; reset in a forked child.
 std::atomic<int32_t> cached_pid{0};
 
-int32_t ThisPid() {
+bool WriterAlive(int32_t pid) {
+  if (pid <= 0) return true;  // claimed, pid not yet recorded: treat as alive
+  return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+bool ProcessAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+// Where glibc keeps the object shm_open("/name") opens; renaming it there renames the object.
+std::string ShmFile(const std::string& name) { return "/dev/shm/" + name; }
+
+// Signs this open in to a free slot (or one left by a dead process); -1 when every slot is taken.
+int SignIn(TableHeader* h) {
+  const int32_t me = CurrentPid();
+  for (int slot = 0; slot < kMaxAttachments; ++slot) {
+    int32_t seen = __atomic_load_n(&h->attached_pids[slot], __ATOMIC_RELAXED);
+    if (seen != 0 && ProcessAlive(seen)) continue;
+    if (__atomic_compare_exchange_n(&h->attached_pids[slot], &seen, me, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+      return slot;
+    }
+  }
+  __atomic_store_n(&h->attachments_overflowed, 1u, __ATOMIC_SEQ_CST);
+  return -1;
+}
+
+void SignOut(TableHeader* h, int slot) {
+  if (slot < 0) return;
+  int32_t me = CurrentPid();
+  __atomic_compare_exchange_n(&h->attached_pids[slot], &me, 0, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+}
+
+// Fills a new header into `base` from `plan`, the magic last: a header with magic is complete.
+void WriteHeader(uint8_t* base, const TablePlan& plan, uint64_t total_bytes, const std::string& spec_json,
+                 uint64_t spec_hash) {
+  TableHeader* h = reinterpret_cast<TableHeader*>(base);
+  std::memcpy(h, &plan.layout, sizeof(TableHeader));  // the plan's magic, counters and slots are zero
+  h->format_version = kFormatVersion;
+  h->spec_json_bytes = static_cast<uint32_t>(spec_json.size());
+  h->spec_hash = spec_hash;
+  h->total_bytes = total_bytes;
+  std::memcpy(h->spec_json, spec_json.data(), spec_json.size());
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));
+}
+
+}  // namespace
+
+int32_t CurrentPid() {
   int32_t pid = cached_pid.load(std::memory_order_relaxed);
   if (pid == 0) {
     static const bool reset_after_fork =
@@ -44,19 +90,45 @@ int32_t ThisPid() {
   return pid;
 }
 
-bool WriterAlive(int32_t pid) {
-  if (pid <= 0) return true;  // claimed, pid not yet recorded: treat as alive
-  return kill(pid, 0) == 0 || errno == EPERM;
+TableMemory::TableMemory(uint8_t* base, size_t bytes) : base_(base), bytes_(bytes) {}
+
+TableMemory::~TableMemory() {
+#if GEAR_JAX_WITH_CUDA
+  cuda_.reset();  // unregisters the memory from CUDA before it is unmapped
+#endif
+  munmap(base_, bytes_);
 }
 
-}  // namespace
+bool TableMemory::pinned() const {
+#if GEAR_JAX_WITH_CUDA
+  return cuda_ && cuda_->pinned();
+#else
+  return false;
+#endif
+}
+
+void TableMemory::Pin(bool want) {
+#if GEAR_JAX_WITH_CUDA
+  if (cuda_ && (cuda_->pinned() || !want)) return;
+  cuda_ = CudaPinning::Pin(base_, bytes_, want);
+#else
+  (void)want;
+#endif
+}
+
+void TableMemory::Quiesce() {
+#if GEAR_JAX_WITH_CUDA
+  if (cuda_) cuda_->Quiesce();
+#endif
+}
 
 int64_t RowStride(int64_t row_bytes) {
   return static_cast<int64_t>(RoundUp(row_bytes, row_bytes >= 1024 ? 128 : 16));
 }
 
-SharedTable::SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator, bool pin)
-    : name_(std::move(name)), base_(base), total_bytes_(total_bytes), creator_(creator) {
+SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator, int attach_slot)
+    : name_(std::move(name)), memory_(std::move(memory)), base_(memory_->base()), creator_(creator),
+      attach_slot_(attach_slot) {
   TableHeader* h = header();
   view_.capacity = h->capacity;
   view_.max_steps = h->max_steps;
@@ -70,33 +142,12 @@ SharedTable::SharedTable(std::string name, uint8_t* base, size_t total_bytes, bo
   for (int f = 0; f < h->num_fields; ++f) {
     view_.fields[f] = FieldView{base_ + h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes};
   }
-#if GEAR_JAX_WITH_CUDA
-  cuda_ = CudaPinning::Pin(base_, total_bytes_, pin);
-#else
-  (void)pin;
-#endif
 }
 
-SharedTable::~SharedTable() {
-#if GEAR_JAX_WITH_CUDA
-  cuda_.reset();  // unregisters the memory from CUDA before it is unmapped
-#endif
-  munmap(base_, total_bytes_);
-}
+SharedTable::~SharedTable() { SignOut(header(), attach_slot_); }
 
-bool SharedTable::pinned() const {
-#if GEAR_JAX_WITH_CUDA
-  return cuda_->pinned();
-#else
-  return false;
-#endif
-}
-
-std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_t capacity,
-                                                 int32_t max_steps,
-                                                 const std::vector<int64_t>& step_bytes,
-                                                 const std::string& spec_json, uint64_t spec_hash,
-                                                 bool pin) {
+TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
+                    const std::string& spec_json) {
   if (capacity < 1 || capacity > INT32_MAX) throw std::invalid_argument("capacity must be in [1, 2**31 - 1]");
   if (max_steps < 1) throw std::invalid_argument("max_steps must be >= 1");
   if (step_bytes.empty() || step_bytes.size() > static_cast<size_t>(kMaxFields)) {
@@ -104,7 +155,8 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_
   }
   if (spec_json.size() >= kSpecJsonCapacity) throw std::invalid_argument("the spec is too large to store");
 
-  TableHeader layout{};
+  TablePlan plan{};
+  TableHeader& layout = plan.layout;
   uint64_t offset = RoundUp(sizeof(TableHeader), kColumnAlign);
   auto too_large = [] { return std::invalid_argument("the table is too large to address (capacity x max_steps x field bytes)"); };
   auto column = [&](uint64_t bytes) {
@@ -114,6 +166,7 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_
     return at;
   };
   const uint64_t rows = static_cast<uint64_t>(capacity);
+  // The status columns first and together: reusing memory clears them in one stretch.
   layout.state_offset = column(rows * sizeof(uint64_t));
   layout.length_offset = column(rows * sizeof(int32_t));
   layout.insert_seq_offset = column(rows * sizeof(uint64_t));
@@ -131,8 +184,16 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_
     if (__builtin_mul_overflow(rows, static_cast<uint64_t>(stride), &column_bytes)) throw too_large();
     layout.fields[f] = FieldLayout{column(column_bytes), stride, step_bytes[f]};
   }
-  const uint64_t total = offset;
+  layout.capacity = capacity;
+  layout.max_steps = max_steps;
+  layout.num_fields = static_cast<int32_t>(step_bytes.size());
+  plan.total_bytes = offset;
+  return plan;
+}
 
+std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, const TablePlan& plan,
+                                                 const std::string& spec_json, uint64_t spec_hash, bool pin) {
+  const uint64_t total = plan.total_bytes;
   const std::string path = ShmPath(name);
   int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
@@ -147,26 +208,49 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, int64_
   if (ftruncate(fd, static_cast<off_t>(total)) != 0) fail(Errno("ftruncate"));
   // Reserve every page now, so that a table too large for /dev/shm fails here instead of with SIGBUS.
   if (int err = posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
-    fail("cannot reserve " + std::to_string(total) + " bytes of shared memory for table '" + name +
-         "': " + std::strerror(err) + " (free space in /dev/shm, or lower capacity)");
+    if (err == ENOSPC) {
+      close(fd);
+      shm_unlink(path.c_str());
+      throw OutOfSpaceError("cannot reserve " + std::to_string(total) + " bytes of shared memory for table '" + name +
+                            "': " + std::strerror(err) + " (free space in /dev/shm, or lower capacity)");
+    }
+    fail("cannot reserve " + std::to_string(total) + " bytes of shared memory for table '" + name + "': " +
+         std::strerror(err));
   }
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) fail(Errno("mmap"));
   close(fd);
 
-  TableHeader* h = static_cast<TableHeader*>(base);
-  std::memcpy(h, &layout, sizeof(TableHeader));
-  h->format_version = kFormatVersion;
-  h->spec_json_bytes = static_cast<uint32_t>(spec_json.size());
-  h->spec_hash = spec_hash;
-  h->total_bytes = total;
-  h->capacity = capacity;
-  h->max_steps = max_steps;
-  h->num_fields = static_cast<int32_t>(step_bytes.size());
-  std::memcpy(h->spec_json, spec_json.data(), spec_json.size());
-  __atomic_thread_fence(__ATOMIC_RELEASE);
-  std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));  // last: a header with magic is complete
-  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), total, true, pin));
+  WriteHeader(static_cast<uint8_t*>(base), plan, total, spec_json, spec_hash);
+  auto memory = std::make_shared<TableMemory>(static_cast<uint8_t*>(base), total);
+  memory->Pin(pin);
+  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), true, -1));
+}
+
+std::shared_ptr<SharedTable> SharedTable::Reopen(const SharedTable& closed, const std::string& pool_name,
+                                                 const std::string& name, const TablePlan& plan,
+                                                 const std::string& spec_json, uint64_t spec_hash, bool pin) {
+  std::shared_ptr<TableMemory> memory = closed.memory();
+  if (memory->bytes() < plan.total_bytes) throw std::logic_error("reopening a table in memory too small for it");
+  memory->Quiesce();  // no kernel of the closed table still reads or writes the memory
+  uint8_t* base = memory->base();
+  TableHeader* h = reinterpret_cast<TableHeader*>(base);
+  // Without its magic the memory is no table: an attach by the new name fails until the header is new.
+  std::memset(h->magic, 0, sizeof(h->magic));
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  // link + unlink instead of rename: fails, changing nothing, when `name` exists.
+  if (link(ShmFile(pool_name).c_str(), ShmFile(name).c_str()) != 0) {
+    const int err = errno;
+    std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));
+    if (err == EEXIST) throw std::invalid_argument("a shared-memory object named '" + name + "' already exists; pick another name");
+    throw std::runtime_error("link('" + ShmFile(pool_name) + "'): " + std::strerror(err));
+  }
+  unlink(ShmFile(pool_name).c_str());
+  const uint64_t status_begin = plan.layout.state_offset, status_end = plan.layout.fields[0].offset;
+  std::memset(base + status_begin, 0, status_end - status_begin);
+  WriteHeader(base, plan, memory->bytes(), spec_json, spec_hash);
+  memory->Pin(pin);
+  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), true, -1));
 }
 
 std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool pin) {
@@ -204,11 +288,37 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
     munmap(base, size);
     throw FormatError("shared-memory object '" + name + "' " + problem);
   }
-  return std::shared_ptr<SharedTable>(new SharedTable(name, static_cast<uint8_t*>(base), size, false, pin));
+  auto memory = std::make_shared<TableMemory>(static_cast<uint8_t*>(base), size);
+  TableHeader* header = static_cast<TableHeader*>(base);
+  const int slot = SignIn(header);
+  // Signed in first, then the creator's mark: a creator closing now sees the slot, or this sees the mark.
+  if (__atomic_load_n(&header->closed, __ATOMIC_SEQ_CST) != 0) {
+    SignOut(header, slot);
+    throw NotFoundError("gear_jax table '" + name + "' was closed by its creator");
+  }
+  memory->Pin(pin);
+  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), false, slot));
 }
 
 std::string SharedTable::spec_json() const {
   return std::string(header()->spec_json, header()->spec_json_bytes);
+}
+
+void SharedTable::MarkClosed() { __atomic_store_n(&header()->closed, 1u, __ATOMIC_SEQ_CST); }
+
+bool SharedTable::AttachedElsewhere() const {
+  const TableHeader* h = header();
+  if (__atomic_load_n(&h->attachments_overflowed, __ATOMIC_SEQ_CST) != 0) return true;
+  for (int slot = 0; slot < kMaxAttachments; ++slot) {
+    if (ProcessAlive(__atomic_load_n(&h->attached_pids[slot], __ATOMIC_SEQ_CST))) return true;
+  }
+  return false;
+}
+
+bool SharedTable::RenameForPool(const std::string& new_name) {
+  if (unlinked_ || rename(ShmFile(name_).c_str(), ShmFile(new_name).c_str()) != 0) return false;
+  name_ = new_name;
+  return true;
 }
 
 void SharedTable::Unlink() {
@@ -230,13 +340,13 @@ int64_t SharedTable::Claim() {
       // reclaimer wins), then its generation.
       int32_t dead = LoadRelaxed(&writer_pid[row]);
       if (WriterAlive(dead)) continue;
-      if (!CompareExchange(&writer_pid[row], &dead, ThisPid())) continue;
+      if (!CompareExchange(&writer_pid[row], &dead, CurrentPid())) continue;
       if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 2, 0.0f))) continue;
     } else {
       if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 1, 0.0f))) continue;
       if (StatePriority(state) > 0.0f) FetchAdd<int64_t>(&h->selectable, -1);
       if (LoadRelaxed(&view_.length[row]) > 0) FetchAdd<int64_t>(&h->size, -1);
-      StoreRelaxed(&writer_pid[row], ThisPid());
+      StoreRelaxed(&writer_pid[row], CurrentPid());
     }
     FenceRelease();  // the odd generation becomes visible before any data this writer stores
     StoreRelaxed(&view_.length[row], 0);
@@ -249,7 +359,7 @@ uint64_t SharedTable::CheckOwned(int64_t row) const {
   if (row < 0 || row >= view_.capacity) throw std::out_of_range("row " + std::to_string(row) + " is outside the table");
   const int32_t* writer_pid = reinterpret_cast<const int32_t*>(base_ + header()->writer_pid_offset);
   const uint64_t state = LoadAcquire(&view_.state[row]);
-  if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != ThisPid()) {
+  if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != CurrentPid()) {
     throw std::runtime_error(NotHeld(row));
   }
   return state;

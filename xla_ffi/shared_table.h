@@ -4,6 +4,12 @@
 // shared FIFO cursor plus a compare-and-swap claim of the row's generation), so the ring overwrites the
 // oldest rows when full. A row whose writer died mid-write (odd generation, dead writer pid) is
 // reclaimed by the next writer that reaches it.
+//
+// The creator's close can hand the memory (still mapped, still registered with CUDA) to the pool of
+// closed tables (table_pool.h), so that the next table that fits reuses it: only when no other
+// process, and no other open of this process, has the table attached. Attaching processes sign in to a
+// slot of the header; the creator marks the table closed before it reads the slots, and an attach
+// reads the mark after it signs in, so one of the two always sees the other.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +27,9 @@ class CudaPinning;
 #endif
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;
 inline constexpr size_t kSpecJsonCapacity = 16384;
+inline constexpr int kMaxAttachments = 256;
 
 struct FieldLayout {
   uint64_t offset;      // from the start of the mapping; 4096-byte aligned
@@ -46,7 +53,50 @@ struct TableHeader {
   alignas(64) uint64_t commit_seq; // last insert_seq handed out
   alignas(64) int64_t size;        // rows holding a committed trajectory
   alignas(64) int64_t selectable;  // rows with an even generation and priority > 0
+  alignas(64) uint32_t closed;     // set by the creator's close: no process may attach any more
+  uint32_t attachments_overflowed; // an attach found no free slot: the memory is never reused
+  alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
+};
+
+// Where each column of a table goes, for a capacity, a row length and field sizes.
+struct TablePlan {
+  TableHeader layout;     // offsets, capacity, max_steps, num_fields; the rest zero
+  uint64_t total_bytes;   // bytes the table needs
+};
+// Throws std::invalid_argument for sizes out of range or too large to address.
+TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
+                    const std::string& spec_json);
+
+// This process's pid (cached; reset in a forked child).
+int32_t CurrentPid();
+
+// The memory of one table: a shared mapping, registered with CUDA when pinned. Unregistered and
+// unmapped when the last holder lets go (open tables, calls running on them, the pool).
+class TableMemory {
+ public:
+  TableMemory(uint8_t* base, size_t bytes);
+  ~TableMemory();
+  TableMemory(const TableMemory&) = delete;
+  TableMemory& operator=(const TableMemory&) = delete;
+
+  uint8_t* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+  bool pinned() const;
+  // Registers the memory with CUDA when asked and not yet done (see CudaPinning::Pin).
+  void Pin(bool want);
+  // Waits until no kernel enqueued earlier still reads the memory and clears the kernels' error records.
+  void Quiesce();
+#if GEAR_JAX_WITH_CUDA
+  CudaPinning* cuda() const { return cuda_.get(); }
+#endif
+
+ private:
+  uint8_t* base_;
+  size_t bytes_;
+#if GEAR_JAX_WITH_CUDA
+  std::unique_ptr<CudaPinning> cuda_;  // null until Pin; unpinned where the process sees no GPU
+#endif
 };
 
 // Errors the Python module maps to exception types.
@@ -54,6 +104,9 @@ struct NotFoundError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 struct FormatError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct OutOfSpaceError : std::runtime_error {  // /dev/shm cannot hold the table
   using std::runtime_error::runtime_error;
 };
 
@@ -65,8 +118,15 @@ class SharedTable {
  public:
   // Creates the mapping `/name` (mode 0600, fails if it exists) and its header. With `pin`, in a CUDA
   // build on a process that sees a GPU, the memory is also registered with CUDA (pinned and mapped).
-  static std::shared_ptr<SharedTable> Create(const std::string& name, int64_t capacity,
-                                             int32_t max_steps, const std::vector<int64_t>& step_bytes,
+  static std::shared_ptr<SharedTable> Create(const std::string& name, const TablePlan& plan,
+                                             const std::string& spec_json, uint64_t spec_hash, bool pin);
+  // Creates the table `name` in the memory of `closed`, a table of this process closed into the pool
+  // under the name `pool_name` (its memory must hold plan.total_bytes, and nothing else may use it):
+  // renames the mapping, writes a new header and clears every row's status. Field bytes are not
+  // cleared (no read ever returns bytes of a row beyond what its writer wrote). Throws
+  // std::invalid_argument, changing nothing, when `name` exists.
+  static std::shared_ptr<SharedTable> Reopen(const SharedTable& closed, const std::string& pool_name,
+                                             const std::string& name, const TablePlan& plan,
                                              const std::string& spec_json, uint64_t spec_hash, bool pin);
   // Maps an existing table; refuses mappings that are not gear_jax tables of this format.
   static std::shared_ptr<SharedTable> Attach(const std::string& name, bool pin);
@@ -78,14 +138,15 @@ class SharedTable {
   const std::string& name() const { return name_; }
   bool creator() const { return creator_; }
   uint8_t* base() const { return base_; }
-  size_t total_bytes() const { return total_bytes_; }
+  size_t total_bytes() const { return memory_->bytes(); }
+  const std::shared_ptr<TableMemory>& memory() const { return memory_; }
   TableHeader* header() const { return reinterpret_cast<TableHeader*>(base_); }
   const TableView& view() const { return view_; }
   std::string spec_json() const;
   // Whether the memory is registered with CUDA (pinned and mapped into the GPUs' address space).
-  bool pinned() const;
+  bool pinned() const { return memory_->pinned(); }
 #if GEAR_JAX_WITH_CUDA
-  CudaPinning* cuda() const { return cuda_.get(); }
+  CudaPinning* cuda() const { return memory_->cuda(); }
 #endif
 
   // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0).
@@ -96,24 +157,29 @@ class SharedTable {
   std::vector<int32_t> Insert(const std::vector<const uint8_t*>& field_data, int64_t batch,
                               int32_t steps, const int32_t* lengths, const float* priorities);
 
+  // The creator's close, first step: no attach succeeds from now on.
+  void MarkClosed();
+  // Whether another open of this table (another process's, or another attach in this one) may still
+  // use it: a signed-in attacher that is alive, or more attachers than the header has slots for.
+  bool AttachedElsewhere() const;
+  // Renames the mapping to `new_name` (the pool's name for it); false when the file system refuses.
+  bool RenameForPool(const std::string& new_name);
   // Removes the name (the creator does this on close); the memory lives until the last user unmaps.
   void Unlink();
 
  private:
-  SharedTable(std::string name, uint8_t* base, size_t total_bytes, bool creator, bool pin);
+  SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator, int attach_slot);
   // The state of a row this process holds (odd generation, this pid); throws otherwise.
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;
 
   std::string name_;
+  std::shared_ptr<TableMemory> memory_;
   uint8_t* base_;
-  size_t total_bytes_;
   bool creator_;
+  int attach_slot_;  // this open's slot in attached_pids (-1: creator, or no slot was free)
   bool unlinked_ = false;
   TableView view_;
-#if GEAR_JAX_WITH_CUDA
-  std::unique_ptr<CudaPinning> cuda_;  // always set; unpinned where the process sees no GPU
-#endif
 };
 
 }  // namespace gear
