@@ -170,8 +170,16 @@ class Table:
         return cls(native, stored)
 
     def close(self) -> None:
-        """Closes this process's view of the table. Idempotent. The creator also removes the name."""
+        """Closes this process's view of the table. Idempotent. The creator also removes the name.
+
+        The mapping is let go at once (unless an `EpisodeWriter` of this process still holds a row:
+        then when it gives the row back), even while compiled functions or jit caches still hold this
+        `Table` object.
+        """
         self._finalizer()
+        # Views into the mapping must not outlive it.
+        self._columns = {}
+        self._state = self._length = self._insert_seq = self._times_sampled = None
 
     def __enter__(self) -> Table:
         return self

@@ -290,3 +290,37 @@ def test_names_left_by_a_killed_process_are_removed_by_the_next_one():
         assert not os.path.exists(f"/dev/shm/{left[0]}")
     finally:
         child.kill()
+
+
+def mapped(name):
+    """Whether this process maps the shared-memory object `name` (under its name, or deleted)."""
+    with open("/proc/self/maps") as f:
+        return any(f"/dev/shm/{name}" in line for line in f)
+
+
+def test_close_unmaps_even_while_a_jit_cache_holds_the_table():
+    gj.configure_pool(max_tables=0)
+    table = gj.Table.create(SPEC)
+    table.insert(transitions(4))
+    fn = jax.jit(lambda t, k: gj.sample(t, k, 2), static_argnums=0)
+    jax.block_until_ready(fn(table, jax.random.key(0)))
+    name = table.name
+    assert mapped(name)
+    table.close()
+    assert not mapped(name), "the closed table's memory is still mapped"
+    with pytest.raises(gj.EXECUTION_ERRORS, match="closed"):
+        jax.block_until_ready(fn(table, jax.random.key(1)))
+
+
+def test_writer_holding_a_row_keeps_the_memory_until_it_gives_the_row_back():
+    creator = gj.Table.create(SPEC)
+    attached = gj.Table.attach(creator.name)
+    writer = attached.writer()
+    writer.append({"obs": np.zeros(3, np.float32), "action": 1})
+    name = creator.name
+    attached.close()
+    assert mapped(name)
+    creator.close()  # this process's attach still holds a row: not pooled
+    assert pool()["refused"] == 1 and pool()["tables"] == 0
+    writer.close()
+    assert not mapped(name)

@@ -42,26 +42,50 @@ class OpenTable {
   }
   ~OpenTable() { Close(); }
 
-  // Attachers keep the mapping until this object goes (a writer may still give a row back); the
-  // creator hands it to the pool of closed tables when nothing else can reach it, or removes the name.
+  // Lets go of the mapping unless a writer of this process still holds a row (it is released when
+  // the last one is given back). The creator hands the memory to the pool of closed tables when
+  // nothing else can reach it, or removes the name.
   void Close() {
     if (closed_) return;
     closed_ = true;
     UnregisterTable(handle_);
-    if (!creator_) return;
-    table_->MarkClosed();
-    if (TablePool::Get().Offer(table_, handle_)) {
-      table_.reset();  // the pool's now: this object must never touch the memory again
-    } else {
-      table_->Unlink();
+    if (creator_) {
+      table_->MarkClosed();
+      if (held_rows_ > 0 || !TablePool::Get().Offer(table_, handle_)) table_->Unlink();
     }
+    if (held_rows_ == 0) table_.reset();
   }
+
+  // Row writing by this process's writers, counted so that close knows whether rows are still held.
+  int64_t Claim() {
+    const int64_t row = table().Claim();
+    ++held_rows_;
+    return row;
+  }
+  void Commit(int64_t row, int32_t length, float priority) {
+    SharedTable& t = table();
+    t.CheckRowInRange(row);
+    --held_rows_;  // held no more, published or not (Commit throws when the row was reclaimed)
+    t.Commit(row, length, priority);
+  }
+  // Works after close too: other processes may still use the table, so the row must not stay held.
+  void Abandon(int64_t row) {
+    if (!table_) return;
+    table_->CheckRowInRange(row);
+    --held_rows_;
+    try {
+      table_->Abandon(row);
+    } catch (...) {
+      if (closed_ && held_rows_ == 0) table_.reset();
+      throw;
+    }
+    if (closed_ && held_rows_ == 0) table_.reset();
+  }
+
   SharedTable& table() {
     if (closed_) throw std::runtime_error("table '" + name_ + "' is closed");
     return *table_;
   }
-  // The mapping, also after close (nullptr once the creator gave it to the pool).
-  SharedTable* mapping() const { return table_.get(); }
   const std::string& name() const { return name_; }
   bool creator() const { return creator_; }
   int64_t handle() const { return handle_; }
@@ -73,6 +97,7 @@ class OpenTable {
   int64_t handle_;
   bool creator_;
   bool closed_ = false;
+  int64_t held_rows_ = 0;  // rows claimed through this open and not yet committed or abandoned
 };
 
 // Creates a table, in the memory of a closed one from the pool when one fits (taking its handle too
@@ -311,12 +336,7 @@ PYBIND11_MODULE(_native, m) {
            "Seconds per timed cudaMemcpy of table bytes [offset, offset + bytes) to the GPU (pinned reference)")
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
            py::arg("priorities"))
-      .def("claim", [](OpenTable& s) { return s.table().Claim(); })
-      .def("commit", [](OpenTable& s, int64_t row, int32_t length, float priority) { s.table().Commit(row, length, priority); },
-           py::arg("row"), py::arg("length"), py::arg("priority"))
-      // Works after close too: other processes may still use the table, so the row must not stay held.
-      // A creator's table in the pool has no rows to give back: nobody else could reach them.
-      .def("abandon", [](OpenTable& s, int64_t row) {
-        if (SharedTable* mapping = s.mapping()) mapping->Abandon(row);
-      }, py::arg("row"));
+      .def("claim", &OpenTable::Claim)
+      .def("commit", &OpenTable::Commit, py::arg("row"), py::arg("length"), py::arg("priority"))
+      .def("abandon", &OpenTable::Abandon, py::arg("row"));
 }

@@ -355,8 +355,12 @@ int64_t SharedTable::Claim() {
   throw std::runtime_error("every row of table '" + name_ + "' is being written; raise capacity or end episodes sooner");
 }
 
-uint64_t SharedTable::CheckOwned(int64_t row) const {
+void SharedTable::CheckRowInRange(int64_t row) const {
   if (row < 0 || row >= view_.capacity) throw std::out_of_range("row " + std::to_string(row) + " is outside the table");
+}
+
+uint64_t SharedTable::CheckOwned(int64_t row) const {
+  CheckRowInRange(row);
   const int32_t* writer_pid = reinterpret_cast<const int32_t*>(base_ + header()->writer_pid_offset);
   const uint64_t state = LoadAcquire(&view_.state[row]);
   if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != CurrentPid()) {

@@ -153,6 +153,8 @@ class SharedTable {
   int64_t Claim();
   void Commit(int64_t row, int32_t length, float priority);
   void Abandon(int64_t row);
+  // Throws std::out_of_range for a row id outside the table.
+  void CheckRowInRange(int64_t row) const;
   // Claims, copies and commits `batch` rows. field_data[f] points at [batch, steps, step_bytes[f]].
   std::vector<int32_t> Insert(const std::vector<const uint8_t*>& field_data, int64_t batch,
                               int32_t steps, const int32_t* lengths, const float* priorities);

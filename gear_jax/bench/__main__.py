@@ -10,7 +10,7 @@ import os
 import sys
 from types import ModuleType
 
-from gear_jax.bench import actor_learner, gather, insert, sample, selection, sharded
+from gear_jax.bench import actor_learner, gather, insert, pool, sample, selection, sharded
 from gear_jax.bench.common import GEAR, machine_info, make_report, parse_names, write_json
 from gear_jax.bench.display import note, print_header, print_table
 from gear_jax.bench.plot import plot_report
@@ -21,6 +21,7 @@ SUITES: dict[str, ModuleType] = {
     "insert": insert,
     "actor_learner": actor_learner,
     "sharded": sharded,
+    "pool": pool,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
@@ -28,9 +29,10 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "insert": insert.SYSTEMS,
     "actor_learner": (GEAR,),
     "sharded": (GEAR,),
+    "pool": pool.SYSTEMS,
 }
 BUSY_LOAD = 0.5
-ITEM_UNITS = {"gather": "rows", "sample": "samples", "insert": "rows", "actor_learner": "rows", "sharded": "rows"}
+ITEM_UNITS = {"gather": "rows", "sample": "samples", "insert": "rows", "actor_learner": "rows", "sharded": "rows", "pool": "tables"}
 
 
 def parser() -> argparse.ArgumentParser:
