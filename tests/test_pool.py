@@ -324,3 +324,29 @@ def test_writer_holding_a_row_keeps_the_memory_until_it_gives_the_row_back():
     assert pool()["refused"] == 1 and pool()["tables"] == 0
     writer.close()
     assert not mapped(name)
+
+
+@pytest.mark.gpu
+def test_pooled_memory_stays_pinned_and_gpu_calls_follow_the_new_layout():
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("jax sees no GPU")
+    first = gj.Table.create(SPEC)
+    assert first.pinned
+    first.insert(transitions(20))
+    on_gpu = jax.jit(lambda t, k: gj.gather(t, gj.sample(t, k, 8, method="lifo")), static_argnums=0)
+    jax.block_until_ready(on_gpu(first, jax.device_put(jax.random.key(0), gpu)))
+    first.close()
+    # Another layout in the same memory: the GPU's view of the table must be the new one.
+    other = gj.TableSpec({"action": gj.Field((), "int32"), "obs": gj.Field((2,), "float32")}, capacity=64)
+    second = gj.Table.create(other)
+    try:
+        assert pool()["reused"] == 1 and second.pinned
+        second.insert({"action": np.arange(10, 20, dtype=np.int32), "obs": np.ones((10, 2), np.float32)})
+        got = on_gpu(second, jax.device_put(jax.random.key(0), gpu))
+        assert list(got["action"].devices())[0] == gpu
+        np.testing.assert_array_equal(np.asarray(got["action"]), np.arange(19, 11, -1))
+        assert np.asarray(got["valid"]).all()
+    finally:
+        second.close()
