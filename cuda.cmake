@@ -37,12 +37,12 @@ set_target_properties(gear_kernels_cuda PROPERTIES
   POSITION_INDEPENDENT_CODE ON CUDA_VISIBILITY_PRESET hidden)
 
 # The CUDA handlers and the pinning of table memory, linked into _native.
-add_library(gear_cuda_ffi STATIC xla_ffi/cuda_handlers.cu xla_ffi/cuda_runtime.cu)
+add_library(gear_cuda_ffi STATIC xla_ffi/cuda_handlers.cu xla_ffi/cuda_runtime.cu xla_ffi/host_staging.cu)
 target_include_directories(gear_cuda_ffi PRIVATE "${CMAKE_CURRENT_SOURCE_DIR}")
 target_include_directories(gear_cuda_ffi SYSTEM PRIVATE "${XLA_FFI_INCLUDE_DIR}")
 target_compile_definitions(gear_cuda_ffi PRIVATE GEAR_JAX_WITH_CUDA=1)
 target_compile_options(gear_cuda_ffi PRIVATE ${GEAR_JAX_CUDA_OPTIONS})
-target_link_libraries(gear_cuda_ffi PUBLIC gear_kernels_cuda)
+target_link_libraries(gear_cuda_ffi PUBLIC gear_kernels_cuda gear_kernels_cpu)  # CPU: the host priority scatter
 set_target_properties(gear_cuda_ffi PROPERTIES
   POSITION_INDEPENDENT_CODE ON CUDA_VISIBILITY_PRESET hidden)
 

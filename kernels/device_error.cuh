@@ -43,4 +43,21 @@ __device__ inline void ReportError(DeviceError* error, ErrorSite site, int64_t e
   device::SystemRef(&error->site).store(static_cast<int32_t>(site), cuda::memory_order_release);
 }
 
+// ReportError for work that runs on the host in a stream's order (a host callback) on the device's
+// behalf, with the host address of the record. Where the device has no native host atomics, the CPU's
+// claim and a kernel's are not atomic against each other: should a kernel and the host find an error at
+// the same moment, the record may mix the two (it still reports an error).
+inline void ReportErrorFromHost(DeviceError* error, ErrorSite site, int64_t element, int64_t value,
+                                int64_t limit) {
+  int32_t expected = 0;
+  if (!__atomic_compare_exchange_n(&error->claim, &expected, 1, /*weak=*/false, __ATOMIC_RELAXED,
+                                   __ATOMIC_RELAXED)) {
+    return;
+  }
+  error->element = element;
+  error->value = value;
+  error->limit = limit;
+  __atomic_store_n(&error->site, static_cast<int32_t>(site), __ATOMIC_RELEASE);
+}
+
 }  // namespace gear

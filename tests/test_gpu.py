@@ -3,7 +3,9 @@
 Tests marked `gpu` run where jax sees a GPU and skip elsewhere. A jitted function runs on the device its
 inputs are committed to, so each comparison runs the same function once on the CPU and once on the GPU.
 The CUDA handlers report bad data at the next call on the table (see xla_ffi/cuda_handlers.cu); the
-error tests wait for the failing call before making the next one.
+error tests wait for the failing call before making the next one. update_priorities has two CUDA paths,
+the kernel (GPUs with native host atomics) and a host callback on the stream (elsewhere, or with
+GEAR_JAX_HOST_SCATTER=1): its tests take `scatter_path` and run on both where the GPU allows.
 """
 
 import os
@@ -37,6 +39,17 @@ def gpu():
     if not gj.build_info()["cuda"]:
         pytest.fail("jax sees a GPU but gear_jax was built without its CUDA handlers (GEAR_JAX_CUDA=ON)")
     return devices[0]
+
+
+@pytest.fixture(params=["default", "host"])
+def scatter_path(request, monkeypatch):
+    """update_priorities on its default CUDA path (the kernel on a GPU with native host atomics, the host
+    elsewhere), then with the host path forced. The handler reads GEAR_JAX_HOST_SCATTER at every call."""
+    if request.param == "host":
+        monkeypatch.setenv("GEAR_JAX_HOST_SCATTER", "1")
+    else:
+        monkeypatch.delenv("GEAR_JAX_HOST_SCATTER", raising=False)
+    return request.param
 
 
 def run_on(device, fn, *args):
@@ -230,7 +243,7 @@ def test_rows_overwritten_after_sampling_come_back_invalid_on_gpu(make_table, gp
 
 
 @pytest.mark.gpu
-def test_update_priorities_matches_cpu(make_table, gpu):
+def test_update_priorities_matches_cpu(make_table, gpu, scatter_path):
     tables = [make_table(capacity=16) for _ in range(2)]
     for table in tables:
         table.insert(transitions(16), priorities=np.full(16, 0.5, np.float32))
@@ -267,19 +280,77 @@ def test_sample_errors_surface_at_the_next_call(make_table, gpu):
 
 
 @pytest.mark.gpu
-def test_gather_and_update_errors_surface_at_the_next_call(make_table, gpu):
+def test_update_priorities_of_a_large_batch_matches_cpu(make_table, gpu, scatter_path):
+    # More entries than the kernel's check block (1024), most rows picked several times, some stale.
+    tables = [make_table(fields={"x": gj.Field((), "int32")}, capacity=700) for _ in range(2)]
+    for table in tables:
+        table.insert({"x": np.arange(700, dtype=np.int32)}, priorities=np.full(700, 1.0, np.float32))
+        table.insert({"x": np.arange(50, dtype=np.int32)})  # rows 0..49 now hold a newer generation
+    rng = np.random.default_rng(8)
+    rows = rng.integers(0, 700, 3000).astype(np.int32)
+    generations = tables[0].row_status()["generation"][rows]
+    generations[rows < 50] -= 2  # sampled before the overwrite: skipped
+    priorities = rng.choice([0.0, 0.5, 2.0, 7.0], 3000).astype(np.float32)
+    counts = [int(update_on(device, table, make_sample(table, rows, generations), priorities))
+              for table, device in zip(tables, (gpu, CPU))]
+    assert counts[0] == counts[1] == int((rows >= 50).sum())
+    for key in ("priority", "generation"):
+        np.testing.assert_array_equal(tables[0].row_status()[key], tables[1].row_status()[key], err_msg=key)
+    assert tables[0]._native.selectable == tables[1]._native.selectable
+
+
+@pytest.mark.gpu
+def test_updates_in_flight_apply_in_order_and_before_a_later_sample(make_table, gpu, scatter_path):
+    # Many updates dispatched without waiting (each its own staging on the host path), then a sample
+    # ordered after the last one in the same program: it sees every update.
+    table = make_table(capacity=64)
+    table.insert(transitions(64))
+    rows = np.arange(64, dtype=np.int32)
+    s = jax.device_put(make_sample(table, rows), gpu)
+    update = jax.jit(lambda s, p: gj.update_priorities(table, s, p))
+    counts = [update(s, jax.device_put(jnp.full(64, step + 1.0, jnp.float32), gpu)) for step in range(40)]
+    assert [int(c) for c in counts] == [64] * 40
+    np.testing.assert_array_equal(table.row_status()["priority"], 40.0)
+
+    def update_then_sample(s, key):
+        only_row_9 = jnp.where(s.indices == 9, 1.0, 0.0).astype(jnp.float32)
+        count = gj.update_priorities(table, s, only_row_9)
+        return count, gj.sample(table, key, 100, method="prioritized", after=count)
+
+    count, picked = run_on(gpu, update_then_sample, s, jax.random.key(9))
+    assert int(count) == 64
+    np.testing.assert_array_equal(np.asarray(picked.indices), 9)
+
+
+@pytest.mark.gpu
+def test_gather_errors_surface_at_the_next_call(make_table, gpu):
     table = make_table(capacity=4)
     table.insert(transitions(4))
     bad = make_sample(table, [0, 4])
     np.testing.assert_array_equal(np.asarray(gather_on(gpu, table, bad)["valid"]), [True, False])
-    with pytest.raises(gj.EXECUTION_ERRORS, match=r"indices\[1\] = 4 is outside \[0, 4\)"):
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"gather: indices\[1\] = 4 is outside \[0, 4\)"):
         gather_on(gpu, table, bad)
+
+
+@pytest.mark.gpu
+def test_update_errors_surface_at_the_next_call(make_table, gpu, scatter_path):
+    table = make_table(capacity=4)
+    table.insert(transitions(4))
     before = table.row_status()["priority"]
     good = make_sample(table, [0, 1])
     assert int(update_on(gpu, table, good, [1.0, np.nan])) == 0
-    with pytest.raises(gj.EXECUTION_ERRORS, match=r"priorities\[1\].*finite and >= 0"):
+    not_finite = r"update_priorities: priorities\[1\] = -?nan; priorities must be finite and >= 0"
+    with pytest.raises(gj.EXECUTION_ERRORS, match=not_finite):
         update_on(gpu, table, good, [1.0, 1.0])
     np.testing.assert_array_equal(table.row_status()["priority"], before)
+    # A bad row id is reported before a bad priority, as on the CPU.
+    bad = make_sample(table, [2, 0, 4, 1])
+    assert int(update_on(gpu, table, bad, [2.0, -1.0, 2.0, 2.0])) == 0
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"update_priorities: indices\[2\] = 4 is outside \[0, 4\)"):
+        update_on(gpu, table, good, [1.0, 1.0])
+    np.testing.assert_array_equal(table.row_status()["priority"], before)
+    assert int(update_on(gpu, table, good, [3.0, 3.0])) == 2  # each error was reported once
+    np.testing.assert_array_equal(table.row_status()["priority"][:2], 3.0)
 
 
 @pytest.mark.gpu

@@ -5,28 +5,49 @@
 //  - What the host can check, it checks before enqueuing anything, and fails the call at once with the
 //    CPU handler's code and message: a closed table or one of another spec, a table whose memory is not
 //    registered with CUDA, bad attributes or result shapes, no scratch memory, a failed launch.
-//  - Errors in the data are known only to the kernels: a sample of a table with no selectable row or
-//    with fewer than batch_size rows for fifo/lifo/topk, a row id or window start out of range, a NaN,
-//    infinite or negative priority. The first one is written to a small record in pinned host memory,
-//    one record per table and CUDA device, and the call completes with defined outputs: a pick that
-//    could not be made holds row 0 with the odd generation 1 (gather returns it zeroed and invalid,
-//    update_priorities skips it), a row out of range is gathered as zeros and invalid, and an update
-//    with a bad entry changes nothing and counts 0 rows.
+//  - Errors in the data are known only to the kernels (or to the host callback of update_priorities,
+//    see below): a sample of a table with no selectable row or with fewer than batch_size rows for
+//    fifo/lifo/topk, a row id or window start out of range, a NaN, infinite or negative priority. The
+//    first one is written to a small record in pinned host memory, one record per table and CUDA
+//    device, and the call completes with defined outputs: a pick that could not be made holds row 0
+//    with the odd generation 1 (gather returns it zeroed and invalid, update_priorities skips it), a
+//    row out of range is gathered as zeros and invalid, and an update with a bad entry changes nothing
+//    and counts 0 rows.
 //  - Errors surface at the next call: every handler first looks at the record of its table and device,
 //    and when an earlier call left an error there, clears it and fails with that error's code and
 //    message (as the CPU handler would have), noting that an earlier call found it. "Next" means the
 //    first call whose handler runs after the failing kernel did: the handlers of one jitted program all
 //    run before its kernels, so an error in a learner step shows at a later step. A record still set
 //    when the table is closed is dropped.
+//
+// Where update_priorities runs. A priority update and a writer's claim of a row (SharedTable::Claim) are
+// each a compare-and-swap of the row's 64-bit state word in pinned host memory. A kernel's atomics on
+// host memory are atomic against the CPU's only where the device reports
+// cudaDevAttrHostNativeAtomicSupported (NVLink-C2C hosts such as Grace Hopper). Over PCIe, on every x86
+// host, the GPU's compare-and-swap could overwrite a writer's concurrent claim and publish a torn row.
+//  - With native host atomics, the kernel of kernels/priorities.cu scatters on XLA's stream.
+//  - Without them, or when the environment sets GEAR_JAX_HOST_SCATTER=1 (read at every call, for
+//    tests), the scatter runs on the host in stream order: the inputs are copied into pinned staging
+//    memory, a host callback on the stream runs ScatterPrioritiesCpu on the table's host view (the CPU
+//    atomics the writers use) and records bad data as the kernel would, and the count is copied into
+//    the result after it. The handler still never waits for the stream.
+// The sample kernel's increments of times_sampled are GPU atomics on host memory as well, so on hosts
+// without native host atomics the counts are approximate: an increment that races with one from the
+// CPU or from another GPU can be lost. Nothing in the consistency model depends on them.
 #include "xla_ffi/cuda_handlers.h"
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/atomics.h"
 #include "kernels/device_error.cuh"
@@ -36,6 +57,7 @@
 #include "kernels/scratch.cuh"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/cuda_runtime.h"
+#include "xla_ffi/host_staging.h"
 #include "xla_ffi/registry.h"
 
 namespace ffi = xla::ffi;
@@ -251,6 +273,140 @@ ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32>
                   "gather");
 }
 
+// Whether update_priorities scatters on the host on `device` (see the top of this file).
+bool ScatterOnHost(int32_t device) {
+  const char* forced = std::getenv("GEAR_JAX_HOST_SCATTER");
+  return !HostNativeAtomics(device) || (forced != nullptr && std::strcmp(forced, "1") == 0);
+}
+
+// Table references that host callbacks held when the table had been closed in the meantime. A callback
+// must not drop what may be the last reference: ~SharedTable unregisters the memory and waits for the
+// devices, CUDA calls that a host callback may not make. So it parks the reference here, and the next
+// update_priorities handler drops it: a table closed while an update was in flight stays mapped until
+// then (or until the process exits).
+class RetiredTables {
+ public:
+  static RetiredTables& Get() {
+    static RetiredTables* retired = new RetiredTables();  // never destroyed: callbacks may run during exit
+    return *retired;
+  }
+
+  void Park(std::shared_ptr<SharedTable> table) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tables_.push_back(std::move(table));
+  }
+
+  // On a thread that may make CUDA calls (a handler's).
+  void DropAll() {
+    std::vector<std::shared_ptr<SharedTable>> dropped;  // released outside the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    dropped.swap(tables_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<SharedTable>> tables_;
+};
+
+// Where the arrays of a host scatter lie in its staging chunk.
+struct ScatterStaging {
+  int32_t* count;
+  int32_t* indices;
+  uint32_t* generations;
+  float* priorities;
+
+  ScatterStaging(ScratchCarver& carver, int64_t n)
+      : count(carver.Take<int32_t>(1)),
+        indices(carver.Take<int32_t>(n)),
+        generations(carver.Take<uint32_t>(n)),
+        priorities(carver.Take<float>(n)) {}
+};
+
+// One host scatter in flight, owned by its host callback.
+struct HostScatter {
+  std::shared_ptr<SharedTable> table;  // keeps the mapping and its host view until the callback ran
+  int64_t handle;                      // the table's registry handle
+  DeviceError* error;                  // host address of the table's error record for the device
+  ScatterStaging staging;
+  int64_t n;
+};
+
+// The record CheckKernel (kernels/priorities.cu) leaves for the batch ScatterPrioritiesCpu refused: the
+// first row id out of range, else the first priority that is NaN, infinite or negative.
+void ReportScatterError(const HostScatter& call) {
+  const TableView& view = call.table->view();
+  const ScatterStaging& in = call.staging;
+  for (int64_t i = 0; i < call.n; ++i) {
+    if (in.indices[i] < 0 || in.indices[i] >= view.capacity) {
+      ReportErrorFromHost(call.error, ErrorSite::kScatterIndex, i, in.indices[i], view.capacity);
+      return;
+    }
+  }
+  for (int64_t i = 0; i < call.n; ++i) {
+    if (!std::isfinite(in.priorities[i]) || in.priorities[i] < 0.0f) {
+      uint32_t bits;
+      std::memcpy(&bits, &in.priorities[i], sizeof(bits));
+      ReportErrorFromHost(call.error, ErrorSite::kScatterPriority, i, bits, 0);
+      return;
+    }
+  }
+}
+
+// The host callback (cudaHostFn_t): runs after the inputs reached the staging and before the count is
+// copied out of it. Makes no CUDA call.
+void RunHostScatter(void* arg) {
+  std::unique_ptr<HostScatter> call(static_cast<HostScatter*>(arg));
+  const ScatterStaging& s = call->staging;
+  const KernelStatus status =
+      ScatterPrioritiesCpu(call->table->view(), s.indices, s.generations, s.priorities, call->n, s.count);
+  if (!status.ok()) {
+    *s.count = 0;
+    ReportScatterError(*call);
+  }
+  if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
+}
+
+// Enqueues the scatter of `n` > 0 entries on the host, in the order of `stream`, without waiting for it.
+ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
+                              const int32_t* indices, const uint32_t* generations, const float* priorities, int64_t n,
+                              int32_t* updated) {
+  constexpr const char* kOp = "update_priorities";
+  HostStaging* pool = HostStaging::ForDevice(device);  // Open checked the device is one a table supports
+  ScratchCarver sizer(nullptr);
+  const ScatterStaging layout(sizer, n);
+  HostStaging::Chunk* chunk;
+  if (cudaError_t status = pool->Acquire(sizer.bytes(), &chunk); status != cudaSuccess) {
+    return CudaFailure(kOp, "cannot allocate pinned host staging memory", status);
+  }
+  ScratchCarver carver(chunk->data);
+  auto call = std::unique_ptr<HostScatter>(
+      new HostScatter{t.table, handle, t.side->error_host, ScatterStaging(carver, n), n});
+  const ScatterStaging& s = call->staging;
+  const char* what = "cannot copy the update to the host";
+  cudaError_t status = cudaMemcpyAsync(s.indices, indices, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (status == cudaSuccess) {
+    status = cudaMemcpyAsync(s.generations, generations, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
+  }
+  if (status == cudaSuccess) {
+    status = cudaMemcpyAsync(s.priorities, priorities, n * sizeof(float), cudaMemcpyDeviceToHost, stream);
+  }
+  if (status == cudaSuccess) {
+    what = "cannot enqueue the host scatter";
+    status = cudaLaunchHostFunc(stream, RunHostScatter, call.get());
+    if (status == cudaSuccess) call.release();  // the callback owns it now
+  }
+  if (status == cudaSuccess) {
+    what = "cannot copy the updated count to the device";
+    status = cudaMemcpyAsync(updated, s.count, sizeof(int32_t), cudaMemcpyHostToDevice, stream);
+  }
+  if (status != cudaSuccess) cudaGetLastError();  // reported here, not by a later launch check
+  // Whatever was enqueued, the chunk goes back only once the stream is past it.
+  const cudaError_t released = pool->Release(chunk, stream);
+  if (status != cudaSuccess) return CudaFailure(kOp, what, status);
+  if (released != cudaSuccess) return CudaFailure(kOp, "cannot record the staging memory's release", released);
+  return ffi::Error::Success();
+}
+
 ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
                                 ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
                                 ffi::Buffer<ffi::F32> priorities, ffi::AnyBuffer /*after*/,
@@ -258,12 +414,18 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
   constexpr const char* kOp = "update_priorities";
   ScopedDevice scope(device);
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  RetiredTables::Get().DropAll();
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
   const int64_t n = static_cast<int64_t>(indices.element_count());
   if (static_cast<int64_t>(generations.element_count()) != n ||
       static_cast<int64_t>(priorities.element_count()) != n) {
     return ffi::Error::InvalidArgument(Prefix(kOp) + "indices, generations and priorities do not match");
+  }
+  // An empty update only zeroes the count: the kernel path does that without a kernel.
+  if (n > 0 && ScatterOnHost(device)) {
+    return EnqueueHostScatter(stream, device, t, handle, indices.typed_data(), generations.typed_data(),
+                              priorities.typed_data(), n, updated->typed_data());
   }
   const TableView& view = t.side->view;
   void* memory;

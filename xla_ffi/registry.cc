@@ -68,4 +68,13 @@ std::shared_ptr<SharedTable> LookupTable(int64_t handle, uint64_t spec_hash, std
   return table;
 }
 
+bool ReleaseWhileRegistered(int64_t handle, std::shared_ptr<SharedTable>* table) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);  // UnregisterTable cannot drop the registry's reference now
+  auto it = r.tables.find(handle);
+  if (it == r.tables.end() || it->second != *table) return false;
+  table->reset();
+  return true;
+}
+
 }  // namespace gear

@@ -21,4 +21,9 @@ void UnregisterTable(int64_t handle);
 // Returns the table, or nullptr with *error set when the handle is closed or the spec differs.
 std::shared_ptr<SharedTable> LookupTable(int64_t handle, uint64_t spec_hash, std::string* error);
 
+// Resets *table, a reference to the table registered as `handle`, if the registry still holds that
+// table, so that this is never the last reference: for threads that must not run ~SharedTable (a CUDA
+// host callback may make no CUDA call). Returns false, leaving *table set, once the handle is closed.
+bool ReleaseWhileRegistered(int64_t handle, std::shared_ptr<SharedTable>* table);
+
 }  // namespace gear
