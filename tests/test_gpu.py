@@ -5,7 +5,7 @@ inputs are committed to, so each comparison runs the same function once on the C
 The CUDA handlers report bad data at the next call on the table (see xla_ffi/cuda_handlers.cu); the
 error tests wait for the failing call before making the next one. update_priorities has two CUDA paths,
 the kernel (GPUs with native host atomics) and a host callback on the stream (elsewhere, or with
-GEAR_JAX_HOST_SCATTER=1): its tests take `scatter_path` and run on both where the GPU allows.
+GEAR_JAX_HOST_SCATTER=1): its tests take `scatter_path` and run on both paths.
 """
 
 import os
@@ -41,14 +41,12 @@ def gpu():
     return devices[0]
 
 
-@pytest.fixture(params=["default", "host"])
+@pytest.fixture(params=["kernel", "host"])
 def scatter_path(request, monkeypatch):
-    """update_priorities on its default CUDA path (the kernel on a GPU with native host atomics, the host
-    elsewhere), then with the host path forced. The handler reads GEAR_JAX_HOST_SCATTER at every call."""
-    if request.param == "host":
-        monkeypatch.setenv("GEAR_JAX_HOST_SCATTER", "1")
-    else:
-        monkeypatch.delenv("GEAR_JAX_HOST_SCATTER", raising=False)
+    """update_priorities through the kernel (forced with GEAR_JAX_HOST_SCATTER=0 even on a GPU without
+    native host atomics: these tests have no concurrent writer), then through the host path (=1). The
+    handler reads GEAR_JAX_HOST_SCATTER at every call."""
+    monkeypatch.setenv("GEAR_JAX_HOST_SCATTER", "1" if request.param == "host" else "0")
     return request.param
 
 

@@ -27,7 +27,8 @@
 // host, the GPU's compare-and-swap could overwrite a writer's concurrent claim and publish a torn row.
 //  - With native host atomics, the kernel of kernels/priorities.cu scatters on XLA's stream.
 //  - Without them, or when the environment sets GEAR_JAX_HOST_SCATTER=1 (read at every call, for
-//    tests), the scatter runs on the host in stream order: the inputs are copied into pinned staging
+//    tests; =0 forces the kernel, which tests without concurrent writers use to cover it on any GPU),
+//    the scatter runs on the host in stream order: the inputs are copied into pinned staging
 //    memory, a host callback on the stream runs ScatterPrioritiesCpu on the table's host view (the CPU
 //    atomics the writers use) and records bad data as the kernel would, and the count is copied into
 //    the result after it. The handler still never waits for the stream.
@@ -276,7 +277,9 @@ ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32>
 // Whether update_priorities scatters on the host on `device` (see the top of this file).
 bool ScatterOnHost(int32_t device) {
   const char* forced = std::getenv("GEAR_JAX_HOST_SCATTER");
-  return !HostNativeAtomics(device) || (forced != nullptr && std::strcmp(forced, "1") == 0);
+  if (forced != nullptr && std::strcmp(forced, "1") == 0) return true;
+  if (forced != nullptr && std::strcmp(forced, "0") == 0) return false;  // tests: no concurrent writer
+  return !HostNativeAtomics(device);
 }
 
 // Table references that host callbacks held when the table had been closed in the meantime. A callback
