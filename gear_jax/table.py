@@ -80,7 +80,7 @@ class Table:
         self._native = native
         self._spec = spec
         self._finalizer = weakref.finalize(self, native.close)
-        memory = np.frombuffer(native, dtype=np.uint8)
+        memory = np.frombuffer(native.mapping(), dtype=np.uint8)  # views keep the mapping alive
         layout = native.layout()
         capacity, steps = spec.capacity, spec.max_steps
 
@@ -412,12 +412,14 @@ class EpisodeWriter:
 
         Raises:
           InvalidArgumentError: no step was appended, or `priority` is not finite and >= 0.
+          TableClosedError: the table was closed; the row is still held, and close() gives it back.
         """
         p = float(priority)
         if not np.isfinite(p) or p < 0:
             raise InvalidArgumentError(f"priority = {priority!r}; it must be finite and >= 0")
         if self._row is None:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
+        self._table._live()
         row, self._row = self._row, None
         steps, self._steps = self._steps, 0
         self._table._live().commit(row, steps, p)

@@ -242,7 +242,8 @@ def test_rows_overwritten_after_sampling_come_back_invalid_on_gpu(make_table, gp
 
 @pytest.mark.gpu
 def test_update_priorities_matches_cpu(make_table, gpu, scatter_path):
-    tables = [make_table(capacity=16) for _ in range(2)]
+    # New memory for both (reuse=False): generations then start equal, and the two can be compared.
+    tables = [make_table(capacity=16, reuse=False) for _ in range(2)]
     for table in tables:
         table.insert(transitions(16), priorities=np.full(16, 0.5, np.float32))
         table.insert(transitions(2, start=50))  # rows 0 and 1 now hold a newer generation
@@ -280,7 +281,7 @@ def test_sample_errors_surface_at_the_next_call(make_table, gpu):
 @pytest.mark.gpu
 def test_update_priorities_of_a_large_batch_matches_cpu(make_table, gpu, scatter_path):
     # More entries than the kernel's check block (1024), most rows picked several times, some stale.
-    tables = [make_table(fields={"x": gj.Field((), "int32")}, capacity=700) for _ in range(2)]
+    tables = [make_table(fields={"x": gj.Field((), "int32")}, capacity=700, reuse=False) for _ in range(2)]
     for table in tables:
         table.insert({"x": np.arange(700, dtype=np.int32)}, priorities=np.full(700, 1.0, np.float32))
         table.insert({"x": np.arange(50, dtype=np.int32)})  # rows 0..49 now hold a newer generation

@@ -56,6 +56,8 @@ def python(code, *args, timeout=RUN_TIMEOUT_S):
 def test_same_spec_reuses_memory_and_handle_with_empty_rows():
     first = gj.Table.create(SPEC)
     first.insert(transitions(40))
+    old_generations = first.row_status()["generation"]
+    stale = jax.block_until_ready(gj.sample(first, jax.random.key(3), 16))
     handle, name = first.handle, first.name
     first.close()
     assert not os.path.exists(f"/dev/shm/{name}") and len(pool_files()) == 1
@@ -68,7 +70,14 @@ def test_same_spec_reuses_memory_and_handle_with_empty_rows():
         assert second.handle == handle and second == first and hash(second) == hash(first)
         assert second.name != name and os.path.exists(f"/dev/shm/{second.name}") and pool_files() == []
         status = second.row_status()
-        assert second.size == 0 and not status["generation"].any() and not status["length"].any()
+        assert second.size == 0 and not status["length"].any() and not status["priority"].any()
+        # Every row's generation rose to the next even one: a Sample of the closed table matches none.
+        assert (status["generation"] % 2 == 0).all() and (status["generation"] > old_generations).all()
+        second.insert(transitions(40))
+        assert int(gj.update_priorities(second, stale, np.full(16, 5.0, np.float32))) == 0
+        assert not np.asarray(gj.gather(second, stale)["valid"]).any()
+        second.close()
+        second = gj.Table.create(SPEC)
         with pytest.raises(gj.EXECUTION_ERRORS, match="no selectable rows"):
             jax.block_until_ready(gj.sample(second, jax.random.key(0), 4))
         rows = second.insert(transitions(5, start=100))

@@ -33,7 +33,8 @@ namespace {
 class OpenTable {
  public:
   OpenTable(std::shared_ptr<SharedTable> table, int64_t handle)
-      : table_(std::move(table)), name_(table_->name()), handle_(handle), creator_(table_->creator()) {
+      : table_(std::move(table)), name_(table_->name()), handle_(handle), creator_(table_->creator()),
+        opened_by_pid_(CurrentPid()) {
     if (handle_ > 0) {
       RegisterTableAt(handle_, table_);
     } else {
@@ -44,14 +45,25 @@ class OpenTable {
 
   // Lets go of the mapping unless a writer of this process still holds a row (it is released when
   // the last one is given back). The creator hands the memory to the pool of closed tables when
-  // nothing else can reach it, or removes the name.
-  void Close() {
+  // nothing else can reach it, or removes the name. In a forked child, closing an inherited table
+  // only forgets it here: the table is the parent's.
+  void Close() noexcept {
     if (closed_) return;
     closed_ = true;
+    if (opened_by_pid_ != CurrentPid()) {
+      new std::shared_ptr<SharedTable>(std::move(table_));  // leaked: no unmap, no CUDA call in a child
+      return;
+    }
     UnregisterTable(handle_);
     if (creator_) {
       table_->MarkClosed();
-      if (held_rows_ > 0 || !TablePool::Get().Offer(table_, handle_)) table_->Unlink();
+      bool pooled = false;
+      try {
+        pooled = held_rows_ == 0 && TablePool::Get().Offer(table_, handle_);
+      } catch (...) {
+        pooled = false;
+      }
+      if (!pooled) table_->Unlink();
     }
     if (held_rows_ == 0) table_.reset();
   }
@@ -64,9 +76,15 @@ class OpenTable {
   }
   void Commit(int64_t row, int32_t length, float priority) {
     SharedTable& t = table();
-    t.CheckRowInRange(row);
-    --held_rows_;  // held no more, published or not (Commit throws when the row was reclaimed)
-    t.Commit(row, length, priority);
+    try {
+      t.Commit(row, length, priority);
+    } catch (const std::invalid_argument&) {
+      throw;  // refused before anything changed: the row is still held
+    } catch (...) {
+      --held_rows_;  // the row was reclaimed: held no more
+      throw;
+    }
+    --held_rows_;
   }
   // Works after close too: other processes may still use the table, so the row must not stay held.
   void Abandon(int64_t row) {
@@ -80,6 +98,12 @@ class OpenTable {
       throw;
     }
     if (closed_ && held_rows_ == 0) table_.reset();
+  }
+  // A reference that keeps the mapping while the caller works without the GIL (a concurrent close
+  // from another thread then lets go of it only after the caller is done).
+  std::shared_ptr<SharedTable> ref() {
+    table();
+    return table_;
   }
 
   SharedTable& table() {
@@ -96,6 +120,7 @@ class OpenTable {
   std::string name_;
   int64_t handle_;
   bool creator_;
+  int32_t opened_by_pid_;
   bool closed_ = false;
   int64_t held_rows_ = 0;  // rows claimed through this open and not yet committed or abandoned
 };
@@ -112,13 +137,17 @@ std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity
       std::shared_ptr<SharedTable> table;
       try {
         table = SharedTable::Reopen(*entry->table, entry->pool_name, name, plan, spec_json, spec_hash, pin);
+      } catch (const PoolEntryLost&) {
+        entry.reset();  // its name is gone (removed by hand, say): useless; make the table afresh
       } catch (...) {
         pool.Return(std::move(*entry));
         throw;
       }
-      const bool same_spec = entry->spec_hash == spec_hash;
-      pool.CountReuse(same_spec);
-      return std::make_unique<OpenTable>(std::move(table), same_spec ? entry->handle : 0);
+      if (table) {
+        const bool same_spec = entry->spec_hash == spec_hash;
+        pool.CountReuse(same_spec);
+        return std::make_unique<OpenTable>(std::move(table), same_spec ? entry->handle : 0);
+      }
     }
   }
   try {
@@ -147,7 +176,8 @@ py::dict PoolStats() {
 py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::buffer>& fields, int64_t batch,
                             int32_t steps, py::array_t<int32_t, py::array::c_style | py::array::forcecast> lengths,
                             py::array_t<float, py::array::c_style | py::array::forcecast> priorities) {
-  SharedTable& table = self.table();
+  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
+  SharedTable& table = *held;
   const TableView& view = table.view();
   if (static_cast<int32_t>(fields.size()) != view.num_fields) {
     throw std::invalid_argument("expected one array per field");
@@ -280,7 +310,18 @@ PYBIND11_MODULE(_native, m) {
   }, py::arg("max_tables"), py::arg("max_bytes"));
   m.def("row_stride", &gear::RowStride, py::arg("row_bytes"));
 
-  py::class_<OpenTable>(m, "NativeTable", py::buffer_protocol())
+  // The bytes of an open table, for numpy views: each view keeps the mapping (not the open) alive, so
+  // a view that outlives close() still points at mapped memory (which the pool will not reuse).
+  struct TableMapping {
+    std::shared_ptr<SharedTable> table;
+  };
+  py::class_<TableMapping>(m, "TableMapping", py::buffer_protocol())
+      .def_buffer([](TableMapping& self) {
+        return py::buffer_info(self.table->base(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(self.table->total_bytes())}, {1});
+      });
+
+  py::class_<OpenTable>(m, "NativeTable")
       .def_static("create", &gear::CreateTable, py::arg("name"), py::arg("capacity"), py::arg("max_steps"),
                   py::arg("step_bytes"), py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"),
                   py::arg("reuse"))
@@ -289,11 +330,8 @@ PYBIND11_MODULE(_native, m) {
                     return std::make_unique<OpenTable>(SharedTable::Attach(name, pin), 0);
                   },
                   py::arg("name"), py::arg("pin"))
-      .def_buffer([](OpenTable& self) {
-        SharedTable& t = self.table();
-        return py::buffer_info(t.base(), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(t.total_bytes())}, {1});
-      })
+      .def("mapping", [](OpenTable& self) { return TableMapping{self.ref()}; },
+           "The table's bytes (buffer protocol); views of it keep the memory mapped")
       .def("close", &OpenTable::Close)
       .def_property_readonly("closed", &OpenTable::closed)
       .def_property_readonly("handle", &OpenTable::handle)
@@ -312,7 +350,8 @@ PYBIND11_MODULE(_native, m) {
       .def("layout", &gear::Layout)
       .def("cuda_copy_seconds",
            [](OpenTable& s, uint64_t offset, uint64_t bytes, int device, int repeats) {
-             SharedTable& t = s.table();
+             const std::shared_ptr<SharedTable> held = s.ref();  // kept while the GIL is released
+             SharedTable& t = *held;
              if (offset > t.total_bytes() || bytes > t.total_bytes() - offset || bytes == 0 || repeats < 1) {
                throw std::invalid_argument("copy range outside the table, empty, or repeats < 1");
              }

@@ -31,6 +31,14 @@ std::string Errno(const char* what) { return std::string(what) + ": " + std::str
 
 // This process's pid, without a system call per row; reset in a forked child.
 std::atomic<int32_t> cached_pid{0};
+// Forks this process made (counted in the parent): memory mapped before a fork may be written by the child.
+std::atomic<uint64_t> forks{0};
+
+void CountForks() {
+  static const bool counting = pthread_atfork(nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); },
+                                              nullptr) == 0;
+  (void)counting;
+}
 
 bool WriterAlive(int32_t pid) {
   if (pid <= 0) return true;  // claimed, pid not yet recorded: treat as alive
@@ -63,10 +71,12 @@ void SignOut(TableHeader* h, int slot) {
 }
 
 // Fills a new header into `base` from `plan`, the magic last: a header with magic is complete.
+// `reuses` counts the tables the memory held before.
 void WriteHeader(uint8_t* base, const TablePlan& plan, uint64_t total_bytes, const std::string& spec_json,
-                 uint64_t spec_hash) {
+                 uint64_t spec_hash, uint64_t reuses) {
   TableHeader* h = reinterpret_cast<TableHeader*>(base);
   std::memcpy(h, &plan.layout, sizeof(TableHeader));  // the plan's magic, counters and slots are zero
+  __atomic_store_n(&h->reuses, reuses, __ATOMIC_RELAXED);
   h->format_version = kFormatVersion;
   h->spec_json_bytes = static_cast<uint32_t>(spec_json.size());
   h->spec_hash = spec_hash;
@@ -74,6 +84,32 @@ void WriteHeader(uint8_t* base, const TablePlan& plan, uint64_t total_bytes, con
   std::memcpy(h->spec_json, spec_json.data(), spec_json.size());
   __atomic_thread_fence(__ATOMIC_RELEASE);
   std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));
+}
+
+// Whether every column the header describes lies inside a mapping of `size` bytes.
+bool LayoutFits(const TableHeader& h, uint64_t size) {
+  if (h.capacity < 1 || h.capacity > INT32_MAX || h.max_steps < 1 || h.num_fields < 1 || h.num_fields > kMaxFields) {
+    return false;
+  }
+  const uint64_t rows = static_cast<uint64_t>(h.capacity);
+  auto inside = [&](uint64_t offset, uint64_t stride) {
+    uint64_t bytes = 0, end = 0;
+    return !__builtin_mul_overflow(rows, stride, &bytes) && !__builtin_add_overflow(offset, bytes, &end) &&
+           offset >= sizeof(TableHeader) && end <= size;
+  };
+  if (!inside(h.state_offset, 8) || !inside(h.length_offset, 4) || !inside(h.insert_seq_offset, 8) ||
+      !inside(h.times_sampled_offset, 4) || !inside(h.writer_pid_offset, 4)) {
+    return false;
+  }
+  for (int f = 0; f < h.num_fields; ++f) {
+    const FieldLayout& field = h.fields[f];
+    int64_t row_bytes = 0;
+    if (field.step_bytes < 1 || __builtin_mul_overflow(field.step_bytes, static_cast<int64_t>(h.max_steps), &row_bytes) ||
+        field.row_stride < row_bytes || !inside(field.offset, static_cast<uint64_t>(field.row_stride))) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -90,14 +126,25 @@ int32_t CurrentPid() {
   return pid;
 }
 
-TableMemory::TableMemory(uint8_t* base, size_t bytes) : base_(base), bytes_(bytes) {}
+TableMemory::TableMemory(uint8_t* base, size_t bytes)
+    : base_(base), bytes_(bytes), mapped_by_pid_(CurrentPid()) {
+  CountForks();
+  forks_when_mapped_ = forks.load(std::memory_order_relaxed);
+}
 
 TableMemory::~TableMemory() {
 #if GEAR_JAX_WITH_CUDA
-  cuda_.reset();  // unregisters the memory from CUDA before it is unmapped
+  if (mapped_by_pid_ != CurrentPid()) {
+    cuda_.release();  // a forked child must not call CUDA: leave the registration to the parent
+  }
+  cuda_.reset();  // waits for this process's kernels, unregisters the memory before it is unmapped
 #endif
+  // After the kernels: until now, this open may still have touched the memory.
+  SignOut(reinterpret_cast<TableHeader*>(base_), attach_slot_);
   munmap(base_, bytes_);
 }
+
+bool TableMemory::ForkedSince() const { return forks.load(std::memory_order_relaxed) != forks_when_mapped_; }
 
 bool TableMemory::pinned() const {
 #if GEAR_JAX_WITH_CUDA
@@ -126,9 +173,8 @@ int64_t RowStride(int64_t row_bytes) {
   return static_cast<int64_t>(RoundUp(row_bytes, row_bytes >= 1024 ? 128 : 16));
 }
 
-SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator, int attach_slot)
-    : name_(std::move(name)), memory_(std::move(memory)), base_(memory_->base()), creator_(creator),
-      attach_slot_(attach_slot) {
+SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator)
+    : name_(std::move(name)), memory_(std::move(memory)), base_(memory_->base()), creator_(creator) {
   TableHeader* h = header();
   view_.capacity = h->capacity;
   view_.max_steps = h->max_steps;
@@ -144,7 +190,7 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   }
 }
 
-SharedTable::~SharedTable() { SignOut(header(), attach_slot_); }
+SharedTable::~SharedTable() = default;
 
 TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
                     const std::string& spec_json) {
@@ -161,7 +207,10 @@ TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64
   auto too_large = [] { return std::invalid_argument("the table is too large to address (capacity x max_steps x field bytes)"); };
   auto column = [&](uint64_t bytes) {
     uint64_t at = offset, end = 0;
-    if (__builtin_add_overflow(offset, bytes + kColumnAlign, &end)) throw too_large();
+    if (bytes > (uint64_t{1} << 60) || __builtin_add_overflow(offset, bytes + kColumnAlign, &end) ||
+        end > (uint64_t{1} << 60)) {
+      throw too_large();
+    }
     offset = RoundUp(offset + bytes, kColumnAlign);
     return at;
   };
@@ -221,10 +270,10 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, const 
   if (base == MAP_FAILED) fail(Errno("mmap"));
   close(fd);
 
-  WriteHeader(static_cast<uint8_t*>(base), plan, total, spec_json, spec_hash);
+  WriteHeader(static_cast<uint8_t*>(base), plan, total, spec_json, spec_hash, 0);
   auto memory = std::make_shared<TableMemory>(static_cast<uint8_t*>(base), total);
   memory->Pin(pin);
-  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), true, -1));
+  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), true));
 }
 
 std::shared_ptr<SharedTable> SharedTable::Reopen(const SharedTable& closed, const std::string& pool_name,
@@ -235,7 +284,9 @@ std::shared_ptr<SharedTable> SharedTable::Reopen(const SharedTable& closed, cons
   memory->Quiesce();  // no kernel of the closed table still reads or writes the memory
   uint8_t* base = memory->base();
   TableHeader* h = reinterpret_cast<TableHeader*>(base);
-  // Without its magic the memory is no table: an attach by the new name fails until the header is new.
+  // A new count first: an attach that read the old header notices the change and fails. Then, without
+  // its magic, the memory is no table: an attach by the new name fails until the header is new.
+  const uint64_t reuses = __atomic_add_fetch(&h->reuses, 1, __ATOMIC_SEQ_CST);
   std::memset(h->magic, 0, sizeof(h->magic));
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
   // link + unlink instead of rename: fails, changing nothing, when `name` exists.
@@ -243,14 +294,27 @@ std::shared_ptr<SharedTable> SharedTable::Reopen(const SharedTable& closed, cons
     const int err = errno;
     std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));
     if (err == EEXIST) throw std::invalid_argument("a shared-memory object named '" + name + "' already exists; pick another name");
-    throw std::runtime_error("link('" + ShmFile(pool_name) + "'): " + std::strerror(err));
+    throw PoolEntryLost("link('" + ShmFile(pool_name) + "'): " + std::strerror(err));
   }
   unlink(ShmFile(pool_name).c_str());
-  const uint64_t status_begin = plan.layout.state_offset, status_end = plan.layout.fields[0].offset;
-  std::memset(base + status_begin, 0, status_end - status_begin);
-  WriteHeader(base, plan, memory->bytes(), spec_json, spec_hash);
+  const TableHeader& old_layout = *h;
+  const bool state_in_place = old_layout.state_offset == plan.layout.state_offset &&
+                              old_layout.capacity == plan.layout.capacity;
+  uint64_t* state = reinterpret_cast<uint64_t*>(base + plan.layout.state_offset);
+  const uint64_t state_end = plan.layout.state_offset + static_cast<uint64_t>(plan.layout.capacity) * sizeof(uint64_t);
+  if (state_in_place) {
+    // Empty rows of the next even generation: no Sample of the closed table matches them.
+    for (int64_t row = 0; row < plan.layout.capacity; ++row) {
+      state[row] = MakeState((StateGeneration(state[row]) + 2u) & ~1u, 0.0f);
+    }
+  } else {
+    std::memset(state, 0, state_end - plan.layout.state_offset);
+  }
+  const uint64_t status_end = plan.layout.fields[0].offset;
+  std::memset(base + state_end, 0, status_end - state_end);
+  WriteHeader(base, plan, memory->bytes(), spec_json, spec_hash, reuses);
   memory->Pin(pin);
-  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), true, -1));
+  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), true));
 }
 
 std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool pin) {
@@ -273,31 +337,32 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) throw std::runtime_error(Errno("mmap"));
-  const TableHeader* h = static_cast<const TableHeader*>(base);
+  auto memory = std::make_shared<TableMemory>(static_cast<uint8_t*>(base), size);  // unmaps on a throw
+  TableHeader* h = static_cast<TableHeader*>(base);
+  // The count of reuses before anything else: if the memory is given to another table while this
+  // reads the header, the count differs at the end and the attach fails instead of mixing two tables.
+  const uint64_t reuses = __atomic_load_n(&h->reuses, __ATOMIC_SEQ_CST);
+  char magic[sizeof(kTableMagic)];
+  for (size_t i = 0; i < sizeof(magic); ++i) magic[i] = __atomic_load_n(&h->magic[i], __ATOMIC_ACQUIRE);
   std::string problem;
-  if (std::memcmp(h->magic, kTableMagic, sizeof(kTableMagic)) != 0) {
+  if (std::memcmp(magic, kTableMagic, sizeof(kTableMagic)) != 0) {
     problem = "is not a gear_jax table (no gear_jax header)";
   } else if (h->format_version != kFormatVersion) {
     problem = "has table format " + std::to_string(h->format_version) + ", this gear_jax reads format " +
               std::to_string(kFormatVersion);
-  } else if (h->total_bytes != size || h->spec_json_bytes >= kSpecJsonCapacity ||
-             h->num_fields < 1 || h->num_fields > kMaxFields) {
+  } else if (h->total_bytes != size || h->spec_json_bytes >= kSpecJsonCapacity || !LayoutFits(*h, size)) {
     problem = "has a damaged header";
   }
-  if (!problem.empty()) {
-    munmap(base, size);
-    throw FormatError("shared-memory object '" + name + "' " + problem);
-  }
-  auto memory = std::make_shared<TableMemory>(static_cast<uint8_t*>(base), size);
-  TableHeader* header = static_cast<TableHeader*>(base);
-  const int slot = SignIn(header);
+  if (!problem.empty()) throw FormatError("shared-memory object '" + name + "' " + problem);
+  const int slot = SignIn(h);
+  memory->set_attach_slot(slot);
   // Signed in first, then the creator's mark: a creator closing now sees the slot, or this sees the mark.
-  if (__atomic_load_n(&header->closed, __ATOMIC_SEQ_CST) != 0) {
-    SignOut(header, slot);
+  if (__atomic_load_n(&h->closed, __ATOMIC_SEQ_CST) != 0 || __atomic_load_n(&h->reuses, __ATOMIC_SEQ_CST) != reuses ||
+      __atomic_load_n(&h->magic[0], __ATOMIC_ACQUIRE) != kTableMagic[0]) {
     throw NotFoundError("gear_jax table '" + name + "' was closed by its creator");
   }
   memory->Pin(pin);
-  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), false, slot));
+  return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), false));
 }
 
 std::string SharedTable::spec_json() const {
@@ -316,7 +381,9 @@ bool SharedTable::AttachedElsewhere() const {
 }
 
 bool SharedTable::RenameForPool(const std::string& new_name) {
-  if (unlinked_ || rename(ShmFile(name_).c_str(), ShmFile(new_name).c_str()) != 0) return false;
+  // link + unlink: never replaces an object of that name.
+  if (unlinked_ || link(ShmFile(name_).c_str(), ShmFile(new_name).c_str()) != 0) return false;
+  unlink(ShmFile(name_).c_str());
   name_ = new_name;
   return true;
 }

@@ -55,6 +55,7 @@ struct TableHeader {
   alignas(64) int64_t selectable;  // rows with an even generation and priority > 0
   alignas(64) uint32_t closed;     // set by the creator's close: no process may attach any more
   uint32_t attachments_overflowed; // an attach found no free slot: the memory is never reused
+  uint64_t reuses;                 // tables this memory held before the current one (kept by reuse)
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
 };
@@ -87,6 +88,10 @@ class TableMemory {
   void Pin(bool want);
   // Waits until no kernel enqueued earlier still reads the memory and clears the kernels' error records.
   void Quiesce();
+  // The attach slot this mapping signed in to; signed out when the memory goes, after its kernels.
+  void set_attach_slot(int slot) { attach_slot_ = slot; }
+  // Whether this process forked since the memory was mapped: a child may still write into it.
+  bool ForkedSince() const;
 #if GEAR_JAX_WITH_CUDA
   CudaPinning* cuda() const { return cuda_.get(); }
 #endif
@@ -94,6 +99,9 @@ class TableMemory {
  private:
   uint8_t* base_;
   size_t bytes_;
+  int attach_slot_ = -1;
+  int32_t mapped_by_pid_;
+  uint64_t forks_when_mapped_;
 #if GEAR_JAX_WITH_CUDA
   std::unique_ptr<CudaPinning> cuda_;  // null until Pin; unpinned where the process sees no GPU
 #endif
@@ -109,6 +117,9 @@ struct FormatError : std::runtime_error {
 struct OutOfSpaceError : std::runtime_error {  // /dev/shm cannot hold the table
   using std::runtime_error::runtime_error;
 };
+struct PoolEntryLost : std::runtime_error {  // a pooled table's name vanished from /dev/shm
+  using std::runtime_error::runtime_error;
+};
 
 // Bytes between rows of a field: 16-byte multiples so that vector loads stay aligned, 128-byte
 // multiples for rows of 1 KiB and more so that GPU reads come in whole cache lines.
@@ -122,9 +133,11 @@ class SharedTable {
                                              const std::string& spec_json, uint64_t spec_hash, bool pin);
   // Creates the table `name` in the memory of `closed`, a table of this process closed into the pool
   // under the name `pool_name` (its memory must hold plan.total_bytes, and nothing else may use it):
-  // renames the mapping, writes a new header and clears every row's status. Field bytes are not
-  // cleared (no read ever returns bytes of a row beyond what its writer wrote). Throws
-  // std::invalid_argument, changing nothing, when `name` exists.
+  // renames the mapping, writes a new header and empties every row. Rows keep rising generations
+  // (where the state column stays in place), so a Sample of the closed table never matches a row of
+  // the new one. Field bytes are not cleared (no read ever returns bytes of a row beyond what its
+  // writer wrote). Throws std::invalid_argument, changing nothing, when `name` exists, and
+  // PoolEntryLost when the pool's name for the memory is gone (the entry is useless then).
   static std::shared_ptr<SharedTable> Reopen(const SharedTable& closed, const std::string& pool_name,
                                              const std::string& name, const TablePlan& plan,
                                              const std::string& spec_json, uint64_t spec_hash, bool pin);
@@ -170,7 +183,7 @@ class SharedTable {
   void Unlink();
 
  private:
-  SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator, int attach_slot);
+  SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator);
   // The state of a row this process holds (odd generation, this pid); throws otherwise.
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;
@@ -179,7 +192,6 @@ class SharedTable {
   std::shared_ptr<TableMemory> memory_;
   uint8_t* base_;
   bool creator_;
-  int attach_slot_;  // this open's slot in attached_pids (-1: creator, or no slot was free)
   bool unlinked_ = false;
   TableView view_;
 };

@@ -2,11 +2,13 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <random>
 #include <utility>
 
 namespace gear {
@@ -16,13 +18,20 @@ constexpr char kPoolPrefix[] = "gear_jax_pool_";
 constexpr int64_t kDefaultMaxTables = 8;
 constexpr uint64_t kDefaultMaxBytes = uint64_t{16} << 30;
 
-// GEAR_JAX_POOL_BYTES overrides the byte limit (0 disables the pool).
+// GEAR_JAX_POOL_BYTES sets the byte limit (0 disables the pool); by default 16 GiB, and at most a
+// quarter of /dev/shm, which pooled memory occupies (and keeps resident) while nobody uses it.
 uint64_t DefaultMaxBytes() {
   const char* text = std::getenv("GEAR_JAX_POOL_BYTES");
-  if (text == nullptr || *text == '\0') return kDefaultMaxBytes;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  return (end != nullptr && *end == '\0') ? static_cast<uint64_t>(value) : kDefaultMaxBytes;
+  if (text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(text, &end, 10);
+    if (end != nullptr && *end == '\0') return static_cast<uint64_t>(value);
+  }
+  struct statvfs shm {};
+  if (statvfs("/dev/shm", &shm) == 0) {
+    return std::min<uint64_t>(kDefaultMaxBytes, static_cast<uint64_t>(shm.f_blocks) * shm.f_frsize / 4);
+  }
+  return kDefaultMaxBytes;
 }
 
 void UnlinkPoolName(const std::string& name) { unlink(("/dev/shm/" + name).c_str()); }
@@ -50,9 +59,7 @@ void TablePool::ForgetIfForkedLocked() {
   owner_pid_ = CurrentPid();
 }
 
-void TablePool::RemoveOrphansOnce() {
-  if (orphans_removed_) return;
-  orphans_removed_ = true;
+void TablePool::RemoveOrphans() {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return;
   const std::string prefix = kPoolPrefix;
@@ -66,15 +73,20 @@ void TablePool::RemoveOrphansOnce() {
 }
 
 bool TablePool::Offer(const std::shared_ptr<SharedTable>& table, int64_t handle) {
+  std::vector<PooledTable> dropped;  // destroyed (unmapped) after the lock is released
   std::lock_guard<std::mutex> lock(mutex_);
   ForgetIfForkedLocked();
   const uint64_t bytes = table->total_bytes();
-  if (stats_.max_tables == 0 || bytes > stats_.max_bytes || !table->creator() || table->AttachedElsewhere()) {
+  if (stats_.max_tables == 0 || bytes > stats_.max_bytes || !table->creator() || table->memory()->ForkedSince() ||
+      table->AttachedElsewhere()) {
     ++stats_.refused;
     return false;
   }
-  RemoveOrphansOnce();
-  const std::string pool_name = kPoolPrefix + std::to_string(owner_pid_) + "_" + std::to_string(next_id_++);
+  RemoveOrphans();
+  // pid (for the orphan sweep), then a random part: pids repeat across containers sharing /dev/shm.
+  static thread_local std::mt19937_64 random(std::random_device{}());
+  const std::string pool_name = kPoolPrefix + std::to_string(owner_pid_) + "_" + std::to_string(next_id_++) + "_" +
+                                std::to_string(random());
   if (!table->RenameForPool(pool_name)) {
     ++stats_.refused;
     return false;
@@ -83,7 +95,7 @@ bool TablePool::Offer(const std::shared_ptr<SharedTable>& table, int64_t handle)
   ++stats_.tables;
   stats_.bytes += bytes;
   ++stats_.pooled;
-  TrimLocked();
+  dropped = TrimLocked();
   return true;
 }
 
@@ -113,11 +125,12 @@ std::optional<PooledTable> TablePool::Take(uint64_t bytes, uint64_t spec_hash) {
 }
 
 void TablePool::Return(PooledTable entry) {
+  std::vector<PooledTable> dropped;
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.tables;
   stats_.bytes += entry.table->total_bytes();
   entries_.push_back(std::move(entry));
-  TrimLocked();
+  dropped = TrimLocked();
 }
 
 void TablePool::CountReuse(bool same_handle) {
@@ -126,14 +139,17 @@ void TablePool::CountReuse(bool same_handle) {
   if (same_handle) ++stats_.reused_handles;
 }
 
-void TablePool::TrimLocked() {
+std::vector<PooledTable> TablePool::TrimLocked() {
+  std::vector<PooledTable> dropped;
   while (!entries_.empty() && (stats_.tables > stats_.max_tables || stats_.bytes > stats_.max_bytes)) {
     PooledTable& oldest = entries_.front();
     UnlinkPoolName(oldest.pool_name);
     --stats_.tables;
     stats_.bytes -= oldest.table->total_bytes();
+    dropped.push_back(std::move(oldest));
     entries_.erase(entries_.begin());
   }
+  return dropped;
 }
 
 void TablePool::Clear() {
@@ -150,11 +166,12 @@ void TablePool::Clear() {
 }
 
 void TablePool::Configure(int64_t max_tables, uint64_t max_bytes) {
+  std::vector<PooledTable> dropped;
   std::lock_guard<std::mutex> lock(mutex_);
   ForgetIfForkedLocked();
   stats_.max_tables = max_tables;
   stats_.max_bytes = max_bytes;
-  TrimLocked();
+  dropped = TrimLocked();
 }
 
 TablePoolStats TablePool::Stats() {

@@ -9,10 +9,13 @@
 // it without being traced again.
 //
 // Only memory nobody else can reach goes to the pool: the creator's close renames the mapping to a
-// private name (`gear_jax_pool_<pid>_<n>`), and only when no other open of the table is alive.
+// private name (`gear_jax_pool_<pid>_<n>_<random>`), and only when no other open of the table is
+// alive and the process has not forked since it mapped the table (a child may write into it).
 // Pooled memory stays in /dev/shm; the pool holds at most `max_tables` tables and `max_bytes` bytes
-// (oldest dropped first), and a create that finds /dev/shm full empties it and tries again. Names
-// that a crashed process left in the pool are removed by the next process that pools a table.
+// (oldest dropped first; by default 8 tables and 16 GiB, at most a quarter of /dev/shm), and a create
+// that finds /dev/shm full empties it and tries again. Names that a crashed process left in the pool
+// are removed whenever a process pools a table. Liveness is checked with kill(pid, 0): processes that
+// share /dev/shm must share a PID namespace.
 #pragma once
 
 #include <cstdint>
@@ -66,14 +69,14 @@ class TablePool {
 
  private:
   TablePool();
-  void TrimLocked();           // drops the oldest entries while over the limits
+  std::vector<PooledTable> TrimLocked();  // removes the oldest entries while over the limits
+                                          // (the caller destroys them after unlocking)
   void ForgetIfForkedLocked(); // a forked child holds its parent's entries: forget them, unlink nothing
-  void RemoveOrphansOnce();    // names of pooled tables whose process is gone
+  void RemoveOrphans();        // names of pooled tables whose process is gone
 
   std::mutex mutex_;
   int32_t owner_pid_;
   int64_t next_id_ = 0;
-  bool orphans_removed_ = false;
   std::vector<PooledTable> entries_;  // oldest first
   TablePoolStats stats_;
 };
