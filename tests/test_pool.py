@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import numpy as np
@@ -359,3 +360,46 @@ def test_pooled_memory_stays_pinned_and_gpu_calls_follow_the_new_layout():
         assert np.asarray(got["valid"]).all()
     finally:
         second.close()
+
+
+def test_pooled_name_removed_by_hand_falls_back_to_new_memory():
+    gj.Table.create(SPEC).close()
+    (name,) = pool_files()
+    os.unlink(f"/dev/shm/{name}")
+    for _ in range(2):  # the lost entry is dropped, not retried
+        table = gj.Table.create(SPEC)
+        table.insert(transitions(3))
+        assert table.size == 3
+        table.close()
+    assert pool()["reused"] == 1  # the second create reused the first's memory
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child runs no JAX code
+def test_child_closing_an_inherited_table_leaves_the_parents_table_alone():
+    table = gj.Table.create(SPEC)
+    table.insert(transitions(5))
+    pid = os.fork()
+    if pid == 0:  # the child: close the inherited table, then leave without running any exit hooks
+        code = 0
+        try:
+            table.insert(transitions(1, start=900))  # writing through the inherited mapping is allowed
+            table.close()
+        except BaseException:  # noqa: BLE001
+            code = 1
+        os._exit(code)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the forked child did not finish")
+        time.sleep(0.01)
+    status = done[1]
+    try:
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert table.size == 6 and os.path.exists(f"/dev/shm/{table.name}")
+        with gj.Table.attach(table.name) as attached:
+            assert attached.size == 6
+        table.close()
+        assert pool()["refused"] == 1  # the process forked since the table was made: never pooled
+    finally:
+        table.close()
