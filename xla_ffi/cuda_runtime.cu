@@ -160,9 +160,8 @@ void CudaPinning::Quiesce() {
   std::lock_guard<std::mutex> lock(mutex_);
   SynchronizeDevicesUsed();
   std::memset(errors_, 0, kMaxDevices * sizeof(DeviceError));
-  for (auto& side : sides_) {
-    if (side) retired_.push_back(std::move(side));
-  }
+  // The devices that used the memory are synchronized above; forgetting them keeps nothing pending.
+  for (auto& side : sides_) side.reset();
 }
 
 CudaPinning::~CudaPinning() {

@@ -61,7 +61,7 @@ class CudaPinning {
 
   // Before the memory holds another table: waits for the kernels of every device that used it, clears
   // the error records and forgets the device views (they follow the old table's layout). Callers make
-  // sure no handler still works on the old table.
+  // sure no handler still works on the old table (nothing else holds a DeviceSide then).
   void Quiesce();
 
   // What kernels on one device use: the table's view through the device's mapping, and the record of
@@ -86,7 +86,6 @@ class CudaPinning {
   DeviceError* errors_ = nullptr;  // [kMaxDevices] when pinned: cudaHostAlloc'ed, mapped and portable
   std::mutex mutex_;
   std::unique_ptr<DeviceSide> sides_[kMaxDevices];
-  std::vector<std::unique_ptr<DeviceSide>> retired_;  // views of earlier tables in this memory
   void SynchronizeDevicesUsed();
 };
 
