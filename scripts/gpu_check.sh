@@ -1,42 +1,125 @@
 #!/usr/bin/env bash
 # For a machine with a CUDA GPU and no network: builds gear_jax with its CUDA handlers, runs the GPU
-# tests, the gather benchmark and the GPU tests again under compute-sanitizer's memcheck.
-# Reports go to $OUT (default /tmp/gear_jax_gpu_check), at most 8 files. Exits non-zero when the build, the
-# tests or memcheck fail; a failing benchmark is only logged.
+# tests, the gather, priorities and pool benchmarks, and the GPU tests again under compute-sanitizer's memcheck.
+#
+# Every stage runs under `timeout`, its limit taken from one budget for the whole script
+# (GPU_CHECK_BUDGET_S, default 540 s, so that it fits a 10-minute call with room to start and copy):
+# a stage gets min(its own cap, what is left), and is skipped with a line saying so when less than its
+# minimum is left. Each stage prints how long it took. GPU_CHECK_STAGES picks stages (default
+# "build tests gather priorities pool memcheck"); without "build", the installed gear_jax is used, so a
+# later call on the same (warm) machine can run, say, GPU_CHECK_STAGES="priorities memcheck".
+#
+# Files in $OUT (default /tmp/gear_jax_gpu_check), at most 8: build.log, tests.log (GPU tests and
+# memcheck), bench.log (the benchmarks' output), gather_gpu.json/.png, priorities_gpu.json/.png,
+# pool_gpu.json.
+# Exits non-zero when the build, the tests or memcheck fail; a benchmark that fails or runs out of
+# time, and a memcheck that runs out of time, are only logged.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gear_jax_gpu_check}"
 mkdir -p "$OUT"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1
+BUDGET="${GPU_CHECK_BUDGET_S:-540}"
+STAGES=" ${GPU_CHECK_STAGES:-build tests gather priorities pool memcheck} "
+START=$SECONDS
 
-nvidia-smi >"$OUT/nvidia_smi.txt" 2>&1
+want() { [[ "$STAGES" == *" $1 "* ]]; }
 
-if ! GEAR_JAX_CUDA=ON python -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
-  tail -n 60 "$OUT/build.log"
-  echo "gpu_check: the CUDA build failed (log: $OUT/build.log)"
-  exit 1
+# stage NAME CAP MIN LOG COMMAND...: runs COMMAND under timeout min(CAP, budget left), its output
+# appended to LOG; prints how long it took; returns its status (124: it ran out of time; 125: it was
+# skipped for want of time).
+stage() {
+  local name=$1 cap=$2 min=$3 log=$4 left limit t0 rc
+  shift 4
+  left=$((BUDGET - (SECONDS - START)))
+  limit=$((left < cap ? left : cap))
+  if [ "$limit" -lt "$min" ]; then
+    echo "gpu_check: $name skipped: ${left} s of the ${BUDGET} s budget left, it needs ${min} s" | tee -a "$log"
+    return 125
+  fi
+  echo "== $name (limit ${limit} s): $*" >>"$log"
+  t0=$SECONDS
+  timeout --kill-after=30 "$limit" "$@" >>"$log" 2>&1
+  rc=$?
+  echo "gpu_check: $name took $((SECONDS - t0)) s (limit ${limit} s, status ${rc}); $((SECONDS - START)) s so far"
+  return "$rc"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv
+df -h /dev/shm | tail -n 1 | awk '{print "gpu_check: /dev/shm " $2 " (" $4 " free)"}'
+free -g | awk 'NR == 2 {print "gpu_check: host memory " $2 " GiB (" $7 " available)"}'
+
+status=0
+if want build; then
+  if ! stage build 300 60 "$OUT/build.log" env GEAR_JAX_CUDA=ON \
+    python -m pip install --no-build-isolation --no-deps -e .; then
+    tail -n 60 "$OUT/build.log"
+    echo "gpu_check: the CUDA build failed or ran out of time (log: $OUT/build.log)"
+    exit 1
+  fi
 fi
-if ! python -c 'import gear_jax as gj, jax; print(gj.build_info(), jax.devices("gpu"))'; then
+if ! python -c 'import gear_jax as gj, jax; print(gj.build_info(), jax.devices("gpu")); print("gpu_check: device 0:", gj._native.cuda_device_info(0))'; then
   echo "gpu_check: jax sees no GPU, or gear_jax does not import"
   exit 1
 fi
 
-python -m pytest -m gpu tests/test_gpu.py -v -rs --junitxml="$OUT/test_gpu.xml" 2>&1 | tee "$OUT/test_gpu.log"
-status=${PIPESTATUS[0]}
-
-timeout 900 python -m gear_jax.bench gather --item_bytes=512,4096,65536 --batch_size=256,1024 \
-  --json "$OUT/gather_gpu.json" >"$OUT/bench_gather.log" 2>&1 || echo "gpu_check: the gather benchmark failed (log: $OUT/bench_gather.log)"
-
-if command -v compute-sanitizer >/dev/null; then
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 1800 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    python -m pytest -m gpu tests/test_gpu.py -x -q >"$OUT/memcheck.log" 2>&1
-  memcheck=$?
-  tail -n 20 "$OUT/memcheck.log"
-  if [ "$memcheck" -ne 0 ]; then
-    echo "gpu_check: memcheck failed with status $memcheck (log: $OUT/memcheck.log)"
-    [ "$status" -eq 0 ] && status=$memcheck
-  fi
-else
-  echo "gpu_check: compute-sanitizer not found; memcheck skipped"
+if want tests; then
+  stage tests 180 30 "$OUT/tests.log" python -m pytest -m gpu tests/test_gpu.py tests/test_pool.py -v -rs
+  status=$?
+  tail -n 25 "$OUT/tests.log"
+  [ "$status" -eq 0 ] || echo "gpu_check: the GPU tests failed with status $status (log: $OUT/tests.log)"
 fi
+
+# Tables hold at most half the budget: two copies must fit in host memory, and gear_jax's tables live
+# in /dev/shm, so the budget is also held to about twice what /dev/shm has free.
+shm_gib=$(df -B1G --output=avail /dev/shm | tail -n 1 | tr -d ' ')
+budget() { awk -v want="$1" -v shm="$shm_gib" 'BEGIN {b = 1.8 * shm; print (b < want ? b : want)}'; }
+
+# gather: tables of at most 1 GiB (512 B rows: 1e6 rows, 512 MB), far beyond the GPU's L2 and the
+# host's caches, and quick to fill for each of the five systems.
+if want gather; then
+  stage gather 300 60 "$OUT/bench.log" python -m gear_jax.bench gather --table_rows=1000000 \
+    --item_bytes=512,4096,65536,1048576 --batch_size=32,64,128,256,512,1024 \
+    --systems=gear_jax,jnp_take,pinned_host_loop,pure_callback,pinned_copy --iters=20 --warmup=5 \
+    --mem_budget_gib="$(budget 2)" --json "$OUT/gather_gpu.json" --plot "$OUT/gather_gpu.png" ||
+    echo "gpu_check: the gather benchmark did not complete (log: $OUT/bench.log)"
+fi
+
+# priorities: 1e8 rows of 8-byte items take about 4.4 GB of table.
+if want priorities; then
+  stage priorities 150 30 "$OUT/bench.log" python -m gear_jax.bench priorities \
+    --table_rows=1000000,10000000,100000000 \
+    --batch_size=1024 --iters=20 --warmup=3 --mem_budget_gib="$(budget 12)" \
+    --json "$OUT/priorities_gpu.json" --plot "$OUT/priorities_gpu.png" ||
+    echo "gpu_check: the priorities benchmark did not complete (log: $OUT/bench.log)"
+fi
+# pool: create / first call / close of a 4 GiB table, new memory (pinned each time) against the pool.
+if want pool; then
+  stage pool 120 30 "$OUT/bench.log" python -m gear_jax.bench pool --iters=3 --json "$OUT/pool_gpu.json" ||
+    echo "gpu_check: the pool benchmark did not complete (log: $OUT/bench.log)"
+fi
+if want gather || want priorities || want pool; then
+  grep -E "Traceback|Error" "$OUT/bench.log" 2>/dev/null | cut -c1-300 | tail -n 10
+  python -m gear_jax.bench.summary "$OUT/gather_gpu.json" "$OUT/priorities_gpu.json" "$OUT/pool_gpu.json"
+fi
+
+if want memcheck; then
+  if command -v compute-sanitizer >/dev/null; then
+    stage memcheck 1800 60 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
+      --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/test_gpu.py -x -q
+    memcheck=$?
+    tail -n 20 "$OUT/tests.log"
+    case "$memcheck" in
+      0) ;;
+      124 | 125) echo "gpu_check: memcheck did not run to the end (status $memcheck); not counted as a failure" ;;
+      *)
+        echo "gpu_check: memcheck failed with status $memcheck (log: $OUT/tests.log)"
+        [ "$status" -eq 0 ] && status=$memcheck
+        ;;
+    esac
+  else
+    echo "gpu_check: compute-sanitizer not found; memcheck skipped"
+  fi
+fi
+echo "gpu_check: done in $((SECONDS - START)) s, status $status"
 exit "$status"

@@ -6,6 +6,7 @@ suites with a note, so they never fail these tests.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import subprocess
@@ -14,12 +15,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import jax
+import numpy as np
 import pytest
+
+import gear_jax as gj
+from gear_jax.bench import references, selection, systems
+from gear_jax.bench.data import Dataset
+from gear_jax.bench.systems import Workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RECORD_KEYS = {"point", "system", "op", "iters", "latency_s", "throughput"}
 REPORT_KEYS = {"suite", "available", "config", "machine", "notes", "plot", "records"}
 TINY = ["--iters=4", "--warmup=1"]
+GATHER_ALWAYS = ["gear_jax", "numpy", "jnp_take", "pinned_host_loop", "pure_callback", "pinned_copy"]
+ON_CUDA = jax.default_backend() == "gpu"
 
 
 def run_bench(out: Path, suite: str, *flags: str, module: str = "gear_jax.bench") -> dict[str, Any]:
@@ -65,22 +75,166 @@ def gather_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     return out, run_bench(out, "gather", "--table_rows=1000", "--item_bytes=64,256", "--batch_size=8,32")
 
 
+def by_point(records: list[dict[str, Any]], system: str) -> dict[str, dict[str, Any]]:
+    """The records of one system, keyed by their point."""
+    return {json.dumps(r["point"], sort_keys=True): r for r in records if r["system"] == system}
+
+
+def check_reference(report: dict[str, Any], reference: str) -> None:
+    """Every gear_jax record has its GB/s fraction and p50 ratio against the reference at its point,
+    and the reference says what it timed: a CUDA copy on a CUDA GPU, a labelled host read elsewhere."""
+    refs = by_point(report["records"], reference)
+    gear = by_point(report["records"], "gear_jax")
+    assert refs.keys() == gear.keys()
+    for key, r in gear.items():
+        ref = refs[key]
+        fraction = r["throughput"]["bytes_per_s"] / ref["throughput"]["bytes_per_s"]
+        assert r[f"bandwidth_fraction_vs_{reference}"] == pytest.approx(fraction)
+        assert r[f"time_ratio_vs_{reference}"] == pytest.approx(r["latency_s"]["p50"] / ref["latency_s"]["p50"])
+        assert r[f"speedup_vs_{reference}"] == pytest.approx(1 / r[f"time_ratio_vs_{reference}"])
+    kind = "cudaMemcpyAsync" if ON_CUDA else "numpy"
+    assert all(r["measured_as"].startswith(kind) for r in refs.values()), refs
+    assert any(n.startswith(f"{reference} is {kind}") for n in report["notes"]), report["notes"]
+
+
 def test_gather_report_and_plot(gather_report: tuple[Path, dict[str, Any]]) -> None:
     out, report = gather_report
     points = grid(table_rows=[1000], item_bytes=[64, 256], window=[0], batch_size=[8, 32])
-    check_report(report, "gather", points, always=["gear_jax", "numpy", "jnp_take"])
+    check_report(report, "gather", points, always=GATHER_ALWAYS)
     gear = [r for r in report["records"] if r["system"] == "gear_jax"]
     assert all("speedup_vs_numpy" in r and r["speedup_vs_numpy"] > 0 for r in gear)
     assert all(r["iters"] == 4 for r in report["records"])
     assert (out / "gather.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_gather_references_and_memory_kinds(gather_report: tuple[Path, dict[str, Any]]) -> None:
+    out, report = gather_report
+    check_reference(report, "pinned_copy")
+    for r in by_point(report["records"], "pinned_copy").values():  # B rows of 64 or 256 B: no padding
+        copied = r["throughput"]["bytes_per_s"] / r["throughput"]["items_per_s"]
+        assert copied == pytest.approx(r["point"]["item_bytes"])
+    device = report["machine"]["devices"][0]
+    notes = report["notes"]
+    assert f"jnp_take holds its rows on {device}, memory kind device" in notes, notes
+    pinned = f"pinned_host_loop holds its rows on {device}, memory kind pinned_host"
+    loop = [n for n in notes if n.startswith(pinned)]
+    assert len(loop) == 1 and "compiled program (B=8,32): parameters in host memory S(5): 1;" in loop[0], notes
+    assert "p50 / pinned_copy" in subprocess.run(
+        [sys.executable, "-m", "gear_jax.bench.markdown", str(out / "gather.json")],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+
+
+def test_summary_of_reports(gather_report: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    out, report = gather_report
+    cmd = [sys.executable, "-m", "gear_jax.bench.summary", str(out / "gather.json"), str(tmp_path / "none.json")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "  every point: table_rows=1000 window=0" in lines
+    points = [line for line in lines if " sample_gather: gear_jax " in line]
+    assert len(points) == 4 and all("| gear/pinned_copy: GB/s " in line for line in points), lines
+    assert lines[-1] == f"{tmp_path / 'none.json'}: no report"
+
+
 def test_gather_windows(tmp_path: Path) -> None:
     report = run_bench(tmp_path, "gather", "--table_rows=200", "--item_bytes=32", "--batch_size=8",
-                       "--window=4", "--systems=gear_jax,numpy,jnp_take")
+                       "--window=4", "--systems=" + ",".join(GATHER_ALWAYS))
     points = grid(table_rows=[200], item_bytes=[32], window=[4], batch_size=[8])
-    check_report(report, "gather", points, always=["gear_jax", "numpy", "jnp_take"])
+    check_report(report, "gather", points, always=GATHER_ALWAYS)
     assert report["records"][0]["throughput"]["bytes_per_s"] > 0
+    copy = next(r for r in report["records"] if r["system"] == "pinned_copy")
+    assert copy["throughput"]["bytes_per_s"] / copy["throughput"]["items_per_s"] == pytest.approx(4 * 32)
+
+
+def gathered(name: str, work: Workload, batch_size: int, i: int) -> np.ndarray:
+    """What one step of system `name` returns at iteration `i`."""
+    system = systems.IN_PROCESS[name](work)
+    try:
+        return np.asarray(system.make_step(batch_size)(i))
+    finally:
+        system.close()
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_host_memory_baselines_gather_what_jnp_take_gathers(window: int) -> None:
+    data = Dataset(rows=40, steps=6 if window else 1, item_bytes=16)
+    work = Workload(data, window=window)
+    expected = gathered("jnp_take", work, 8, 3)
+    flat = data.as_array().reshape(-1, data.item_bytes)
+    picks = expected.reshape(8, max(window, 1), 16)
+    for pick in picks:  # each pick is consecutive steps of one row, as stored
+        first = next(i for i in range(len(flat)) if np.array_equal(flat[i], pick[0]))
+        np.testing.assert_array_equal(pick, flat[first : first + len(pick)])
+        assert first // data.steps == (first + len(pick) - 1) // data.steps
+    assert len({p.tobytes() for p in picks}) > 1  # not one row repeated
+    for name in ("pinned_host_loop", "pure_callback"):
+        np.testing.assert_array_equal(gathered(name, work, 8, 3), expected, err_msg=name)
+
+
+def measure_notes(name: str, work: Workload) -> tuple[list[dict[str, Any]], list[str]]:
+    """Records and notes of `selection.measure` for one system at a tiny point."""
+    notes: list[str] = []
+    args = argparse.Namespace(systems=[name], iters=2, warmup=1, reverb_python=None, reverb_timeout=10.0)
+    records = selection.measure(work, {"table_rows": work.data.rows}, "sample_gather", [8], args, notes.append)
+    return records, notes
+
+
+@pytest.mark.skipif(gj._native.cuda_device_count() > 0, reason="a CUDA device can time the copy")
+def test_cuda_copy_that_cannot_run_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(references, "cuda_device", lambda: (0, ""))  # as if jax ran on a CUDA GPU
+    records, notes = measure_notes("pinned_copy", Workload(Dataset(64, 1, 32)))
+    assert records == []
+    assert len(notes) == 1 and notes[0].startswith("skipped pinned_copy at"), notes
+    assert "the pinned host-to-device copy could not be timed" in notes[0]
+
+
+def test_pinned_host_loop_without_pinned_host_memory_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(systems, "memory_kinds", lambda device: {"device"})
+    records, notes = measure_notes("pinned_host_loop", Workload(Dataset(64, 1, 32)))
+    assert records == []
+    assert len(notes) == 1 and "has no pinned_host memory" in notes[0], notes
+
+
+def test_host_memory_summary_reads_an_offloading_program() -> None:
+    hlo = "\n".join([
+        "HloModule m, entry_computation_layout={(s32[], u8[100,64]{1,0:S(5)})->u8[8,64]{1,0}}",
+        "  %p = u8[100,64]{1,0:S(5)} parameter(1)",
+        "  %ds = u8[1,64]{1,0:S(5)} dynamic-slice(%p, %i, %z)",
+        "  %cs = (u8[1,64]{1,0}, u8[1,64]{1,0:S(5)}, u32[]) copy-start(%ds)",
+        "  %all = u8[100,64]{1,0} copy(%p)",
+        "  ROOT %w = (s32[], u8[100,64]{1,0}) while(%t), condition=%c, body=%b",
+    ])
+    assert systems.host_memory_summary(hlo, "u8[100,64]", "u8[8,64]") == (
+        "parameters in host memory S(5): 1; ops with results in host memory: copy-start x1, "
+        "dynamic-slice x1, parameter x1; ops producing the whole table: copy x1"
+    )
+    assert systems.host_memory_summary(hlo, "u8[100,64]", "u8[100,64]").endswith(
+        "ops producing the whole table: not told apart (result of the table's shape)"
+    )
+
+
+def test_priorities(tmp_path: Path) -> None:
+    # about 49 B of table per row: 0.002 GiB for two tables caps 100000 rows to about 21900
+    report = run_bench(tmp_path, "priorities", "--table_rows=1000,100000", "--batch_size=16",
+                       "--mem_budget_gib=0.002")
+    rows = sorted({r["point"]["table_rows"] for r in report["records"]})
+    assert rows[0] == 1000 and 1000 < rows[1] < 100000, rows
+    assert any(f"table_rows capped from 100000 to {rows[1]}" in n for n in report["notes"]), report["notes"]
+    points = grid(table_rows=rows, item_bytes=[8], batch_size=[16])
+    check_report(report, "priorities", points, always=["gear_jax", "priority_read"])
+    assert {r["op"] for r in report["records"]} == {"prioritized"}
+    for r in report["records"]:  # both account one read of the state column: 8 B per row
+        per_step = r["throughput"]["bytes_per_s"] / r["throughput"]["items_per_s"] * 16
+        assert per_step == pytest.approx(8 * r["point"]["table_rows"])
+    check_reference(report, "priority_read")
+    assert (tmp_path / "priorities.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_gather_only_systems_are_not_sample_systems() -> None:
+    cmd = [sys.executable, "-m", "gear_jax.bench", "sample", "--systems=gear_jax,pinned_copy"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not systems of the sample suite" in done.stderr, done.stderr
 
 
 def test_sample(tmp_path: Path) -> None:
@@ -116,6 +270,19 @@ def test_sharded_reports_unavailable(tmp_path: Path) -> None:
     assert report["available"] is False and report["records"] == []
     assert any("not available" in n for n in report["notes"])
     assert not (tmp_path / "sharded.png").exists()
+
+
+def test_pool_fresh_against_pooled(tmp_path: Path) -> None:
+    report = run_bench(tmp_path, "pool", "--table_rows=256", "--item_bytes=4096", "--batch_size=16")
+    points = [{"table_rows": 256, "item_bytes": 4096, "batch_size": 16, "table_bytes": report["records"][0]["point"]["table_bytes"]}]
+    check_report(report, "pool", points, ["gear_jax", "fresh_create"])
+    ops = {(r["system"], r["op"]) for r in report["records"]}
+    assert ops == {(s, op) for s in ("gear_jax", "fresh_create") for op in ("create", "first_call", "close", "cycle")}
+    pooled = {r["op"]: r for r in report["records"] if r["system"] == "gear_jax"}
+    assert {"speedup_vs_fresh_create"} <= set(pooled["cycle"])
+    # Every pooled create took the closed table's handle (the suite notes it otherwise).
+    assert not any("did not take the pooled table's handle" in n for n in report["notes"])
+    assert report["records"][0]["point"]["table_bytes"] >= 256 * 4096
 
 
 def test_diff_of_two_reports(gather_report: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:

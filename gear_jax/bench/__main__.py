@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from types import ModuleType
 
-from gear_jax.bench import actor_learner, gather, insert, pool, sample, selection, sharded
+from gear_jax.bench import actor_learner, gather, insert, pool, priorities, sample, selection, sharded
 from gear_jax.bench.common import GEAR, machine_info, make_report, parse_names, write_json
 from gear_jax.bench.display import note, print_header, print_table
 from gear_jax.bench.plot import plot_report
@@ -18,6 +19,7 @@ from gear_jax.bench.plot import plot_report
 SUITES: dict[str, ModuleType] = {
     "gather": gather,
     "sample": sample,
+    "priorities": priorities,
     "insert": insert,
     "actor_learner": actor_learner,
     "sharded": sharded,
@@ -25,14 +27,16 @@ SUITES: dict[str, ModuleType] = {
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
-    "sample": selection.SYSTEMS,
+    "sample": selection.SELECT_SYSTEMS,
+    "priorities": priorities.SYSTEMS,
     "insert": insert.SYSTEMS,
     "actor_learner": (GEAR,),
     "sharded": (GEAR,),
     "pool": pool.SYSTEMS,
 }
 BUSY_LOAD = 0.5
-ITEM_UNITS = {"gather": "rows", "sample": "samples", "insert": "rows", "actor_learner": "rows", "sharded": "rows", "pool": "tables"}
+ITEM_UNITS = {"gather": "rows", "sample": "samples", "priorities": "samples", "insert": "rows",
+              "actor_learner": "rows", "sharded": "rows", "pool": "tables"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,8 +80,15 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
     return args
 
 
+def stop(signum: int, frame: object) -> None:
+    """On SIGTERM (`timeout`, say): unwind like an exception, so every table closes and its shared
+    memory is removed instead of staying behind in /dev/shm."""
+    raise SystemExit(f"gear_jax.bench: stopped by signal {signum}; nothing was written")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the suite; returns the exit status."""
+    signal.signal(signal.SIGTERM, stop)
     p = parser()
     args = resolve(p.parse_args(argv), p)
     suite = SUITES[args.suite]

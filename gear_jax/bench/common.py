@@ -7,10 +7,16 @@ A report is a JSON-ready dict:
      "records": [{"point": {key: value}, "system": str, "op": str, "iters": int,
                   "latency_s": {"p50", "p75", "p90", "p95", "mean", "min", "max"},
                   "throughput": {"items_per_s", "bytes_per_s"},
-                  "speedup_vs_<system>": float (gear_jax records only)}]}
+                  "speedup_vs_<system>": float (gear_jax records only),
+                  "bandwidth_fraction_vs_<reference>", "time_ratio_vs_<reference>": float (gear_jax
+                  records, where a reference system ran at the same point),
+                  "measured_as": str (reference records: what was timed)}]}
 
 Throughput is work divided by the summed latency of the timed iterations (total items / total time);
 `speedup_vs_<system>` is that system's p50 latency divided by gear_jax's p50 at the same point and op.
+A reference system (`REFERENCES`) times a plain copy or read of the same bytes over the same memory
+path instead of doing the work: `bandwidth_fraction_vs_<reference>` is gear_jax's bytes/s over the
+reference's bytes/s, `time_ratio_vs_<reference>` gear_jax's p50 over the reference's p50.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from typing import Any
 import numpy as np
 
 GEAR = "gear_jax"
+PINNED_COPY = "pinned_copy"
+PRIORITY_READ = "priority_read"
+REFERENCES = (PINNED_COPY, PRIORITY_READ)
 PERCENTILES = (50, 75, 90, 95)
 
 
@@ -105,12 +114,21 @@ def make_record(
 
 
 def add_speedups(records: list[dict[str, Any]]) -> None:
-    """Adds `speedup_vs_<system>` (baseline p50 / gear_jax p50) to every gear_jax record, in place."""
+    """Adds `speedup_vs_<system>` (baseline p50 / gear_jax p50) to every gear_jax record, in place, and
+    for a reference system also `bandwidth_fraction_vs_<reference>` (gear_jax bytes/s / reference
+    bytes/s) and `time_ratio_vs_<reference>` (gear_jax p50 / reference p50)."""
     gear = {_key(r): r for r in records if r["system"] == GEAR}
     for r in records:
         target = gear.get(_key(r))
-        if r["system"] != GEAR and target is not None:
-            target[f"speedup_vs_{r['system']}"] = r["latency_s"]["p50"] / target["latency_s"]["p50"]
+        if r["system"] == GEAR or target is None:
+            continue
+        name = r["system"]
+        target[f"speedup_vs_{name}"] = r["latency_s"]["p50"] / target["latency_s"]["p50"]
+        if name in REFERENCES and r["throughput"]["bytes_per_s"] > 0:
+            target[f"bandwidth_fraction_vs_{name}"] = (
+                target["throughput"]["bytes_per_s"] / r["throughput"]["bytes_per_s"]
+            )
+            target[f"time_ratio_vs_{name}"] = target["latency_s"]["p50"] / r["latency_s"]["p50"]
 
 
 def _key(record: dict[str, Any]) -> tuple[Any, ...]:

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from gear_jax.bench.common import GEAR, PERCENTILES
 
 TABLE_WIDTH = 200
+FRACTION = "bandwidth_fraction_vs_"
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else TABLE_WIDTH)
 
@@ -60,9 +61,14 @@ def format_rate(value: float, unit: str) -> str:
 
 def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list[str], list[list[str]]]:
     """Header and one row of strings per record: the point, system, op, latency percentiles,
-    throughput, and for a baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50)."""
+    throughput, and for a baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50).
+    Where a reference system ran, two more columns give, in gear_jax's rows, its GB/s as a fraction of
+    the reference's and its p50 over the reference's."""
     keys = list(records[0]["point"]) if records else []
+    refs = sorted({k.removeprefix(FRACTION) for r in records for k in r if k.startswith(FRACTION)})
     header = [*keys, "system", "op", *(f"p{p}" for p in PERCENTILES), f"{item_unit}/s", "GB/s", "gear_jax speedup"]
+    for ref in refs:
+        header += [f"GB/s / {ref}", f"p50 / {ref}"]
     gear = {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == GEAR}
     rows = []
     for r in records:
@@ -76,8 +82,14 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
             format_rate(r["throughput"]["items_per_s"], ""),
             f"{r['throughput']['bytes_per_s'] / 1e9:.3f}",
             f"{speedup:.2f}x" if speedup is not None else "",
+            *(cell for ref in refs for cell in _reference_cells(r, ref)),
         ])
     return header, rows
+
+
+def _reference_cells(record: dict[str, Any], ref: str) -> tuple[str, str]:
+    fraction, ratio = record.get(FRACTION + ref), record.get(f"time_ratio_vs_{ref}")
+    return (f"{fraction:.2f}" if fraction is not None else "", f"{ratio:.2f}x" if ratio is not None else "")
 
 
 def print_table(records: Sequence[dict[str, Any]], item_unit: str) -> None:
@@ -87,8 +99,11 @@ def print_table(records: Sequence[dict[str, Any]], item_unit: str) -> None:
         return
     header, rows = table_cells(records, item_unit)
     table = RichTable()
-    for name in header:
-        table.add_column(name, justify="left" if name in ("system", "op") else "right")
+    for i, name in enumerate(header):
+        if name in ("system", "op"):  # never cut: the longest name sets the width
+            table.add_column(name, justify="left", min_width=max(len(row[i]) for row in rows))
+        else:
+            table.add_column(name, justify="right")
     for row in rows:
         table.add_row(*row)
     console.print(table)

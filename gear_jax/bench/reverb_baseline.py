@@ -70,3 +70,6 @@ class ReverbSystem(System):
         for _ in range(len(batch_sizes) * iters):
             tick()
         return {int(b): np.asarray(v) for b, v in result["sample"].items()}
+
+    def describe(self) -> str:
+        return f"reverb versions: {self.versions}"

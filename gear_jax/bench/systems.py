@@ -4,19 +4,25 @@ Each system holds the rows of one `Dataset` and, for a batch size B, makes a `st
 rows (or windows of `window` steps) with the workload's method and, when `collect` is set, copies them
 out, returning only when the work is complete. Building a baseline that is not installed or fails
 raises `Unavailable`; the suite then skips it with a note.
+
+`pinned_host_loop` and `pure_callback` are XLA's own ways to gather from host memory, the paths
+gear_jax exists to beat; they only gather (uniform picks, whole rows or windows).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 import gear_jax as gj
 from gear_jax.bench.common import GEAR, Unavailable, time_calls
@@ -36,6 +42,8 @@ class Workload:
       priority_exponent: for "prioritized".
       window: steps per sampled window (trajectory rows), 0 for whole one-step rows.
       collect: copy the selected rows out (sample + gather) or only select them.
+      scan_bytes: bytes every step accounts for whatever the batch size (the priorities suite: the
+        state column a prioritized pick reads once); 0: picks x `bytes_per_pick()`.
     """
 
     data: Dataset
@@ -43,6 +51,7 @@ class Workload:
     priority_exponent: float = 1.0
     window: int = 0
     collect: bool = True
+    scan_bytes: int = 0
 
     @property
     def steps_out(self) -> int:
@@ -53,11 +62,19 @@ class Workload:
         """Bytes one pick copies out (0 when only selecting)."""
         return self.steps_out * self.data.item_bytes if self.collect else 0
 
+    def bytes_per_step(self, batch_size: int) -> int:
+        """Bytes one step of `batch_size` picks accounts for in the throughput."""
+        return self.scan_bytes or batch_size * self.bytes_per_pick()
+
 
 class System:
-    """One system holding the workload's rows. Subclasses set `name` and implement `make_step`."""
+    """One system holding the workload's rows. Subclasses set `name` and implement `make_step`.
+
+    `measured_as`, when set, says what a reference system timed; the suites copy it into its records.
+    """
 
     name = ""
+    measured_as: str | None = None
 
     def __init__(self, work: Workload):
         self.work = work
@@ -65,6 +82,14 @@ class System:
     def make_step(self, batch_size: int) -> Step:
         """A function of the iteration number doing one complete step of `batch_size` picks."""
         raise NotImplementedError
+
+    def work_per_step(self, batch_size: int) -> tuple[int, int]:
+        """(items, bytes) one step of `batch_size` picks accounts for in the throughput."""
+        return batch_size, self.work.bytes_per_step(batch_size)
+
+    def describe(self) -> str | None:
+        """Where the system holds its rows or how it ran, for a note after timing (None: nothing to say)."""
+        return None
 
     def latencies(
         self, batch_sizes: list[int], warmup: int, iters: int, tick: Callable[[], None]
@@ -82,6 +107,87 @@ def _window_rows(work: Workload, rows: np.ndarray, starts: np.ndarray) -> np.nda
     return (first[:, None] + np.arange(work.window)).reshape(-1)
 
 
+def where(array: jax.Array) -> str:
+    """The device(s) and memory kind holding `array`, e.g. "cuda:0, memory kind device"."""
+    devices = ", ".join(str(d) for d in sorted(array.devices(), key=lambda d: d.id))
+    return f"{devices}, memory kind {array.sharding.memory_kind}"
+
+
+def memory_kinds(device: jax.Device) -> set[str]:
+    """The memory kinds JAX can place arrays in on `device` (device, pinned_host, unpinned_host, ...)."""
+    return {m.kind for m in device.addressable_memories()}
+
+
+def flat_firsts(rows: jax.Array, start_key: jax.Array, work: Workload) -> jax.Array:
+    """int32[B]: the first flat step row of each picked row in `rows`: row * steps, plus, with a
+    window, a uniform window start drawn with `start_key` (jitted code)."""
+    data = work.data
+    first = rows * data.steps
+    if work.window:
+        first = first + jax.random.randint(start_key, rows.shape, 0, data.steps - work.window + 1)
+    return first
+
+
+def uniform_firsts(i: jax.Array, work: Workload, batch_size: int) -> jax.Array:
+    """int32[B]: `flat_firsts` of B uniform picks at iteration `i`, the picks jnp_take makes (jitted code)."""
+    key, start_key = jax.random.split(jax.random.fold_in(jax.random.key(0), i))
+    return flat_firsts(jax.random.randint(key, (batch_size,), 0, work.data.rows), start_key, work)
+
+
+def _gather_only(work: Workload, name: str) -> None:
+    if not work.collect or work.method != "uniform":
+        raise Unavailable(f"{name} is a gather baseline: it runs uniform sample + gather only")
+
+
+HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.+?)\s+([a-z][\w-]*)\(")
+HLO_PLUMBING = ("parameter", "get-tuple-element", "tuple", "while", "call", "conditional", "bitcast",
+                "opt-barrier")
+
+
+def host_memory_summary(hlo: str, table_shape: str, result_shape: str) -> str:
+    """What a compiled program does with host memory, from its optimized HLO text: the parameters and
+    ops whose result lives in host memory (layout memory space S(5)), and the ops other than
+    parameters, tuples and control flow whose result holds the whole table (a copy of it, which a
+    per-row DMA avoids), unless the program's result has the table's shape and so can't be told apart.
+
+    Args:
+      table_shape, result_shape: HLO shapes without layout, e.g. "u8[1000,64]"."""
+    entry = re.search(r"entry_computation_layout=\{\((.*?)\)->", hlo)
+    host_params = entry.group(1).count("S(5)") if entry else 0
+    host: Counter[str] = Counter()
+    whole: Counter[str] = Counter()
+    for line in hlo.splitlines():
+        m = HLO_INSTRUCTION.match(line)
+        if m is None:
+            continue
+        shape, op = m.groups()
+        if "S(5)" in shape:
+            host[op] += 1
+        if table_shape + "{" in shape and op not in HLO_PLUMBING:
+            whole[op] += 1
+
+    def show(counts: Counter[str]) -> str:
+        return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items())) or "none"
+
+    whole_table = show(whole) if result_shape != table_shape else "not told apart (result of the table's shape)"
+    return (f"parameters in host memory S(5): {host_params}; ops with results in host memory: {show(host)}; "
+            f"ops producing the whole table: {whole_table}")
+
+
+def make_table(data: Dataset) -> gj.Table:
+    """A gear_jax table (field "x", uint8[item_bytes] per step; pinned where CUDA is present) holding
+    the dataset's rows with its priorities, inserted chunk by chunk."""
+    spec = gj.TableSpec(
+        fields={"x": gj.Field((data.item_bytes,), "uint8")}, capacity=data.rows, max_steps=data.steps
+    )
+    table = gj.Table.create(spec)
+    priorities = data.priorities()
+    for start, chunk in data.chunks():
+        rows = chunk if data.steps > 1 else chunk[:, 0]
+        table.insert({"x": rows}, priorities=priorities[start : start + len(chunk)])
+    return table
+
+
 class GearSystem(System):
     """gear_jax: a shared-memory table; one jitted function samples (and gathers)."""
 
@@ -89,15 +195,7 @@ class GearSystem(System):
 
     def __init__(self, work: Workload):
         super().__init__(work)
-        data = work.data
-        spec = gj.TableSpec(
-            fields={"x": gj.Field((data.item_bytes,), "uint8")}, capacity=data.rows, max_steps=data.steps
-        )
-        self.table = gj.Table.create(spec)
-        priorities = data.priorities()
-        for start, chunk in data.chunks():
-            rows = chunk if data.steps > 1 else chunk[:, 0]
-            self.table.insert({"x": rows}, priorities=priorities[start : start + len(chunk)])
+        self.table = make_table(work.data)
 
     def make_step(self, batch_size: int) -> Step:
         work, table = self.work, self.table
@@ -178,7 +276,7 @@ class JnpSystem(System):
 
     def make_step(self, batch_size: int) -> Step:
         work = self.work
-        n, steps, window = work.data.rows, work.data.steps, work.window
+        n, window = work.data.rows, work.window
 
         def select(key: jax.Array, weights: jax.Array, seq: jax.Array) -> jax.Array:
             if work.method == "uniform":
@@ -197,14 +295,102 @@ class JnpSystem(System):
             if not work.collect:
                 return rows
             if window:
-                starts = jax.random.randint(window_key, (batch_size,), 0, steps - window + 1)
-                rows = ((rows * steps + starts)[:, None] + jnp.arange(window)).reshape(-1)
+                rows = (flat_firsts(rows, window_key, work)[:, None] + jnp.arange(window)).reshape(-1)
             return jnp.take(flat, rows, axis=0)
 
         return lambda i: jax.block_until_ready(run(i, self.flat, self.weights, self.seq))
 
+    def describe(self) -> str:
+        return f"jnp_take holds its rows on {where(self.flat)}"
+
     def close(self) -> None:
         self.flat.delete()
+
+
+class PinnedHostLoopSystem(System):
+    """XLA's host-memory path: the rows in a JAX array of memory kind "pinned_host" on the default
+    device; one jitted function draws B uniform picks, then a `lax.fori_loop` dynamic-slices each
+    picked row (or window) out of the host array and moves it to device memory with
+    `jax.device_put(..., memory_kind="device")` into a device result: on GPU, XLA turns a dynamic
+    slice of host memory that moves to the device into a DMA (other indexing of host memory, such as
+    `jnp.take`, is refused or runs as host compute)."""
+
+    name = "pinned_host_loop"
+
+    def __init__(self, work: Workload):
+        super().__init__(work)
+        _gather_only(work, self.name)
+        device = jax.devices()[0]
+        kinds = memory_kinds(device)
+        if "pinned_host" not in kinds:
+            raise Unavailable(f"{device} has no pinned_host memory (its memory kinds: {sorted(kinds)})")
+        self.device_memory = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+        host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+        data = work.data
+        rows = data.as_array().reshape(data.rows * data.steps, data.item_bytes)
+        self.flat = jax.block_until_ready(jax.device_put(rows, host))
+        del rows
+        self.compiled: dict[str, list[int]] = {}  # host_memory_summary -> batch sizes compiled to it
+
+    def make_step(self, batch_size: int) -> Step:
+        work, steps_out, item_bytes = self.work, self.work.steps_out, self.work.data.item_bytes
+        to_device = self.device_memory
+
+        def run(i: jax.Array, flat: jax.Array) -> jax.Array:
+            first = uniform_firsts(i, work, batch_size)
+
+            def copy(k: jax.Array, out: jax.Array) -> jax.Array:
+                piece = jax.device_put(lax.dynamic_slice_in_dim(flat, first[k], steps_out, axis=0), to_device)
+                return lax.dynamic_update_slice_in_dim(out, piece, k * steps_out, axis=0)
+
+            return lax.fori_loop(0, batch_size, copy, jnp.zeros((batch_size * steps_out, item_bytes), jnp.uint8))
+
+        compiled = jax.jit(run).lower(np.int32(0), self.flat).compile()
+        table, result = (f"u8[{rows},{item_bytes}]" for rows in (self.flat.shape[0], batch_size * steps_out))
+        summary = host_memory_summary(compiled.as_text(), table, result)
+        self.compiled.setdefault(summary, []).append(batch_size)
+        return lambda i: jax.block_until_ready(compiled(np.int32(i), self.flat))
+
+    def describe(self) -> str:
+        programs = "; ".join(f"compiled program (B={','.join(map(str, batch_sizes))}): {summary}"
+                             for summary, batch_sizes in self.compiled.items())
+        return f"pinned_host_loop holds its rows on {where(self.flat)}; {programs}"
+
+    def close(self) -> None:
+        self.flat.delete()
+
+
+class PureCallbackSystem(System):
+    """`jax.pure_callback` + numpy: one jitted function draws B uniform picks on the device and calls
+    back into Python, where `np.take` copies the picked rows (or windows) of a host numpy array into a
+    preallocated buffer; JAX moves the callback's result to the device (on GPU: a host-to-device copy)."""
+
+    name = "pure_callback"
+
+    def __init__(self, work: Workload):
+        super().__init__(work)
+        _gather_only(work, self.name)
+        data = work.data
+        self.flat = data.as_array().reshape(data.rows * data.steps, data.item_bytes)
+
+    def make_step(self, batch_size: int) -> Step:
+        work, steps_out = self.work, self.work.steps_out
+        out = np.empty((batch_size * steps_out, work.data.item_bytes), np.uint8)
+        result = jax.ShapeDtypeStruct(out.shape, jnp.uint8)
+
+        def collect(first: np.ndarray) -> np.ndarray:
+            ids = (np.asarray(first, np.int64)[:, None] + np.arange(steps_out)).reshape(-1)
+            return np.take(self.flat, ids, axis=0, out=out)
+
+        @jax.jit
+        def run(i: jax.Array) -> jax.Array:
+            first = uniform_firsts(i, work, batch_size)
+            return jax.pure_callback(collect, result, first)
+
+        return lambda i: jax.block_until_ready(run(i))
+
+    def close(self) -> None:
+        del self.flat
 
 
 class FlashbaxSystem(System):
@@ -331,4 +517,7 @@ IN_PROCESS: dict[str, type[System]] = {
     "jnp_take": JnpSystem,
     "flashbax": FlashbaxSystem,
     "torchrl": TorchrlSystem,
+    PinnedHostLoopSystem.name: PinnedHostLoopSystem,
+    PureCallbackSystem.name: PureCallbackSystem,
 }
+GATHER_ONLY = (PinnedHostLoopSystem.name, PureCallbackSystem.name)

@@ -1,0 +1,158 @@
+"""Reference systems: a plain copy or read of the bytes a gear_jax step moves, over the same memory path.
+
+They do no selection. Each holds a gear_jax table of the workload's rows (the memory gear_jax reads,
+pinned where CUDA is present) and times one contiguous transfer out of it:
+
+- `pinned_copy` (gather suite): the bytes of B consecutive rows (B x row stride) in one copy. Where
+  jax runs on a CUDA GPU: `cudaMemcpyAsync` of the pinned table bytes into a GPU buffer, timed with
+  CUDA events around the copy alone (`NativeTable.cuda_copy_seconds`), the host-to-device bandwidth
+  a gather is measured against. Elsewhere: `np.copyto` of B consecutive rows into a preallocated
+  buffer (host to host), starting at a different row each iteration so the rows come from memory
+  rather than cache.
+- `priority_read` (priorities suite): the state column, 8 bytes per row, where the priorities live.
+  On a CUDA GPU: `cudaMemcpyAsync` of the column to the GPU, timed the same way. Elsewhere:
+  `np.add.reduce` over the column as uint64[N], one read of it.
+
+On a CUDA GPU the reference's latency is the copy's device time (no launch or Python cost), while
+the systems' latencies are wall-clock times of whole jitted calls. If the CUDA copy cannot run, the
+reference raises `Unavailable` and the suite notes it; it never falls back to a host copy there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from gear_jax import _native
+from gear_jax.bench.common import PINNED_COPY, PRIORITY_READ, Unavailable
+from gear_jax.bench.systems import Step, System, Workload, make_table
+
+STATE_BYTES = 8  # the state column: uint64 per row (priority bits, generation)
+
+
+def cuda_device() -> tuple[int | None, str]:
+    """(CUDA ordinal of jax's first device, "") where jax runs on a CUDA GPU and this gear_jax build
+    can time copies on it; otherwise (None, why not)."""
+    backend = jax.default_backend()
+    if backend != "gpu":
+        return None, f"jax runs on {backend}, not a CUDA GPU"
+    if not _native.with_cuda:
+        return None, "this gear_jax build has no CUDA support"
+    if _native.cuda_device_count() < 1:
+        return None, "CUDA sees no device in this process"
+    return int(getattr(jax.devices()[0], "local_hardware_id", None) or 0), ""
+
+
+class Reference(System):
+    """A plain transfer of a span of the table's bytes (see the module docstring). Subclasses say
+    which span (`span`), and how to read it without CUDA (`make_step`) and what that is (`host_transfer`)."""
+
+    host_transfer = ""
+    cuda_transfer = "cudaMemcpyAsync of pinned table memory to the GPU, CUDA-event timed"
+
+    def __init__(self, work: Workload):
+        super().__init__(work)
+        self.device, self.why_host = cuda_device()
+        self.measured_as = self.cuda_transfer if self.device is not None else self.host_transfer
+        self.table = make_table(work.data)
+        self.memory = np.frombuffer(self.table._native, np.uint8)
+        self.layout = self.table._native.layout()
+
+    def span(self, batch_size: int, i: int) -> tuple[int, int]:
+        """(byte offset in the table, bytes) that iteration `i` transfers."""
+        raise NotImplementedError
+
+    def work_per_step(self, batch_size: int) -> tuple[int, int]:
+        return batch_size, self.span(batch_size, 0)[1]
+
+    def latencies(
+        self, batch_sizes: list[int], warmup: int, iters: int, tick: Callable[[], None]
+    ) -> dict[int, np.ndarray]:
+        """Seconds per transfer for each batch size: CUDA-event times of the copies on a CUDA GPU,
+        else wall-clock times of the host transfer (`make_step`)."""
+        if self.device is None:
+            return super().latencies(batch_sizes, warmup, iters, tick)
+        out = {}
+        for b in batch_sizes:
+            offset, nbytes = self.span(b, 0)
+            copy = self.table._native.cuda_copy_seconds
+            try:
+                if warmup:
+                    copy(offset, nbytes, device=self.device, repeats=warmup)
+                seconds = copy(offset, nbytes, device=self.device, repeats=iters)
+            except (RuntimeError, ValueError) as e:
+                raise Unavailable(f"the pinned host-to-device copy could not be timed: {e}") from None
+            out[b] = np.asarray(seconds, np.float64)
+            for _ in range(iters):
+                tick()
+        return out
+
+    def describe(self) -> str:
+        if self.device is not None:
+            return f"{self.name} is {self.measured_as} (CUDA device {self.device}), the copy alone"
+        return f"{self.name} is {self.measured_as}, not a host-to-device copy: {self.why_host}"
+
+    def close(self) -> None:
+        del self.memory
+        self.table.close()
+
+
+class PinnedCopySystem(Reference):
+    """One contiguous copy of the bytes of B consecutive rows (B x row stride; windows: B x window
+    steps) of the table's field."""
+
+    name = PINNED_COPY
+    host_transfer = "numpy np.copyto of consecutive table rows (host to host)"
+
+    def __init__(self, work: Workload):
+        if not work.collect:
+            raise Unavailable(f"{self.name} is the reference of gathers; this workload only selects")
+        super().__init__(work)
+        self.offset, self.row_stride, self.step_bytes = self.layout["fields"][0]
+
+    def _bytes(self, batch_size: int) -> int:
+        work = self.work
+        return batch_size * (work.window * self.step_bytes if work.window else self.row_stride)
+
+    def span(self, batch_size: int, i: int) -> tuple[int, int]:
+        nbytes = self._bytes(batch_size)
+        column = self.work.data.rows * self.row_stride
+        if nbytes > column:
+            raise Unavailable(f"a batch of {batch_size} is more than the table's {self.work.data.rows} rows")
+        starts = (column - nbytes) // self.row_stride + 1
+        return self.offset + (i * batch_size % starts) * self.row_stride, nbytes
+
+    def make_step(self, batch_size: int) -> Step:
+        """Without CUDA: `np.copyto` of the span of iteration `i` into a preallocated buffer."""
+        out = np.empty(self._bytes(batch_size), np.uint8)
+
+        def step(i: int) -> np.ndarray:
+            offset, nbytes = self.span(batch_size, i)
+            np.copyto(out, self.memory[offset : offset + nbytes])
+            return out
+
+        return step
+
+
+class PriorityReadSystem(Reference):
+    """One read of the state column (uint64[N], where the priorities live), whatever the batch size."""
+
+    name = PRIORITY_READ
+    host_transfer = "numpy np.add.reduce over the state column as uint64[N] (host memory)"
+
+    def span(self, batch_size: int, i: int) -> tuple[int, int]:
+        return self.layout["state"], self.work.data.rows * STATE_BYTES
+
+    def make_step(self, batch_size: int) -> Step:
+        """Without CUDA: `np.add.reduce` over the state column as uint64[N]."""
+        offset, nbytes = self.span(batch_size, 0)
+        state = self.memory[offset : offset + nbytes].view(np.uint64)
+        return lambda i: np.add.reduce(state)
+
+
+REFERENCE_SYSTEMS: dict[str, type[Reference]] = {
+    PINNED_COPY: PinnedCopySystem,
+    PRIORITY_READ: PriorityReadSystem,
+}
