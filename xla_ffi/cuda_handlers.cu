@@ -285,8 +285,8 @@ bool ScatterOnHost(int32_t device) {
 // Table references that host callbacks held when the table had been closed in the meantime. A callback
 // must not drop what may be the last reference: ~SharedTable unregisters the memory and waits for the
 // devices, CUDA calls that a host callback may not make. So it parks the reference here, and the next
-// update_priorities handler drops it: a table closed while an update was in flight stays mapped until
-// then (or until the process exits).
+// create or close of a table in this process drops it (from Python's thread, not from inside an XLA
+// execution): a table closed while an update was in flight stays mapped until then.
 class RetiredTables {
  public:
   static RetiredTables& Get() {
@@ -299,7 +299,7 @@ class RetiredTables {
     tables_.push_back(std::move(table));
   }
 
-  // On a thread that may make CUDA calls (a handler's).
+  // On a thread that may make CUDA calls, outside any XLA execution.
   void DropAll() {
     std::vector<std::shared_ptr<SharedTable>> dropped;  // released outside the lock
     std::lock_guard<std::mutex> lock(mutex_);
@@ -417,7 +417,6 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
   constexpr const char* kOp = "update_priorities";
   ScopedDevice scope(device);
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
-  RetiredTables::Get().DropAll();
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
   const int64_t n = static_cast<int64_t>(indices.element_count());
@@ -442,6 +441,9 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
 }
 
 }  // namespace
+
+void DropTablesLeftByHostCallbacks() { RetiredTables::Get().DropAll(); }
+
 }  // namespace gear
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleCuda, gear::SampleImpl,

@@ -8,3 +8,9 @@ XLA_FFI_Error* GearJaxSampleCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxGatherCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxUpdatePrioritiesCuda(XLA_FFI_CallFrame* call_frame);
 }
+
+namespace gear {
+// Releases the tables that host callbacks of update_priorities left behind when their table was closed
+// while they were in flight (see cuda_handlers.cu). Called when a table is created or closed.
+void DropTablesLeftByHostCallbacks();
+}  // namespace gear

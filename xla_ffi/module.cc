@@ -55,6 +55,9 @@ class OpenTable {
       return;
     }
     UnregisterTable(handle_);
+#if GEAR_JAX_WITH_CUDA
+    DropTablesLeftByHostCallbacks();
+#endif
     if (creator_) {
       table_->MarkClosed();
       bool pooled = false;
@@ -131,6 +134,9 @@ std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
                                        uint64_t spec_hash, bool pin, bool reuse) {
   const TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
+#if GEAR_JAX_WITH_CUDA
+  DropTablesLeftByHostCallbacks();  // lets the pool reuse memory they still held
+#endif
   TablePool& pool = TablePool::Get();
   if (reuse) {
     if (std::optional<PooledTable> entry = pool.Take(plan.total_bytes, spec_hash)) {
