@@ -40,15 +40,8 @@ void CountForks() {
   (void)counting;
 }
 
-bool WriterAlive(int32_t pid) {
-  if (pid <= 0) return true;  // claimed, pid not yet recorded: treat as alive
-  return kill(pid, 0) == 0 || errno == EPERM;
-}
-
-bool ProcessAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
-
-// Where glibc keeps the object shm_open("/name") opens; renaming it there renames the object.
-std::string ShmFile(const std::string& name) { return "/dev/shm/" + name; }
+// A claimed row whose pid is not yet recorded (0) counts as written by a live process.
+bool WriterAlive(int32_t pid) { return pid <= 0 || ProcessAlive(pid); }
 
 // Signs this open in to a free slot (or one left by a dead process); -1 when every slot is taken.
 int SignIn(TableHeader* h) {
@@ -113,6 +106,10 @@ bool LayoutFits(const TableHeader& h, uint64_t size) {
 }
 
 }  // namespace
+
+bool ProcessAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+std::string ShmFile(const std::string& name) { return "/dev/shm/" + name; }
 
 int32_t CurrentPid() {
   int32_t pid = cached_pid.load(std::memory_order_relaxed);

@@ -71,6 +71,10 @@ TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64
 
 // This process's pid (cached; reset in a forked child).
 int32_t CurrentPid();
+// Whether process `pid` (> 0) exists, by kill(pid, 0): processes sharing /dev/shm share a PID namespace.
+bool ProcessAlive(int32_t pid);
+// Where glibc keeps the object shm_open("/name") opens; renaming it there renames the object.
+std::string ShmFile(const std::string& name);
 
 // The memory of one table: a shared mapping, registered with CUDA when pinned. Unregistered and
 // unmapped when the last holder lets go (open tables, calls running on them, the pool).

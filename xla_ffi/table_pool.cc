@@ -1,12 +1,10 @@
 #include "xla_ffi/table_pool.h"
 
 #include <dirent.h>
-#include <signal.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
 #include <random>
 #include <utility>
@@ -34,7 +32,7 @@ uint64_t DefaultMaxBytes() {
   return kDefaultMaxBytes;
 }
 
-void UnlinkPoolName(const std::string& name) { unlink(("/dev/shm/" + name).c_str()); }
+void UnlinkPoolName(const std::string& name) { unlink(ShmFile(name).c_str()); }
 
 }  // namespace
 
@@ -67,7 +65,7 @@ void TablePool::RemoveOrphans() {
     const std::string name = entry->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) UnlinkPoolName(name);
+    if (pid > 0 && pid <= INT32_MAX && !ProcessAlive(static_cast<int32_t>(pid))) UnlinkPoolName(name);
   }
   closedir(dir);
 }
