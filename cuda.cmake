@@ -24,8 +24,8 @@ if(NOT GEAR_JAX_CCCL_INCLUDE_DIR)
 endif()
 message(STATUS "gear_jax CCCL headers: ${GEAR_JAX_CCCL_INCLUDE_DIR}")
 
-# The host compiler's warnings, less those the XLA FFI headers trigger (harmless there).
-set(GEAR_JAX_CUDA_OPTIONS -Xcompiler=-Wall,-Wno-attributes,-Wno-return-type,-Wno-sign-compare)
+# The host compiler's warnings (the XLA FFI and CCCL headers are system headers: theirs are not shown).
+set(GEAR_JAX_CUDA_OPTIONS -Xcompiler=-Wall,-Wextra)
 
 # Kernels: CUDA and CUB, no XLA, no Python.
 add_library(gear_kernels_cuda STATIC kernels/sample.cu kernels/gather.cu kernels/priorities.cu)

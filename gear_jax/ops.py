@@ -23,11 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gear_jax import _ffi
+from gear_jax import _ffi, _native
 from gear_jax.errors import InvalidArgumentError, TableClosedError
 from gear_jax.table import Table
 
-METHODS = {"uniform": 0, "prioritized": 1, "fifo": 2, "lifo": 3, "topk": 4}
+# Selection methods by name, with the number the custom call carries: defined once, in the native
+# module (kernels/sample.h), so Python and the kernels cannot disagree.
+METHODS: dict[str, int] = dict(_native.sample_methods())
 
 
 @dataclasses.dataclass(frozen=True)

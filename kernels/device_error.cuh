@@ -8,20 +8,11 @@
 #include <cstdint>
 
 #include "atomics.cuh"
+#include "errors.h"
 
 namespace gear {
 
-// Where an error was found, and what the record's numbers mean there.
-enum class ErrorSite : int32_t {
-  kNone = 0,
-  kSampleEmpty = 1,       // no selectable row
-  kSampleTooFew = 2,      // fifo/lifo/topk: value = selectable rows, limit = batch_size
-  kGatherIndex = 3,       // element = pick, value = row id, limit = capacity
-  kGatherStart = 4,       // element = pick, value = window start, limit = max_steps
-  kScatterIndex = 5,      // element = entry, value = row id, limit = capacity
-  kScatterPriority = 6,   // element = entry, value = bits of the float32 priority
-};
-
+// One error record: an ErrorSite (errors.h) and its numbers.
 struct DeviceError {
   int32_t claim;  // 0 while free; the first reporting thread sets 1 and owns the other fields
   int32_t site;   // ErrorSite, published after element, value and limit

@@ -27,29 +27,24 @@ void PrefetchRow(const TableView& t, const GatherRequest& r, int64_t row, int64_
 
 }  // namespace
 
-KernelStatus CheckRowsInRange(const TableView& t, const int32_t* indices, int64_t n) {
+KernelStatus CheckRowsInRange(const TableView& t, const int32_t* indices, int64_t n, ErrorSite site) {
   for (int64_t i = 0; i < n; ++i) {
-    if (indices[i] < 0 || indices[i] >= t.capacity) {
-      return {KernelCode::kOutOfRange, "indices[" + std::to_string(i) + "] = " +
-                                           std::to_string(indices[i]) + " is outside [0, " +
-                                           std::to_string(t.capacity) + "); pass a Sample from this table"};
-    }
+    if (indices[i] < 0 || indices[i] >= t.capacity) return KernelError(site, i, indices[i], t.capacity);
   }
   return {};
 }
 
 KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uint32_t* generations,
                            const int32_t* starts, const GatherRequest& r, GatherOutputs out) {
-  if (KernelStatus s = CheckRowsInRange(t, indices, r.batch_size); !s.ok()) return s;
+  if (KernelStatus s = CheckRowsInRange(t, indices, r.batch_size, ErrorSite::kGatherIndex); !s.ok()) return s;
   for (int64_t i = 0; i < r.batch_size; ++i) {
     if (starts[i] < 0 || starts[i] >= t.max_steps) {
-      return {KernelCode::kOutOfRange, "starts[" + std::to_string(i) + "] = " +
-                                           std::to_string(starts[i]) + " is outside [0, max_steps=" +
-                                           std::to_string(t.max_steps) + ")"};
+      return KernelError(ErrorSite::kGatherStart, i, starts[i], t.max_steps);
     }
   }
   const int64_t window = r.window;
-  for (int64_t i = 0; i < std::min(r.batch_size, kPrefetchRows); ++i) PrefetchRow(t, r, indices[i], starts[i]);
+  for (int64_t i = 0; i < std::min(r.batch_size, kPrefetchRows); ++i)
+    PrefetchRow(t, r, indices[i], starts[i]);
   for (int64_t i = 0; i < r.batch_size; ++i) {
     if (i + kPrefetchRows < r.batch_size) {
       PrefetchRow(t, r, indices[i + kPrefetchRows], starts[i + kPrefetchRows]);

@@ -12,8 +12,8 @@ namespace {
 struct GatherPolicy {
   static constexpr int kBlockThreads = 256;
   static constexpr int kWarpThreads = 32;
-  static constexpr int kUnroll = 4;                      // vector loads per thread before their stores
-  static constexpr int64_t kWholeBlockRowBytes = 4096;   // from this many bytes a row gets a whole block
+  static constexpr int kUnroll = 4;                     // vector loads per thread before their stores
+  static constexpr int64_t kWholeBlockRowBytes = 4096;  // from this many bytes a row gets a whole block
 };
 
 // The threads that copy one output row: a warp (small rows, several rows per block) or the whole block.

@@ -24,7 +24,8 @@ struct GatherOutputs {
 };
 
 // Fails unless every row id lies in [0, capacity).
-KernelStatus CheckRowsInRange(const TableView& table, const int32_t* indices, int64_t n);
+// The first of indices[0, n) outside the table, reported at `site` (kGatherIndex or kScatterIndex).
+KernelStatus CheckRowsInRange(const TableView& table, const int32_t* indices, int64_t n, ErrorSite site);
 
 // indices: int32[B] rows; generations: uint32[B] as sampled; starts: int32[B] first step of each window.
 KernelStatus GatherRowsCpu(const TableView& table, const int32_t* indices, const uint32_t* generations,

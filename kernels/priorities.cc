@@ -1,22 +1,21 @@
 #include "priorities.h"
 
 #include <cmath>
-#include <string>
+#include <cstring>
 
 #include "atomics.h"
 #include "gather.h"
 
 namespace gear {
 
-KernelStatus ScatterPrioritiesCpu(const TableView& t, const int32_t* indices,
-                                 const uint32_t* generations, const float* priorities, int64_t n,
-                                 int32_t* updated) {
-  if (KernelStatus s = CheckRowsInRange(t, indices, n); !s.ok()) return s;
+KernelStatus ScatterPrioritiesCpu(const TableView& t, const int32_t* indices, const uint32_t* generations,
+                                  const float* priorities, int64_t n, int32_t* updated) {
+  if (KernelStatus s = CheckRowsInRange(t, indices, n, ErrorSite::kScatterIndex); !s.ok()) return s;
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(priorities[i]) || priorities[i] < 0.0f) {
-      return {KernelCode::kInvalidArgument,
-              "priorities[" + std::to_string(i) + "] = " + std::to_string(priorities[i]) +
-                  "; priorities must be finite and >= 0 (no row was updated)"};
+      uint32_t bits;
+      std::memcpy(&bits, &priorities[i], sizeof(bits));
+      return KernelError(ErrorSite::kScatterPriority, i, bits);
     }
   }
   int32_t count = 0;

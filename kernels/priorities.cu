@@ -64,23 +64,27 @@ __global__ void __launch_bounds__(ScatterPolicy::kCheckThreads)
     const bool in_range = row >= 0 && row < t.capacity;
     if (!in_range) atomicMin(&first_bad_row, static_cast<unsigned long long>(i));
     entry_keys[i] = in_range ? keys.Make(row, i) : 0;
-    if (!isfinite(priority) || priority < 0.0f) atomicMin(&first_bad_priority, static_cast<unsigned long long>(i));
+    if (!isfinite(priority) || priority < 0.0f)
+      atomicMin(&first_bad_priority, static_cast<unsigned long long>(i));
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  const int64_t bad_row = static_cast<int64_t>(first_bad_row), bad_priority = static_cast<int64_t>(first_bad_priority);
+  const int64_t bad_row = static_cast<int64_t>(first_bad_row),
+                bad_priority = static_cast<int64_t>(first_bad_priority);
   *failed = bad_row < n || bad_priority < n;
   *updated = 0;
   if (bad_row < n) {
     ReportError(error, ErrorSite::kScatterIndex, bad_row, indices[bad_row], t.capacity);
   } else if (bad_priority < n) {
-    ReportError(error, ErrorSite::kScatterPriority, bad_priority, __float_as_uint(priorities[bad_priority]), 0);
+    ReportError(error, ErrorSite::kScatterPriority, bad_priority, __float_as_uint(priorities[bad_priority]),
+                0);
   }
 }
 
 // One thread per sorted entry; the first entry of each row applies that row's entries in batch order.
 __global__ void ScatterKernel(TableView t, const uint32_t* generations, const float* priorities, int64_t n,
-                              EntryKeys keys, const uint64_t* sorted, const int32_t* failed, int32_t* updated) {
+                              EntryKeys keys, const uint64_t* sorted, const int32_t* failed,
+                              int32_t* updated) {
   const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (p >= n || *failed) return;
   const int64_t row = keys.Row(sorted[p]);
@@ -129,15 +133,15 @@ cudaError_t ScatterPrioritiesCuda(const TableView& table, const int32_t* indices
   ScratchCarver carver(scratch);
   ScatterScratch memory(carver, table, n);
   if (memory.status != cudaSuccess) return memory.status;
-  CheckKernel<<<1, ScatterPolicy::kCheckThreads, 0, stream>>>(table, indices, priorities, n, memory.keys,
-                                                             memory.entry_keys[0], memory.failed, updated, error);
+  CheckKernel<<<1, ScatterPolicy::kCheckThreads, 0, stream>>>(
+      table, indices, priorities, n, memory.keys, memory.entry_keys[0], memory.failed, updated, error);
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
   const uint64_t* sorted = memory.entry_keys[0];
   if (n > 1) {
     cub::DoubleBuffer<uint64_t> buffers(memory.entry_keys[0], memory.entry_keys[1]);
-    status = cub::DeviceRadixSort::SortKeys(memory.sort_temp, memory.sort_bytes, buffers, n, 0, memory.keys.end_bit,
-                                            stream);
+    status = cub::DeviceRadixSort::SortKeys(memory.sort_temp, memory.sort_bytes, buffers, n, 0,
+                                            memory.keys.end_bit, stream);
     if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     sorted = buffers.Current();

@@ -12,8 +12,7 @@ namespace gear {
 
 // Fails, changing nothing, when a row id is out of range or a priority is NaN, infinite or negative.
 // Otherwise sets *updated to the number of rows whose priority was written.
-KernelStatus ScatterPrioritiesCpu(const TableView& table, const int32_t* indices,
-                                 const uint32_t* generations, const float* priorities, int64_t n,
-                                 int32_t* updated);
+KernelStatus ScatterPrioritiesCpu(const TableView& table, const int32_t* indices, const uint32_t* generations,
+                                  const float* priorities, int64_t n, int32_t* updated);
 
 }  // namespace gear

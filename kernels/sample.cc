@@ -12,20 +12,9 @@
 namespace gear {
 namespace {
 
-constexpr int kUniformAttempts = 64;
 constexpr int64_t kPriorityBlock = 4096;
 
-int64_t ClaimedRows(const TableView& t) {
-  uint64_t next = LoadRelaxed(t.next_seq);
-  return next < static_cast<uint64_t>(t.capacity) ? static_cast<int64_t>(next) : t.capacity;
-}
-
-KernelStatus Empty() {
-  return {KernelCode::kEmpty,
-          "the table holds no selectable rows (every row is empty, being written, or has priority "
-          "0); insert rows before sampling"};
-}
-
+KernelStatus Empty() { return KernelError(ErrorSite::kSampleEmpty); }
 
 void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
             uint64_t state, float probability) {
@@ -131,9 +120,7 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
   }
   const double total = block_start[num_blocks];
   if (std::isinf(total)) {
-    return {KernelCode::kInvalidArgument,
-            "the sum of priority^priority_exponent overflows a double; lower priority_exponent or "
-            "rescale the priorities"};
+    return KernelError(ErrorSite::kSampleWeightOverflow);
   }
   if (!(total > 0.0)) return Empty();
 
@@ -141,8 +128,7 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
   // row whose running prefix exceeds the target. A row whose state changed since pass 1 is skipped.
   std::vector<std::pair<double, int64_t>> targets(r.batch_size);
   for (int64_t i = 0; i < r.batch_size; ++i) {
-    targets[i] = {UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kSelect) * total,
-                  i};
+    targets[i] = {UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kSelect) * total, i};
   }
   std::sort(targets.begin(), targets.end());
   int64_t block = 0, row = 0;
@@ -224,10 +210,7 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
   }
   if (count == 0) return Empty();
   if (count < r.batch_size) {
-    return {KernelCode::kTooFew,
-            "the table holds " + std::to_string(count) + " selectable rows, fewer than batch_size " +
-                std::to_string(r.batch_size) +
-                "; fifo, lifo and topk return distinct rows: lower batch_size or insert more rows"};
+    return KernelError(ErrorSite::kSampleTooFew, 0, count, r.batch_size);
   }
   if (best.size() > keep) prune();
   std::sort(best.begin(), best.end(), better);
@@ -248,7 +231,19 @@ KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request,
     case SampleMethod::kLifo:
     case SampleMethod::kTopK: return SampleOrdered(table, request, out);
   }
-  return {KernelCode::kInvalidArgument, "unknown sampling method"};
+  return KernelError(ErrorSite::kSampleMethod, 0, static_cast<int32_t>(request.method));
+}
+
+bool IsSampleMethod(int32_t method) {
+  for (const SampleMethodName& m : kSampleMethods) {
+    if (static_cast<int32_t>(m.method) == method) return true;
+  }
+  return false;
+}
+
+int64_t ClaimedRows(const TableView& t) {
+  const uint64_t next = LoadRelaxed(t.next_seq);
+  return next < static_cast<uint64_t>(t.capacity) ? static_cast<int64_t>(next) : t.capacity;
 }
 
 }  // namespace gear

@@ -1,25 +1,24 @@
 #include "sample.cuh"
 
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/util_type.cuh>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 
 #include "atomics.cuh"
-#include "selection.h"
 #include "philox.h"
 #include "scratch.cuh"
+#include "selection.h"
 
 namespace gear {
 namespace {
 
 struct SamplePolicy {
   static constexpr int kPickThreads = 256;       // threads per block of the one-thread-per-pick kernels
-  static constexpr int kUniformAttempts = 64;    // rejection attempts per pick: kUniformAttempts of sample.cc
   static constexpr int kFallbackThreads = 1024;  // the single block of the uniform fallback scan
   static constexpr int kOrderedThreads = 256;    // fifo/lifo/topk: threads of a candidate block
   static constexpr int kOrderedItems = 8;        // rows per thread of a candidate block
@@ -39,14 +38,13 @@ __device__ SampleRequest Seeded(SampleRequest r, const uint32_t* seed) {
   return r;
 }
 
-
-__device__ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
-                       uint32_t generation, float probability) {
+__device__ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick,
+                       int64_t row, uint32_t generation, float probability) {
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = generation;
   out.probabilities[pick] = probability;
-  out.starts[pick] = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), r.window, r.seed0, r.seed1,
-                                                static_cast<uint32_t>(pick))
+  out.starts[pick] = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), r.window, r.seed0,
+                                                r.seed1, static_cast<uint32_t>(pick))
                                   : 0;
   device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
 }
@@ -69,7 +67,7 @@ __global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* 
   if (i >= r.batch_size) return;
   r = Seeded(r, seed);
   const uint32_t pick = static_cast<uint32_t>(i);
-  for (int attempt = 0; rows > 0 && attempt < SamplePolicy::kUniformAttempts; ++attempt) {
+  for (int attempt = 0; rows > 0 && attempt < kUniformAttempts; ++attempt) {
     const double u = UniformDouble(r.seed0, r.seed1, pick, attempt, Draw::kSelect);
     const int64_t drawn = static_cast<int64_t>(u * rows);
     const int64_t candidate = drawn < rows - 1 ? drawn : rows - 1;
@@ -96,7 +94,7 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     typename Reduce::TempStorage reduce;
     typename Scan::TempStorage scan;
   } temp;
-  __shared__ int32_t tile_rows[kThreads];    // the tile's selectable rows, by rank
+  __shared__ int32_t tile_rows[kThreads];     // the tile's selectable rows, by rank
   __shared__ uint64_t tile_states[kThreads];  // and the states they were selected with
   __shared__ int64_t selectable_rows;
   r = Seeded(r, seed);
@@ -109,7 +107,8 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     __syncthreads();
   } else {
     int64_t mine = 0;
-    for (int64_t k = tid; k < rows; k += kThreads) mine += StateSelectable(device::LoadAcquire(&t.state[k])) ? 1 : 0;
+    for (int64_t k = tid; k < rows; k += kThreads)
+      mine += StateSelectable(device::LoadAcquire(&t.state[k])) ? 1 : 0;
     const int64_t total = Reduce(temp.reduce).Sum(mine);
     if (tid == 0) selectable_rows = total;
     __syncthreads();
@@ -145,7 +144,8 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
       for (int64_t i = tid; i < r.batch_size; i += kThreads) {
         if (out.indices[i] >= 0) continue;
         const int64_t at = ranks[i] - before;
-        if (at >= 0 && at < tile_count) Record(t, r, out, i, tile_rows[at], StateGeneration(tile_states[at]), 0.0f);
+        if (at >= 0 && at < tile_count)
+          Record(t, r, out, i, tile_rows[at], StateGeneration(tile_states[at]), 0.0f);
       }
       if (tile_count > 0) {
         last_row = tile_rows[tile_count - 1];
@@ -182,11 +182,11 @@ struct UniformScratch {
 cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
                           const UniformScratch& scratch, SampleResult out, DeviceError* error,
                           cudaStream_t stream) {
-  UniformPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0, stream>>>(
-      t, r, seed, rows, out);
+  UniformPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
+                      stream>>>(t, r, seed, rows, out);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   UniformFinishKernel<<<1, SamplePolicy::kFallbackThreads, 0, stream>>>(t, r, seed, rows, scratch.ranks, out,
-                                                                      error);
+                                                                        error);
   return cudaGetLastError();
 }
 
@@ -195,7 +195,9 @@ cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, int64_t ro
 struct WeightOfRow {
   const uint64_t* state;
   float exponent;
-  __device__ double operator()(int64_t row) const { return PriorityWeight(device::LoadRelaxed(&state[row]), exponent); }
+  __device__ double operator()(int64_t row) const {
+    return PriorityWeight(device::LoadRelaxed(&state[row]), exponent);
+  }
 };
 using WeightIterator = thrust::transform_iterator<WeightOfRow, thrust::counting_iterator<int64_t>>;
 
@@ -283,7 +285,8 @@ struct PrioritizedScratch {
   PrioritizedScratch(ScratchCarver& carver, const TableView& t, const SampleRequest& r, int64_t rows) {
     prefix = carver.Take<double>(rows);
     if (rows > 0) {
-      status = cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, Weights(t, r.priority_exponent), prefix, rows);
+      status =
+          cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, Weights(t, r.priority_exponent), prefix, rows);
     }
     scan_temp = carver.Take<uint8_t>(scan_bytes);
   }
@@ -294,9 +297,8 @@ cudaError_t SamplePrioritized(const TableView& t, const SampleRequest& r, int64_
                               cudaStream_t stream) {
   if (scratch.status != cudaSuccess) return scratch.status;
   if (rows > 0) {
-    cudaError_t status = cub::DeviceScan::InclusiveSum(scratch.scan_temp, scratch.scan_bytes,
-                                                       Weights(t, r.priority_exponent), scratch.prefix, rows,
-                                                       stream);
+    cudaError_t status = cub::DeviceScan::InclusiveSum(
+        scratch.scan_temp, scratch.scan_bytes, Weights(t, r.priority_exponent), scratch.prefix, rows, stream);
     if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) return status;
   }
@@ -364,9 +366,9 @@ __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
 }
 
 // One thread per pick: the pick-th best candidate, once the table is known to hold batch_size rows.
-__global__ void OrderedRecordKernel(TableView t, SampleRequest r, const uint32_t* seed, const uint64_t* values,
-                                    const unsigned long long* selectable_rows, SampleResult out,
-                                    DeviceError* error) {
+__global__ void OrderedRecordKernel(TableView t, SampleRequest r, const uint32_t* seed,
+                                    const uint64_t* values, const unsigned long long* selectable_rows,
+                                    SampleResult out, DeviceError* error) {
   const int64_t i = ThreadIndex();
   if (i >= r.batch_size) return;
   const int64_t count = static_cast<int64_t>(*selectable_rows);
@@ -410,26 +412,29 @@ struct OrderedScratch {
 };
 
 cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
-                          OrderedScratch& scratch, SampleResult out, DeviceError* error, cudaStream_t stream) {
+                          OrderedScratch& scratch, SampleResult out, DeviceError* error,
+                          cudaStream_t stream) {
   if (scratch.status != cudaSuccess) return scratch.status;
   cudaError_t status = cudaMemsetAsync(scratch.selectable_rows, 0, sizeof(unsigned long long), stream);
   if (status != cudaSuccess) return status;
   const uint64_t* sorted = scratch.values[0];  // one tile: the block sort is the answer's order already
   if (scratch.tiles > 0) {
-    OrderedCandidatesKernel<<<static_cast<unsigned>(scratch.tiles), SamplePolicy::kOrderedThreads, 0, stream>>>(
-        t, r.method, rows, scratch.keep, scratch.keys[0], scratch.values[0], scratch.selectable_rows);
+    OrderedCandidatesKernel<<<static_cast<unsigned>(scratch.tiles), SamplePolicy::kOrderedThreads, 0,
+                              stream>>>(t, r.method, rows, scratch.keep, scratch.keys[0], scratch.values[0],
+                                        scratch.selectable_rows);
     if (status = cudaGetLastError(); status != cudaSuccess) return status;
   }
   if (scratch.tiles > 1) {
-    cub::DoubleBuffer<uint64_t> keys(scratch.keys[0], scratch.keys[1]), values(scratch.values[0], scratch.values[1]);
+    cub::DoubleBuffer<uint64_t> keys(scratch.keys[0], scratch.keys[1]),
+        values(scratch.values[0], scratch.values[1]);
     status = cub::DeviceRadixSort::SortPairs(scratch.sort_temp, scratch.sort_bytes, keys, values,
                                              scratch.candidates, 0, 64, stream);
     if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) return status;
     sorted = values.Current();
   }
-  OrderedRecordKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0, stream>>>(
-      t, r, seed, sorted, scratch.selectable_rows, out, error);
+  OrderedRecordKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
+                        stream>>>(t, r, seed, sorted, scratch.selectable_rows, out, error);
   return cudaGetLastError();
 }
 

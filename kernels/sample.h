@@ -4,7 +4,7 @@
 // Every method selects only selectable rows (even generation, priority > 0) and records the generation
 // it saw, so that gather and update_priorities can tell when the row was overwritten since.
 //  - uniform: each selectable row with probability 1/V (rejection over the claimed rows, then an exact
-//    fallback scan after 64 rejections, so the distribution is exactly uniform);
+//    fallback scan after kUniformAttempts rejections, so the distribution is exactly uniform);
 //  - prioritized: row i with probability p_i^a / sum_j p_j^a (block sums, then a prefix walk per
 //    sorted pick);
 //  - fifo / lifo: the batch_size oldest / newest committed rows, oldest / newest first;
@@ -14,11 +14,27 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
+#include "errors.h"
 #include "table_view.h"
 
 namespace gear {
+
+// Every method by its user-facing name (gear_jax.sample's `method`).
+struct SampleMethodName {
+  SampleMethod method;
+  const char* name;
+};
+inline constexpr SampleMethodName kSampleMethods[] = {{SampleMethod::kUniform, "uniform"},
+                                                      {SampleMethod::kPrioritized, "prioritized"},
+                                                      {SampleMethod::kFifo, "fifo"},
+                                                      {SampleMethod::kLifo, "lifo"},
+                                                      {SampleMethod::kTopK, "topk"}};
+bool IsSampleMethod(int32_t method);
+
+// Rows [0, ClaimedRows(table)) had been claimed by a writer at the time of the call: the range every
+// selection looks at (rows claimed later hold no committed data yet).
+int64_t ClaimedRows(const TableView& table);
 
 struct SampleRequest {
   SampleMethod method = SampleMethod::kUniform;
@@ -33,12 +49,6 @@ struct SampleResult {
   uint32_t* generations;
   float* probabilities;
   int32_t* starts;
-};
-
-struct KernelStatus {
-  KernelCode code = KernelCode::kOk;
-  std::string message;
-  bool ok() const { return code == KernelCode::kOk; }
 };
 
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out);

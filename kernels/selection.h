@@ -11,6 +11,10 @@
 
 namespace gear {
 
+// Uniform sampling draws up to this many candidates per pick (Philox attempts 0..kUniformAttempts-1)
+// before the exact fallback scan. CPU and CUDA pick the same rows only while they agree on it.
+inline constexpr int kUniformAttempts = 64;
+
 // p^a of a selectable row; 0 for a row that is empty, being written or of priority 0.
 GEAR_HD double PriorityWeight(uint64_t state, float exponent) {
   if (!StateSelectable(state)) return 0.0;

@@ -25,6 +25,8 @@ namespace gear {
 
 inline constexpr int kMaxFields = 64;
 
+// The selection methods. Python learns their names and numbers from the native module (kSampleMethods
+// in sample.h), so this is their one definition.
 enum class SampleMethod : int32_t { kUniform = 0, kPrioritized = 1, kFifo = 2, kLifo = 3, kTopK = 4 };
 
 struct FieldView {
@@ -37,12 +39,12 @@ struct TableView {
   int64_t capacity = 0;
   int32_t max_steps = 0;
   int32_t num_fields = 0;
-  uint64_t* state = nullptr;          // [capacity] generation << 32 | priority bits
-  int32_t* length = nullptr;          // [capacity] committed steps
-  uint64_t* insert_seq = nullptr;     // [capacity] commit order (1, 2, ...), for fifo/lifo
-  uint32_t* times_sampled = nullptr;  // [capacity]
-  const uint64_t* next_seq = nullptr; // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
-  int64_t* selectable = nullptr;      // count of rows with an even generation and priority > 0
+  uint64_t* state = nullptr;           // [capacity] generation << 32 | priority bits
+  int32_t* length = nullptr;           // [capacity] committed steps
+  uint64_t* insert_seq = nullptr;      // [capacity] commit order (1, 2, ...), for fifo/lifo
+  uint32_t* times_sampled = nullptr;   // [capacity]
+  const uint64_t* next_seq = nullptr;  // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
+  int64_t* selectable = nullptr;       // count of rows with an even generation and priority > 0
   FieldView fields[kMaxFields];
 };
 
@@ -64,8 +66,5 @@ GEAR_HD uint64_t MakeState(uint32_t generation, float priority) {
 GEAR_HD bool StateSelectable(uint64_t state) {
   return (StateGeneration(state) & 1u) == 0 && StatePriority(state) > 0.0f;
 }
-
-// Result of a kernel: kOk, or a code and a message the runtime turns into an error.
-enum class KernelCode : int32_t { kOk = 0, kEmpty = 1, kOutOfRange = 2, kInvalidArgument = 3, kTooFew = 4 };
 
 }  // namespace gear

@@ -58,7 +58,8 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
     """Two processes overwrite a small ring as fast as they can while this one samples and gathers.
 
     Every row a writer commits holds one value in every element, so a row read while it was being
-    rewritten would mix two values. Such a row must come back invalid.
+    rewritten would mix two values. Such a row must come back invalid. The test also checks that reads
+    did overlap writes (rows came back invalid), so the seqlock was really exercised.
     """
     width = 4096
     table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=8)
@@ -80,7 +81,7 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
     valid_rows = invalid_rows = 0
     try:
         i = 0
-        while any(w.poll() is None for w in writers) and i < 20_000:
+        while any(w.poll() is None for w in writers) and i < 20_000 and invalid_rows < 200:
             batch = step(jax.random.key(i))
             v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
             uniform = (v == v[:, :1]).all(axis=1)
@@ -92,8 +93,9 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
         for w in writers:
             w.wait(timeout=TIMEOUT)
     assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
-    assert valid_rows > 0
     print(f"{i} batches, {valid_rows} valid rows, {invalid_rows} invalid rows")
+    assert valid_rows > 0
+    assert invalid_rows > 0, "no read overlapped a write: the test did not exercise the seqlock"
     assert table.row_status()["generation"].min() >= 2
 
 

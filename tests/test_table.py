@@ -20,10 +20,37 @@ def test_create_makes_private_shared_memory_with_unguessable_name(make_table):
     assert make_table().name != table.name
 
 
-def test_columns_are_64_byte_aligned(make_table):
+def test_columns_are_page_aligned(make_table):
+    """Every column, status and fields alike, starts on a 4096-byte boundary (shared_table.h)."""
     table = make_table(fields={"a": gj.Field((3,), "uint8"), "b": gj.Field((5,), "float64")}, capacity=7)
-    for column in table._columns.values():
-        assert column.ctypes.data % 64 == 0
+    columns = [*table._columns.values(), table._state, table._length, table._insert_seq, table._times_sampled]
+    assert len(columns) == 6
+    for column in columns:
+        assert column.ctypes.data % 4096 == 0, column.ctypes.data % 4096
+
+
+@pytest.mark.parametrize(
+    "shape, steps, stride",
+    [
+        ((3,), 1, 16),  # 3 bytes: one 16-byte vector
+        ((16,), 1, 16),  # already a multiple of 16
+        ((17,), 1, 32),
+        ((1000,), 1, 1008),  # under 1 KiB: 16-byte multiples
+        ((1024,), 1, 1024),  # 1 KiB and up: whole 128-byte lines
+        ((1030,), 1, 1152),
+        ((100,), 12, 1280),  # a trajectory row of 12 steps of 100 bytes: 1200 -> 1280
+        ((5,), 3, 16),
+    ],
+)
+def test_row_stride_rule(make_table, shape, steps, stride):
+    """Rows are padded to 16-byte multiples, and to 128-byte multiples from 1 KiB on (RowStride)."""
+    table = make_table(fields={"x": gj.Field(shape, "uint8")}, capacity=3, max_steps=steps)
+    column = table._columns["x"]
+    assert column.strides[:2] == (stride, shape[0])
+    step = np.arange(np.prod(shape), dtype=np.uint8).reshape(shape) % 251
+    rows = {"x": np.broadcast_to(step, (3, steps, *shape)) if steps > 1 else np.broadcast_to(step, (3, *shape))}
+    table.insert({"x": np.ascontiguousarray(rows["x"])})
+    np.testing.assert_array_equal(column[2, steps - 1], step)  # the stride addresses the real rows
 
 
 def test_close_unlinks_and_is_idempotent(make_table):

@@ -2,9 +2,10 @@
 // and attributes, running the kernels of kernels/*.cu on XLA's stream for the call.
 //
 // How errors are reported. A handler never waits for its stream.
-//  - What the host can check, it checks before enqueuing anything, and fails the call at once with the
-//    CPU handler's code and message: a closed table or one of another spec, a table whose memory is not
-//    registered with CUDA, bad attributes or result shapes, no scratch memory, a failed launch.
+//  - What the host can check, it checks before enqueuing anything, and fails the call at once: a closed
+//    table or one of another spec, bad attributes or result shapes (these checks are handler_checks.h,
+//    shared with the CPU handlers: same code, same words), a table whose memory is not registered with
+//    CUDA, no scratch memory, a failed launch.
 //  - Errors in the data are known only to the kernels (or to the host callback of update_priorities,
 //    see below): a sample of a table with no selectable row or with fewer than batch_size rows for
 //    fifo/lifo/topk, a row id or window start out of range, a NaN, infinite or negative priority. The
@@ -15,10 +16,10 @@
 //    and counts 0 rows.
 //  - Errors surface at the next call: every handler first looks at the record of its table and device,
 //    and when an earlier call left an error there, clears it and fails with that error's code and
-//    message (as the CPU handler would have), noting that an earlier call found it. "Next" means the
-//    first call whose handler runs after the failing kernel did: the handlers of one jitted program all
-//    run before its kernels, so an error in a learner step shows at a later step. A record still set
-//    when the table is closed is dropped.
+//    message (kernels/errors.h: the CPU kernels' very words), noting that an earlier call found it. "Next"
+//    means the first call whose handler runs after the failing kernel did: the handlers of one jitted program
+//    all run before its kernels, so an error in a learner step shows at a later step. A record still set when
+//    the table is closed is dropped.
 //
 // Where update_priorities runs. A priority update and a writer's claim of a row (SharedTable::Claim) are
 // each a compare-and-swap of the row's 64-bit state word in pinned host memory. A kernel's atomics on
@@ -58,6 +59,7 @@
 #include "kernels/scratch.cuh"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/cuda_runtime.h"
+#include "xla_ffi/handler_checks.h"
 #include "xla_ffi/host_staging.h"
 #include "xla_ffi/registry.h"
 
@@ -66,72 +68,21 @@ namespace ffi = xla::ffi;
 namespace gear {
 namespace {
 
-std::string Prefix(const char* op) { return std::string("gear_jax.") + op + ": "; }
-
-// The status code the CPU handlers use for each kind of kernel error.
-ffi::ErrorCode CodeOf(KernelCode code) {
-  switch (code) {
-    case KernelCode::kEmpty:
-    case KernelCode::kTooFew: return ffi::ErrorCode::kFailedPrecondition;
-    case KernelCode::kOutOfRange: return ffi::ErrorCode::kOutOfRange;
-    default: return ffi::ErrorCode::kInvalidArgument;
-  }
-}
-
-// The error an earlier call on this table and device recorded, as the CPU handler words it; the record
-// is cleared. Success when there is none.
+// The error an earlier call on this table and device recorded, in the words and with the code the CPU
+// handler uses for it (KernelFailure); the record is cleared. Success when there is none.
 ffi::Error TakeEarlierError(DeviceError* record, int32_t device) {
   const auto site = static_cast<ErrorSite>(__atomic_load_n(&record->site, __ATOMIC_ACQUIRE));
   if (site == ErrorSite::kNone) return ffi::Error::Success();
-  const int64_t element = record->element, value = record->value, limit = record->limit;
+  const KernelStatus status = KernelError(site, record->element, record->value, record->limit);
   __atomic_store_n(&record->site, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&record->claim, 0, __ATOMIC_RELEASE);
-
-  const char* op = "sample";
-  KernelCode code = KernelCode::kOutOfRange;
-  std::string message;
-  switch (site) {
-    case ErrorSite::kSampleEmpty:
-      code = KernelCode::kEmpty;
-      message = "the table holds no selectable rows (every row is empty, being written, or has priority 0); "
-                "insert rows before sampling";
-      break;
-    case ErrorSite::kSampleTooFew:
-      code = KernelCode::kTooFew;
-      message = "the table holds " + std::to_string(value) + " selectable rows, fewer than batch_size " +
-                std::to_string(limit) + "; fifo, lifo and topk return distinct rows: lower batch_size or insert "
-                "more rows";
-      break;
-    case ErrorSite::kGatherIndex:
-    case ErrorSite::kScatterIndex:
-      op = site == ErrorSite::kGatherIndex ? "gather" : "update_priorities";
-      message = "indices[" + std::to_string(element) + "] = " + std::to_string(value) + " is outside [0, " +
-                std::to_string(limit) + "); pass a Sample from this table";
-      break;
-    case ErrorSite::kGatherStart:
-      op = "gather";
-      message = "starts[" + std::to_string(element) + "] = " + std::to_string(value) +
-                " is outside [0, max_steps=" + std::to_string(limit) + ")";
-      break;
-    case ErrorSite::kScatterPriority: {
-      op = "update_priorities";
-      code = KernelCode::kInvalidArgument;
-      const uint32_t bits = static_cast<uint32_t>(value);
-      float priority;
-      std::memcpy(&priority, &bits, sizeof(priority));
-      message = "priorities[" + std::to_string(element) + "] = " + std::to_string(priority) +
-                "; priorities must be finite and >= 0 (no row was updated)";
-      break;
-    }
-    default: message = "unknown error record " + std::to_string(static_cast<int32_t>(site)); break;
-  }
-  return ffi::Error(CodeOf(code), Prefix(op) + message + " [found on CUDA device " + std::to_string(device) +
-                                      " by an earlier call: CUDA calls report bad data at the next call on the "
-                                      "table]");
+  return KernelFailure(status, " [found on CUDA device " + std::to_string(device) +
+                                   " by an earlier call: CUDA calls report bad data at the next call on the "
+                                   "table]");
 }
 
 ffi::Error CudaFailure(const char* op, const char* what, cudaError_t status) {
-  return ffi::Error(ffi::ErrorCode::kInternal, Prefix(op) + what + ": " + cudaGetErrorString(status));
+  return OpError(ffi::ErrorCode::kInternal, op, std::string(what) + ": " + cudaGetErrorString(status));
 }
 
 // Makes `device` the calling thread's current CUDA device while it lives. XLA calls the handler with
@@ -167,14 +118,13 @@ struct CudaTable {
 
 // Resolves (handle, spec hash) on `device`, then fails with the error an earlier call left, if any.
 ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* op, CudaTable* out) {
+  if (ffi::Error error = ResolveTable(handle, spec_hash, &out->table); error.failure()) return error;
   std::string error;
-  out->table = LookupTable(handle, static_cast<uint64_t>(spec_hash), &error);
-  if (!out->table) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, error);
   out->side = out->table->cuda()->ForDevice(device, out->table->view(), &error);
   if (out->side == nullptr) {
-    return ffi::Error(ffi::ErrorCode::kFailedPrecondition,
-                      Prefix(op) + "table '" + out->table->name() + "' cannot be read on CUDA device " +
-                          std::to_string(device) + ": " + error);
+    return OpError(ffi::ErrorCode::kFailedPrecondition, op,
+                   "table '" + out->table->name() + "' cannot be read on CUDA device " +
+                       std::to_string(device) + ": " + error);
   }
   return TakeEarlierError(out->side->error_host, device);
 }
@@ -185,8 +135,8 @@ ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, const c
   if (bytes == 0) return ffi::Error::Success();
   std::optional<void*> block = scratch.Allocate(bytes, ScratchCarver::kAlign);
   if (!block.has_value()) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      Prefix(op) + "cannot allocate " + std::to_string(bytes) + " bytes of GPU scratch memory");
+    return OpError(ffi::ErrorCode::kResourceExhausted, op,
+                   "cannot allocate " + std::to_string(bytes) + " bytes of GPU scratch memory");
   }
   *memory = *block;
   return ffi::Error::Success();
@@ -196,30 +146,23 @@ ffi::Error Launched(cudaError_t status, const char* op) {
   return status == cudaSuccess ? ffi::Error::Success() : CudaFailure(op, "kernel launch failed", status);
 }
 
-// Rows [0, rows) were claimed by the time of the call: the range the selection looks at.
-int64_t ClaimedRows(const TableView& t) {
-  const uint64_t next = LoadRelaxed(t.next_seq);
-  return next < static_cast<uint64_t>(t.capacity) ? static_cast<int64_t>(next) : t.capacity;
-}
-
 ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
-                      ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::S32> indices,
-                      ffi::ResultBuffer<ffi::U32> generations, ffi::ResultBuffer<ffi::F32> probabilities,
-                      ffi::ResultBuffer<ffi::S32> starts, int64_t handle, int64_t spec_hash, int32_t method,
-                      float priority_exponent, int32_t window) {
+                      ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
+                      ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
+                      ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
+                      int64_t handle, int64_t spec_hash, int32_t method, float priority_exponent,
+                      int32_t window) {
   ScopedDevice scope(device);
-  if (scope.status() != cudaSuccess) return CudaFailure("sample", "cannot select the CUDA device", scope.status());
+  if (scope.status() != cudaSuccess)
+    return CudaFailure("sample", "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, "sample", &t); error.failure()) return error;
-  if (seed.element_count() != 2) return ffi::Error::InvalidArgument("seed must hold 2 uint32 words");
-  if (method < 0 || method > static_cast<int32_t>(SampleMethod::kTopK)) {
-    return ffi::Error::InvalidArgument(Prefix("sample") + "unknown sampling method");
-  }
   SampleRequest request;
-  request.method = static_cast<SampleMethod>(method);
-  request.priority_exponent = priority_exponent;
-  request.window = window;
-  request.batch_size = static_cast<int64_t>(indices->element_count());
+  if (ffi::Error error = PrepareSample(seed.element_count(), method, priority_exponent, window,
+                                       indices->element_count(), &request);
+      error.failure()) {
+    return error;
+  }
   const int64_t rows = ClaimedRows(t.table->view());
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), "sample", &memory);
@@ -238,39 +181,20 @@ ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32>
                       ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out, int64_t handle,
                       int64_t spec_hash, ffi::Span<const int64_t> fields, int32_t window) {
   ScopedDevice scope(device);
-  if (scope.status() != cudaSuccess) return CudaFailure("gather", "cannot select the CUDA device", scope.status());
+  if (scope.status() != cudaSuccess)
+    return CudaFailure("gather", "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, "gather", &t); error.failure()) return error;
-  const TableView& view = t.side->view;
-  if (fields.size() != fields_out.size() || fields.size() > static_cast<size_t>(kMaxFields)) {
-    return ffi::Error::InvalidArgument(Prefix("gather") + "one result per field is expected");
-  }
   GatherRequest request;
-  request.batch_size = static_cast<int64_t>(indices.element_count());
-  request.window = window;
-  request.num_fields = static_cast<int32_t>(fields.size());
-  if (window < 1 || generations.element_count() != indices.element_count() ||
-      starts.element_count() != indices.element_count() ||
-      static_cast<int64_t>(valid->element_count()) != request.batch_size * window) {
-    return ffi::Error::InvalidArgument(Prefix("gather") + "indices, generations, starts and valid do not match");
-  }
   GatherOutputs out;
-  out.valid = valid->typed_data();
-  for (size_t f = 0; f < fields.size(); ++f) {
-    if (fields[f] < 0 || fields[f] >= view.num_fields) {
-      return ffi::Error::InvalidArgument(Prefix("gather") + "field id out of range");
-    }
-    auto result = fields_out.get<ffi::AnyBuffer>(f);
-    if (!result.has_value()) return result.error();
-    const int64_t expected = request.batch_size * window * view.fields[fields[f]].step_bytes;
-    if (static_cast<int64_t>((*result)->size_bytes()) != expected) {
-      return ffi::Error::InvalidArgument(Prefix("gather") + "result buffer has the wrong size");
-    }
-    request.field_ids[f] = static_cast<int32_t>(fields[f]);
-    out.fields[f] = static_cast<uint8_t*>((*result)->untyped_data());
+  if (ffi::Error error =
+          PrepareGather(t.side->view, indices.element_count(), generations.element_count(),
+                        starts.element_count(), valid, fields_out, fields, window, &request, &out);
+      error.failure()) {
+    return error;
   }
-  return Launched(GatherRowsCuda(view, indices.typed_data(), generations.typed_data(), starts.typed_data(), request,
-                                 out, t.side->error_device, stream),
+  return Launched(GatherRowsCuda(t.side->view, indices.typed_data(), generations.typed_data(),
+                                 starts.typed_data(), request, out, t.side->error_device, stream),
                   "gather");
 }
 
@@ -334,27 +258,6 @@ struct HostScatter {
   int64_t n;
 };
 
-// The record CheckKernel (kernels/priorities.cu) leaves for the batch ScatterPrioritiesCpu refused: the
-// first row id out of range, else the first priority that is NaN, infinite or negative.
-void ReportScatterError(const HostScatter& call) {
-  const TableView& view = call.table->view();
-  const ScatterStaging& in = call.staging;
-  for (int64_t i = 0; i < call.n; ++i) {
-    if (in.indices[i] < 0 || in.indices[i] >= view.capacity) {
-      ReportErrorFromHost(call.error, ErrorSite::kScatterIndex, i, in.indices[i], view.capacity);
-      return;
-    }
-  }
-  for (int64_t i = 0; i < call.n; ++i) {
-    if (!std::isfinite(in.priorities[i]) || in.priorities[i] < 0.0f) {
-      uint32_t bits;
-      std::memcpy(&bits, &in.priorities[i], sizeof(bits));
-      ReportErrorFromHost(call.error, ErrorSite::kScatterPriority, i, bits, 0);
-      return;
-    }
-  }
-}
-
 // The host callback (cudaHostFn_t): runs after the inputs reached the staging and before the count is
 // copied out of it. Makes no CUDA call.
 void RunHostScatter(void* arg) {
@@ -362,17 +265,17 @@ void RunHostScatter(void* arg) {
   const ScatterStaging& s = call->staging;
   const KernelStatus status =
       ScatterPrioritiesCpu(call->table->view(), s.indices, s.generations, s.priorities, call->n, s.count);
-  if (!status.ok()) {
+  if (!status.ok()) {  // the record CheckKernel (kernels/priorities.cu) would leave
     *s.count = 0;
-    ReportScatterError(*call);
+    ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
   }
   if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
 }
 
 // Enqueues the scatter of `n` > 0 entries on the host, in the order of `stream`, without waiting for it.
 ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
-                              const int32_t* indices, const uint32_t* generations, const float* priorities, int64_t n,
-                              int32_t* updated) {
+                              const int32_t* indices, const uint32_t* generations, const float* priorities,
+                              int64_t n, int32_t* updated) {
   constexpr const char* kOp = "update_priorities";
   HostStaging* pool = HostStaging::ForDevice(device);  // Open checked the device is one a table supports
   ScratchCarver sizer(nullptr);
@@ -386,9 +289,11 @@ ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTab
       new HostScatter{t.table, handle, t.side->error_host, ScatterStaging(carver, n), n});
   const ScatterStaging& s = call->staging;
   const char* what = "cannot copy the update to the host";
-  cudaError_t status = cudaMemcpyAsync(s.indices, indices, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  cudaError_t status =
+      cudaMemcpyAsync(s.indices, indices, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
   if (status == cudaSuccess) {
-    status = cudaMemcpyAsync(s.generations, generations, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
+    status =
+        cudaMemcpyAsync(s.generations, generations, n * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
   }
   if (status == cudaSuccess) {
     status = cudaMemcpyAsync(s.priorities, priorities, n * sizeof(float), cudaMemcpyDeviceToHost, stream);
@@ -406,7 +311,8 @@ ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTab
   // Whatever was enqueued, the chunk goes back only once the stream is past it.
   const cudaError_t released = pool->Release(chunk, stream);
   if (status != cudaSuccess) return CudaFailure(kOp, what, status);
-  if (released != cudaSuccess) return CudaFailure(kOp, "cannot record the staging memory's release", released);
+  if (released != cudaSuccess)
+    return CudaFailure(kOp, "cannot record the staging memory's release", released);
   return ffi::Error::Success();
 }
 
@@ -419,11 +325,12 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
-  const int64_t n = static_cast<int64_t>(indices.element_count());
-  if (static_cast<int64_t>(generations.element_count()) != n ||
-      static_cast<int64_t>(priorities.element_count()) != n) {
-    return ffi::Error::InvalidArgument(Prefix(kOp) + "indices, generations and priorities do not match");
+  if (ffi::Error error = CheckUpdatePriorities(indices.element_count(), generations.element_count(),
+                                               priorities.element_count());
+      error.failure()) {
+    return error;
   }
+  const int64_t n = static_cast<int64_t>(indices.element_count());
   // An empty update only zeroes the count: the kernel path does that without a kernel.
   if (n > 0 && ScatterOnHost(device)) {
     return EnqueueHostScatter(stream, device, t, handle, indices.typed_data(), generations.typed_data(),
@@ -435,9 +342,10 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
       error.failure()) {
     return error;
   }
-  return Launched(ScatterPrioritiesCuda(view, indices.typed_data(), generations.typed_data(), priorities.typed_data(),
-                                        n, memory, updated->typed_data(), t.side->error_device, stream),
-                  kOp);
+  return Launched(
+      ScatterPrioritiesCuda(view, indices.typed_data(), generations.typed_data(), priorities.typed_data(), n,
+                            memory, updated->typed_data(), t.side->error_device, stream),
+      kOp);
 }
 
 }  // namespace
@@ -471,7 +379,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxGatherCuda, gear::GatherImpl,
                                   .Arg<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
                                   .Arg<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
                                   .Ret<ffi::Buffer<ffi::PRED>>()             // valid: bool[B, window]
-                                  .RemainingRets()                           // one [B, window, *shape] per field
+                                  .RemainingRets()  // one [B, window, *shape] per field
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<ffi::Span<const int64_t>>("fields")

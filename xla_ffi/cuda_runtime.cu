@@ -39,10 +39,14 @@ bool DescribeCudaDevice(int device, CudaDeviceInfo* info, std::string* error) {
   cudaDeviceProp prop{};
   cudaError_t status = cudaGetDeviceProperties(&prop, device);
   int atomics = 0, pageable = 0, major = 0, minor = 0;
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&atomics, cudaDevAttrHostNativeAtomicSupported, device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (status == cudaSuccess)
+    status = cudaDeviceGetAttribute(&atomics, cudaDevAttrHostNativeAtomicSupported, device);
+  if (status == cudaSuccess)
+    status = cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device);
+  if (status == cudaSuccess)
+    status = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (status == cudaSuccess)
+    status = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (status != cudaSuccess) {
     *error = Failed("cudaDeviceGetAttribute", status) + " for CUDA device " + std::to_string(device);
     return false;
@@ -81,43 +85,6 @@ bool HostNativeAtomics(int device) {
   return value == 1;
 }
 
-std::vector<double> TimeHostToDeviceCopies(const void* host, size_t bytes, int device, int repeats,
-                                           std::string* error) {
-  std::vector<double> seconds;
-  int previous = 0;
-  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-  void* destination = nullptr;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  cudaError_t status = cudaSetDevice(device);
-  const char* call = "cudaSetDevice";
-  if (status == cudaSuccess) status = cudaMalloc(&destination, std::max<size_t>(bytes, 1)), call = "cudaMalloc";
-  if (status == cudaSuccess) status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), call = "cudaStreamCreate";
-  if (status == cudaSuccess) status = cudaEventCreate(&start), call = "cudaEventCreate";
-  if (status == cudaSuccess) status = cudaEventCreate(&stop);
-  for (int i = -1; status == cudaSuccess && i < repeats; ++i) {
-    call = "cudaMemcpyAsync";
-    status = cudaEventRecord(start, stream);
-    if (status == cudaSuccess) status = cudaMemcpyAsync(destination, host, bytes, cudaMemcpyHostToDevice, stream);
-    if (status == cudaSuccess) status = cudaEventRecord(stop, stream);
-    if (status == cudaSuccess) status = cudaEventSynchronize(stop);
-    float ms = 0.0f;
-    if (status == cudaSuccess) status = cudaEventElapsedTime(&ms, start, stop);
-    if (status == cudaSuccess && i >= 0) seconds.push_back(ms * 1e-3);
-  }
-  if (status != cudaSuccess) {
-    *error = Failed(call, status);
-    seconds.clear();
-  }
-  if (start) cudaEventDestroy(start);
-  if (stop) cudaEventDestroy(stop);
-  if (stream) cudaStreamDestroy(stream);
-  if (destination) cudaFree(destination);
-  if (restore) cudaSetDevice(previous);
-  cudaGetLastError();
-  return seconds;
-}
-
 std::unique_ptr<CudaPinning> CudaPinning::Pin(uint8_t* base, size_t bytes, bool want) {
   if (!want) {
     return std::unique_ptr<CudaPinning>(new CudaPinning(base, "not asked to pin (pin=False)"));
@@ -128,10 +95,12 @@ std::unique_ptr<CudaPinning> CudaPinning::Pin(uint8_t* base, size_t bytes, bool 
   cudaError_t status = cudaHostRegister(base, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
   if (status != cudaSuccess) {
     return std::unique_ptr<CudaPinning>(new CudaPinning(
-        base, Failed("cudaHostRegister", status) + " (" + std::to_string(bytes) + " bytes of shared memory)"));
+        base,
+        Failed("cudaHostRegister", status) + " (" + std::to_string(bytes) + " bytes of shared memory)"));
   }
   void* errors = nullptr;
-  status = cudaHostAlloc(&errors, kMaxDevices * sizeof(DeviceError), cudaHostAllocMapped | cudaHostAllocPortable);
+  status =
+      cudaHostAlloc(&errors, kMaxDevices * sizeof(DeviceError), cudaHostAllocMapped | cudaHostAllocPortable);
   if (status != cudaSuccess) {
     std::string reason = Failed("cudaHostAlloc", status);
     cudaHostUnregister(base);
@@ -173,7 +142,8 @@ CudaPinning::~CudaPinning() {
   cudaGetLastError();  // failures here (CUDA already shut down at exit) leave nothing to undo
 }
 
-const CudaPinning::DeviceSide* CudaPinning::ForDevice(int device, const TableView& host_view, std::string* error) {
+const CudaPinning::DeviceSide* CudaPinning::ForDevice(int device, const TableView& host_view,
+                                                      std::string* error) {
   if (!pinned_) {
     *error = "its memory is not registered with CUDA: " + reason_;
     return nullptr;

@@ -27,9 +27,9 @@ int CudaDeviceCount();
 // What a device can do with host memory, from cudaDeviceGetAttribute.
 struct CudaDeviceInfo {
   std::string name;
-  int compute_capability = 0;         // major * 10 + minor
-  bool host_native_atomics = false;   // cudaDevAttrHostNativeAtomicSupported: a kernel's atomics on host
-                                      // memory are atomic against the CPU's (NVLink-C2C hosts, not PCIe)
+  int compute_capability = 0;        // major * 10 + minor
+  bool host_native_atomics = false;  // cudaDevAttrHostNativeAtomicSupported: a kernel's atomics on host
+                                     // memory are atomic against the CPU's (NVLink-C2C hosts, not PCIe)
   bool pageable_memory_access = false;
   bool host_register_supported = false;
 };
@@ -38,12 +38,6 @@ bool DescribeCudaDevice(int device, CudaDeviceInfo* info, std::string* error);
 // Whether kernels on `device` may update table memory with atomics that the CPU's writers respect
 // (cached per device; false when unknown).
 bool HostNativeAtomics(int device);
-
-// Seconds taken by each of `repeats` timed copies (after one untimed copy) of `bytes` from `host`,
-// which must be registered (pinned) host memory, into a buffer on `device`, timed with CUDA events:
-// the host-to-device bandwidth reference of the benchmarks. Empty with *error set on failure.
-std::vector<double> TimeHostToDeviceCopies(const void* host, size_t bytes, int device, int repeats,
-                                           std::string* error);
 
 class CudaPinning {
  public:

@@ -13,7 +13,8 @@ int BitWidth(size_t v) { return v == 0 ? 0 : 64 - __builtin_clzll(static_cast<un
 }  // namespace
 
 HostStaging* HostStaging::ForDevice(int device) {
-  static HostStaging* const pools = new HostStaging[kMaxDevices];  // never destroyed: handlers may run during exit
+  static HostStaging* const pools =
+      new HostStaging[kMaxDevices];  // never destroyed: handlers may run during exit
   if (device < 0 || device >= kMaxDevices) return nullptr;
   return &pools[device];
 }

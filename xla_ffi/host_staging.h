@@ -21,8 +21,8 @@ namespace gear {
 class HostStaging {
  public:
   struct Chunk {
-    void* data;            // pinned host memory (cudaHostAlloc, portable: every device can copy it)
-    size_t bytes;          // at least what Acquire was asked for
+    void* data;    // pinned host memory (cudaHostAlloc, portable: every device can copy it)
+    size_t bytes;  // at least what Acquire was asked for
     int size_class;
     cudaEvent_t released;  // recorded on the stream after the last work of its latest user
   };

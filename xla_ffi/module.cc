@@ -1,5 +1,6 @@
-// The pybind11 module gear_jax._native: the shared-memory table for Python, and the FFI handlers as
-// capsules for jax.ffi.register_ffi_target.
+// The pybind11 module gear_jax._native: binds the open tables (open_table.h), the pool of closed tables
+// (table_pool.h) and what CUDA devices can do (cuda_runtime.h) for Python, and hands the FFI handlers
+// to jax.ffi.register_ffi_target as capsules. Bindings only: the logic lives in the files it includes.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,8 +12,9 @@
 #include <vector>
 
 #include "kernels/atomics.h"
+#include "kernels/sample.h"
 #include "xla_ffi/cpu_handlers.h"
-#include "xla_ffi/registry.h"
+#include "xla_ffi/open_table.h"
 #include "xla_ffi/shared_table.h"
 #include "xla_ffi/table_pool.h"
 
@@ -29,142 +31,6 @@ namespace py = pybind11;
 namespace gear {
 namespace {
 
-// A table opened by this process: the mapping and its registry handle.
-class OpenTable {
- public:
-  OpenTable(std::shared_ptr<SharedTable> table, int64_t handle)
-      : table_(std::move(table)), name_(table_->name()), handle_(handle), creator_(table_->creator()),
-        opened_by_pid_(CurrentPid()) {
-    if (handle_ > 0) {
-      RegisterTableAt(handle_, table_);
-    } else {
-      handle_ = RegisterTable(table_);
-    }
-  }
-  ~OpenTable() { Close(); }
-
-  // Lets go of the mapping unless a writer of this process still holds a row (it is released when
-  // the last one is given back). The creator hands the memory to the pool of closed tables when
-  // nothing else can reach it, or removes the name. In a forked child, closing an inherited table
-  // only forgets it here: the table is the parent's.
-  void Close() noexcept {
-    if (closed_) return;
-    closed_ = true;
-    if (opened_by_pid_ != CurrentPid()) {
-      new std::shared_ptr<SharedTable>(std::move(table_));  // leaked: no unmap, no CUDA call in a child
-      return;
-    }
-    UnregisterTable(handle_);
-#if GEAR_JAX_WITH_CUDA
-    DropTablesLeftByHostCallbacks();
-#endif
-    if (creator_) {
-      table_->MarkClosed();
-      bool pooled = false;
-      try {
-        pooled = held_rows_ == 0 && TablePool::Get().Offer(table_, handle_);
-      } catch (...) {
-        pooled = false;
-      }
-      if (!pooled) table_->Unlink();
-    }
-    if (held_rows_ == 0) table_.reset();
-  }
-
-  // Row writing by this process's writers, counted so that close knows whether rows are still held.
-  int64_t Claim() {
-    const int64_t row = table().Claim();
-    ++held_rows_;
-    return row;
-  }
-  void Commit(int64_t row, int32_t length, float priority) {
-    SharedTable& t = table();
-    try {
-      t.Commit(row, length, priority);
-    } catch (const std::invalid_argument&) {
-      throw;  // refused before anything changed: the row is still held
-    } catch (...) {
-      --held_rows_;  // the row was reclaimed: held no more
-      throw;
-    }
-    --held_rows_;
-  }
-  // Works after close too: other processes may still use the table, so the row must not stay held.
-  void Abandon(int64_t row) {
-    if (!table_) return;
-    table_->CheckRowInRange(row);
-    --held_rows_;
-    try {
-      table_->Abandon(row);
-    } catch (...) {
-      if (closed_ && held_rows_ == 0) table_.reset();
-      throw;
-    }
-    if (closed_ && held_rows_ == 0) table_.reset();
-  }
-  // A reference that keeps the mapping while the caller works without the GIL (a concurrent close
-  // from another thread then lets go of it only after the caller is done).
-  std::shared_ptr<SharedTable> ref() {
-    table();
-    return table_;
-  }
-
-  SharedTable& table() {
-    if (closed_) throw std::runtime_error("table '" + name_ + "' is closed");
-    return *table_;
-  }
-  const std::string& name() const { return name_; }
-  bool creator() const { return creator_; }
-  int64_t handle() const { return handle_; }
-  bool closed() const { return closed_; }
-
- private:
-  std::shared_ptr<SharedTable> table_;
-  std::string name_;
-  int64_t handle_;
-  bool creator_;
-  int32_t opened_by_pid_;
-  bool closed_ = false;
-  int64_t held_rows_ = 0;  // rows claimed through this open and not yet committed or abandoned
-};
-
-// Creates a table, in the memory of a closed one from the pool when one fits (taking its handle too
-// when the spec is the same), else in new shared memory; a full /dev/shm empties the pool and retries.
-std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
-                                       const std::vector<int64_t>& step_bytes, const std::string& spec_json,
-                                       uint64_t spec_hash, bool pin, bool reuse) {
-  const TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
-#if GEAR_JAX_WITH_CUDA
-  DropTablesLeftByHostCallbacks();  // lets the pool reuse memory they still held
-#endif
-  TablePool& pool = TablePool::Get();
-  if (reuse) {
-    if (std::optional<PooledTable> entry = pool.Take(plan.total_bytes, spec_hash)) {
-      std::shared_ptr<SharedTable> table;
-      try {
-        table = SharedTable::Reopen(*entry->table, entry->pool_name, name, plan, spec_json, spec_hash, pin);
-      } catch (const PoolEntryLost&) {
-        entry.reset();  // its name is gone (removed by hand, say): useless; make the table afresh
-      } catch (...) {
-        pool.Return(std::move(*entry));
-        throw;
-      }
-      if (table) {
-        const bool same_spec = entry->spec_hash == spec_hash;
-        pool.CountReuse(same_spec);
-        return std::make_unique<OpenTable>(std::move(table), same_spec ? entry->handle : 0);
-      }
-    }
-  }
-  try {
-    return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);
-  } catch (const OutOfSpaceError&) {
-    if (pool.Stats().tables == 0) throw;
-    pool.Clear();
-  }
-  return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);
-}
-
 py::dict PoolStats() {
   const TablePoolStats s = TablePool::Get().Stats();
   py::dict out;
@@ -180,7 +46,8 @@ py::dict PoolStats() {
 }
 
 py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::buffer>& fields, int64_t batch,
-                            int32_t steps, py::array_t<int32_t, py::array::c_style | py::array::forcecast> lengths,
+                            int32_t steps,
+                            py::array_t<int32_t, py::array::c_style | py::array::forcecast> lengths,
                             py::array_t<float, py::array::c_style | py::array::forcecast> priorities) {
   const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
   SharedTable& table = *held;
@@ -205,8 +72,9 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::buffer>& fiel
     }
     const int64_t expected = batch * steps * view.fields[f].step_bytes;
     if (info.size * info.itemsize != expected) {
-      throw std::invalid_argument("field " + std::to_string(f) + " holds " + std::to_string(info.size * info.itemsize) +
-                                  " bytes, expected " + std::to_string(expected));
+      throw std::invalid_argument("field " + std::to_string(f) + " holds " +
+                                  std::to_string(info.size * info.itemsize) + " bytes, expected " +
+                                  std::to_string(expected));
     }
     data.push_back(static_cast<const uint8_t*>(info.ptr));
   }
@@ -282,38 +150,56 @@ PYBIND11_MODULE(_native, m) {
     return out;
   });
   m.attr("with_cuda") = py::bool_(GEAR_JAX_WITH_CUDA);
-  m.def("cuda_device_count", [] {
+  m.def(
+      "sample_methods",
+      [] {
+        py::dict out;
+        for (const gear::SampleMethodName& m : gear::kSampleMethods)
+          out[m.name] = static_cast<int32_t>(m.method);
+        return out;
+      },
+      "The selection methods of gear_jax.sample: name -> the number the custom call carries");
+  m.def(
+      "cuda_device_count",
+      [] {
 #if GEAR_JAX_WITH_CUDA
-    return gear::CudaDeviceCount();
+        return gear::CudaDeviceCount();
 #else
-    return 0;
+        return 0;
 #endif
-  }, "CUDA devices this process can use (0 in a CPU-only build, or without a GPU)");
-  m.def("cuda_device_info", [](int device) {
+      },
+      "CUDA devices this process can use (0 in a CPU-only build, or without a GPU)");
+  m.def(
+      "cuda_device_info",
+      [](int device) {
 #if GEAR_JAX_WITH_CUDA
-    gear::CudaDeviceInfo info;
-    std::string error;
-    if (!gear::DescribeCudaDevice(device, &info, &error)) throw std::runtime_error(error);
-    py::dict out;
-    out["name"] = info.name;
-    out["compute_capability"] = info.compute_capability;
-    out["host_native_atomics"] = info.host_native_atomics;
-    out["pageable_memory_access"] = info.pageable_memory_access;
-    out["host_register_supported"] = info.host_register_supported;
-    return out;
+        gear::CudaDeviceInfo info;
+        std::string error;
+        if (!gear::DescribeCudaDevice(device, &info, &error)) throw std::runtime_error(error);
+        py::dict out;
+        out["name"] = info.name;
+        out["compute_capability"] = info.compute_capability;
+        out["host_native_atomics"] = info.host_native_atomics;
+        out["pageable_memory_access"] = info.pageable_memory_access;
+        out["host_register_supported"] = info.host_register_supported;
+        return out;
 #else
-    (void)device;
-    throw std::runtime_error("this gear_jax build has no CUDA support");
-    return py::dict();
+        (void)device;
+        throw std::runtime_error("this gear_jax build has no CUDA support");
+        return py::dict();
 #endif
-  }, py::arg("device"), "What CUDA device `device` can do with host memory");
+      },
+      py::arg("device"), "What CUDA device `device` can do with host memory");
   m.attr("format_version") = gear::kFormatVersion;
   m.def("pool_stats", &gear::PoolStats, "The pool of closed tables: what it holds, its limits, its counts");
   m.def("pool_clear", [] { gear::TablePool::Get().Clear(); }, "Drops every closed table the pool holds");
-  m.def("pool_configure", [](int64_t max_tables, uint64_t max_bytes) {
-    if (max_tables < 0) throw std::invalid_argument("max_tables must be >= 0");
-    gear::TablePool::Get().Configure(max_tables, max_bytes);
-  }, py::arg("max_tables"), py::arg("max_bytes"));
+  m.def(
+      "pool_configure",
+      [](int64_t max_tables, uint64_t max_bytes) {
+        if (max_tables < 0) throw std::invalid_argument("max_tables must be >= 0");
+        gear::TablePool::Get().Configure(max_tables, max_bytes);
+      },
+      py::arg("max_tables"), py::arg("max_bytes"));
   m.def("row_stride", &gear::RowStride, py::arg("row_bytes"));
 
   // The bytes of an open table, for numpy views: each view keeps the mapping (not the open) alive, so
@@ -321,23 +207,19 @@ PYBIND11_MODULE(_native, m) {
   struct TableMapping {
     std::shared_ptr<SharedTable> table;
   };
-  py::class_<TableMapping>(m, "TableMapping", py::buffer_protocol())
-      .def_buffer([](TableMapping& self) {
-        return py::buffer_info(self.table->base(), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(self.table->total_bytes())}, {1});
-      });
+  py::class_<TableMapping>(m, "TableMapping", py::buffer_protocol()).def_buffer([](TableMapping& self) {
+    return py::buffer_info(self.table->base(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(self.table->total_bytes())}, {1});
+  });
 
   py::class_<OpenTable>(m, "NativeTable")
       .def_static("create", &gear::CreateTable, py::arg("name"), py::arg("capacity"), py::arg("max_steps"),
                   py::arg("step_bytes"), py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"),
                   py::arg("reuse"))
-      .def_static("attach",
-                  [](const std::string& name, bool pin) {
-                    return std::make_unique<OpenTable>(SharedTable::Attach(name, pin), 0);
-                  },
-                  py::arg("name"), py::arg("pin"))
-      .def("mapping", [](OpenTable& self) { return TableMapping{self.ref()}; },
-           "The table's bytes (buffer protocol); views of it keep the memory mapped")
+      .def_static("attach", &gear::AttachTable, py::arg("name"), py::arg("pin"))
+      .def(
+          "mapping", [](OpenTable& self) { return TableMapping{self.ref()}; },
+          "The table's bytes (buffer protocol); views of it keep the memory mapped")
       .def("close", &OpenTable::Close)
       .def_property_readonly("closed", &OpenTable::closed)
       .def_property_readonly("handle", &OpenTable::handle)
@@ -347,38 +229,14 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("spec_hash", [](OpenTable& s) { return s.table().header()->spec_hash; })
       .def_property_readonly("total_bytes", [](OpenTable& s) { return s.table().total_bytes(); })
       .def_property_readonly("pinned", [](OpenTable& s) { return s.table().pinned(); })
-      .def_property_readonly("size", [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->size); })
+      .def_property_readonly("size",
+                             [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->size); })
       .def_property_readonly("selectable",
                              [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->selectable); })
-      .def_property_readonly("next_seq", [](OpenTable& s) {
-        return __atomic_load_n(&s.table().header()->next_seq, __ATOMIC_RELAXED);
-      })
+      .def_property_readonly(
+          "next_seq",
+          [](OpenTable& s) { return __atomic_load_n(&s.table().header()->next_seq, __ATOMIC_RELAXED); })
       .def("layout", &gear::Layout)
-      .def("cuda_copy_seconds",
-           [](OpenTable& s, uint64_t offset, uint64_t bytes, int device, int repeats) {
-             const std::shared_ptr<SharedTable> held = s.ref();  // kept while the GIL is released
-             SharedTable& t = *held;
-             if (offset > t.total_bytes() || bytes > t.total_bytes() - offset || bytes == 0 || repeats < 1) {
-               throw std::invalid_argument("copy range outside the table, empty, or repeats < 1");
-             }
-#if GEAR_JAX_WITH_CUDA
-             if (!t.pinned()) throw std::runtime_error("the table's memory is not registered with CUDA");
-             std::string error;
-             std::vector<double> seconds;
-             {
-               py::gil_scoped_release release;
-               seconds = gear::TimeHostToDeviceCopies(t.base() + offset, bytes, device, repeats, &error);
-             }
-             if (seconds.empty()) throw std::runtime_error(error);
-             return seconds;
-#else
-             (void)device;
-             throw std::runtime_error("this gear_jax build has no CUDA support");
-             return std::vector<double>();
-#endif
-           },
-           py::arg("offset"), py::arg("bytes"), py::arg("device") = 0, py::arg("repeats") = 20,
-           "Seconds per timed cudaMemcpy of table bytes [offset, offset + bytes) to the GPU (pinned reference)")
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
            py::arg("priorities"))
       .def("claim", &OpenTable::Claim)

@@ -35,8 +35,8 @@ std::atomic<int32_t> cached_pid{0};
 std::atomic<uint64_t> forks{0};
 
 void CountForks() {
-  static const bool counting = pthread_atfork(nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); },
-                                              nullptr) == 0;
+  static const bool counting =
+      pthread_atfork(nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); }, nullptr) == 0;
   (void)counting;
 }
 
@@ -49,7 +49,8 @@ int SignIn(TableHeader* h) {
   for (int slot = 0; slot < kMaxAttachments; ++slot) {
     int32_t seen = __atomic_load_n(&h->attached_pids[slot], __ATOMIC_RELAXED);
     if (seen != 0 && ProcessAlive(seen)) continue;
-    if (__atomic_compare_exchange_n(&h->attached_pids[slot], &seen, me, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+    if (__atomic_compare_exchange_n(&h->attached_pids[slot], &seen, me, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_RELAXED)) {
       return slot;
     }
   }
@@ -81,7 +82,8 @@ void WriteHeader(uint8_t* base, const TablePlan& plan, uint64_t total_bytes, con
 
 // Whether every column the header describes lies inside a mapping of `size` bytes.
 bool LayoutFits(const TableHeader& h, uint64_t size) {
-  if (h.capacity < 1 || h.capacity > INT32_MAX || h.max_steps < 1 || h.num_fields < 1 || h.num_fields > kMaxFields) {
+  if (h.capacity < 1 || h.capacity > INT32_MAX || h.max_steps < 1 || h.num_fields < 1 ||
+      h.num_fields > kMaxFields) {
     return false;
   }
   const uint64_t rows = static_cast<uint64_t>(h.capacity);
@@ -97,7 +99,8 @@ bool LayoutFits(const TableHeader& h, uint64_t size) {
   for (int f = 0; f < h.num_fields; ++f) {
     const FieldLayout& field = h.fields[f];
     int64_t row_bytes = 0;
-    if (field.step_bytes < 1 || __builtin_mul_overflow(field.step_bytes, static_cast<int64_t>(h.max_steps), &row_bytes) ||
+    if (field.step_bytes < 1 ||
+        __builtin_mul_overflow(field.step_bytes, static_cast<int64_t>(h.max_steps), &row_bytes) ||
         field.row_stride < row_bytes || !inside(field.offset, static_cast<uint64_t>(field.row_stride))) {
       return false;
     }
@@ -121,6 +124,14 @@ int32_t CurrentPid() {
     cached_pid.store(pid, std::memory_order_relaxed);
   }
   return pid;
+}
+
+void CudaPinningDeleter::operator()(CudaPinning* pinning) const {
+#if GEAR_JAX_WITH_CUDA
+  delete pinning;
+#else
+  (void)pinning;  // no CudaPinning exists in a CPU-only build
+#endif
 }
 
 TableMemory::TableMemory(uint8_t* base, size_t bytes)
@@ -154,7 +165,7 @@ bool TableMemory::pinned() const {
 void TableMemory::Pin(bool want) {
 #if GEAR_JAX_WITH_CUDA
   if (cuda_ && (cuda_->pinned() || !want)) return;
-  cuda_ = CudaPinning::Pin(base_, bytes_, want);
+  cuda_.reset(CudaPinning::Pin(base_, bytes_, want).release());
 #else
   (void)want;
 #endif
@@ -183,7 +194,8 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   view_.next_seq = &h->next_seq;
   view_.selectable = &h->selectable;
   for (int f = 0; f < h->num_fields; ++f) {
-    view_.fields[f] = FieldView{base_ + h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes};
+    view_.fields[f] =
+        FieldView{base_ + h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes};
   }
 }
 
@@ -201,7 +213,9 @@ TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64
   TablePlan plan{};
   TableHeader& layout = plan.layout;
   uint64_t offset = RoundUp(sizeof(TableHeader), kColumnAlign);
-  auto too_large = [] { return std::invalid_argument("the table is too large to address (capacity x max_steps x field bytes)"); };
+  auto too_large = [] {
+    return std::invalid_argument("the table is too large to address (capacity x max_steps x field bytes)");
+  };
   auto column = [&](uint64_t bytes) {
     uint64_t at = offset, end = 0;
     if (bytes > (uint64_t{1} << 60) || __builtin_add_overflow(offset, bytes + kColumnAlign, &end) ||
@@ -243,7 +257,9 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, const 
   const std::string path = ShmPath(name);
   int fd = shm_open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
-    if (errno == EEXIST) throw std::invalid_argument("a shared-memory object named '" + name + "' already exists; pick another name");
+    if (errno == EEXIST)
+      throw std::invalid_argument("a shared-memory object named '" + name +
+                                  "' already exists; pick another name");
     throw std::runtime_error(Errno(("shm_open('" + path + "')").c_str()));
   }
   auto fail = [&](const std::string& message) {
@@ -257,11 +273,12 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, const 
     if (err == ENOSPC) {
       close(fd);
       shm_unlink(path.c_str());
-      throw OutOfSpaceError("cannot reserve " + std::to_string(total) + " bytes of shared memory for table '" + name +
-                            "': " + std::strerror(err) + " (free space in /dev/shm, or lower capacity)");
+      throw OutOfSpaceError("cannot reserve " + std::to_string(total) +
+                            " bytes of shared memory for table '" + name + "': " + std::strerror(err) +
+                            " (free space in /dev/shm, or lower capacity)");
     }
-    fail("cannot reserve " + std::to_string(total) + " bytes of shared memory for table '" + name + "': " +
-         std::strerror(err));
+    fail("cannot reserve " + std::to_string(total) + " bytes of shared memory for table '" + name +
+         "': " + std::strerror(err));
   }
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) fail(Errno("mmap"));
@@ -277,7 +294,8 @@ std::shared_ptr<SharedTable> SharedTable::Reopen(const SharedTable& closed, cons
                                                  const std::string& name, const TablePlan& plan,
                                                  const std::string& spec_json, uint64_t spec_hash, bool pin) {
   std::shared_ptr<TableMemory> memory = closed.memory();
-  if (memory->bytes() < plan.total_bytes) throw std::logic_error("reopening a table in memory too small for it");
+  if (memory->bytes() < plan.total_bytes)
+    throw std::logic_error("reopening a table in memory too small for it");
   memory->Quiesce();  // no kernel of the closed table still reads or writes the memory
   uint8_t* base = memory->base();
   TableHeader* h = reinterpret_cast<TableHeader*>(base);
@@ -290,15 +308,18 @@ std::shared_ptr<SharedTable> SharedTable::Reopen(const SharedTable& closed, cons
   if (link(ShmFile(pool_name).c_str(), ShmFile(name).c_str()) != 0) {
     const int err = errno;
     std::memcpy(h->magic, kTableMagic, sizeof(kTableMagic));
-    if (err == EEXIST) throw std::invalid_argument("a shared-memory object named '" + name + "' already exists; pick another name");
+    if (err == EEXIST)
+      throw std::invalid_argument("a shared-memory object named '" + name +
+                                  "' already exists; pick another name");
     throw PoolEntryLost("link('" + ShmFile(pool_name) + "'): " + std::strerror(err));
   }
   unlink(ShmFile(pool_name).c_str());
   const TableHeader& old_layout = *h;
-  const bool state_in_place = old_layout.state_offset == plan.layout.state_offset &&
-                              old_layout.capacity == plan.layout.capacity;
+  const bool state_in_place =
+      old_layout.state_offset == plan.layout.state_offset && old_layout.capacity == plan.layout.capacity;
   uint64_t* state = reinterpret_cast<uint64_t*>(base + plan.layout.state_offset);
-  const uint64_t state_end = plan.layout.state_offset + static_cast<uint64_t>(plan.layout.capacity) * sizeof(uint64_t);
+  const uint64_t state_end =
+      plan.layout.state_offset + static_cast<uint64_t>(plan.layout.capacity) * sizeof(uint64_t);
   if (state_in_place) {
     // Empty rows of the next even generation: no Sample of the closed table matches them.
     for (int64_t row = 0; row < plan.layout.capacity; ++row) {
@@ -318,10 +339,12 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
   const std::string path = ShmPath(name);
   int fd = shm_open(path.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    if (errno == ENOENT) throw NotFoundError("no gear_jax table named '" + name + "' exists on this host (it was never created, or its creator closed it)");
+    if (errno == ENOENT)
+      throw NotFoundError("no gear_jax table named '" + name +
+                          "' exists on this host (it was never created, or its creator closed it)");
     throw std::runtime_error(Errno(("shm_open('" + path + "')").c_str()));
   }
-  struct stat st {};
+  struct stat st{};
   if (fstat(fd, &st) != 0) {
     close(fd);
     throw std::runtime_error(Errno("fstat"));
@@ -354,7 +377,8 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
   const int slot = SignIn(h);
   memory->set_attach_slot(slot);
   // Signed in first, then the creator's mark: a creator closing now sees the slot, or this sees the mark.
-  if (__atomic_load_n(&h->closed, __ATOMIC_SEQ_CST) != 0 || __atomic_load_n(&h->reuses, __ATOMIC_SEQ_CST) != reuses ||
+  if (__atomic_load_n(&h->closed, __ATOMIC_SEQ_CST) != 0 ||
+      __atomic_load_n(&h->reuses, __ATOMIC_SEQ_CST) != reuses ||
       __atomic_load_n(&h->magic[0], __ATOMIC_ACQUIRE) != kTableMagic[0]) {
     throw NotFoundError("gear_jax table '" + name + "' was closed by its creator");
   }
@@ -416,11 +440,13 @@ int64_t SharedTable::Claim() {
     StoreRelaxed(&view_.length[row], 0);
     return row;
   }
-  throw std::runtime_error("every row of table '" + name_ + "' is being written; raise capacity or end episodes sooner");
+  throw std::runtime_error("every row of table '" + name_ +
+                           "' is being written; raise capacity or end episodes sooner");
 }
 
 void SharedTable::CheckRowInRange(int64_t row) const {
-  if (row < 0 || row >= view_.capacity) throw std::out_of_range("row " + std::to_string(row) + " is outside the table");
+  if (row < 0 || row >= view_.capacity)
+    throw std::out_of_range("row " + std::to_string(row) + " is outside the table");
 }
 
 uint64_t SharedTable::CheckOwned(int64_t row) const {
@@ -440,7 +466,8 @@ std::string SharedTable::NotHeld(int64_t row) const {
 
 void SharedTable::Commit(int64_t row, int32_t length, float priority) {
   if (length < 1 || length > view_.max_steps) {
-    throw std::invalid_argument("length " + std::to_string(length) + " is outside [1, max_steps=" + std::to_string(view_.max_steps) + "]");
+    throw std::invalid_argument("length " + std::to_string(length) +
+                                " is outside [1, max_steps=" + std::to_string(view_.max_steps) + "]");
   }
   if (!std::isfinite(priority) || priority < 0.0f) {
     throw std::invalid_argument("priority " + std::to_string(priority) + " must be finite and >= 0");
@@ -473,10 +500,12 @@ std::vector<int32_t> SharedTable::Insert(const std::vector<const uint8_t*>& fiel
                                          int32_t steps, const int32_t* lengths, const float* priorities) {
   for (int64_t b = 0; b < batch; ++b) {  // validate everything before claiming anything
     if (lengths[b] < 1 || lengths[b] > steps) {
-      throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) + " is outside [1, " + std::to_string(steps) + "]");
+      throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
+                                  " is outside [1, " + std::to_string(steps) + "]");
     }
     if (!std::isfinite(priorities[b]) || priorities[b] < 0.0f) {
-      throw std::invalid_argument("priorities[" + std::to_string(b) + "] = " + std::to_string(priorities[b]) + " must be finite and >= 0");
+      throw std::invalid_argument("priorities[" + std::to_string(b) + "] = " + std::to_string(priorities[b]) +
+                                  " must be finite and >= 0");
     }
   }
   std::vector<int32_t> rows;

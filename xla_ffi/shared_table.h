@@ -22,9 +22,11 @@
 
 namespace gear {
 
-#if GEAR_JAX_WITH_CUDA
-class CudaPinning;
-#endif
+class CudaPinning;  // cuda_runtime.h; exists in CUDA builds only
+// Deletes a CudaPinning (never called in a CPU-only build, where none is made).
+struct CudaPinningDeleter {
+  void operator()(CudaPinning* pinning) const;
+};
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
 inline constexpr uint32_t kFormatVersion = 2;
@@ -32,9 +34,9 @@ inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 
 struct FieldLayout {
-  uint64_t offset;      // from the start of the mapping; 4096-byte aligned
-  int64_t row_stride;   // bytes between rows
-  int64_t step_bytes;   // bytes of one step
+  uint64_t offset;     // from the start of the mapping; 4096-byte aligned
+  int64_t row_stride;  // bytes between rows
+  int64_t step_bytes;  // bytes of one step
 };
 
 // The first bytes of every table mapping. Counters sit on cache lines of their own.
@@ -49,21 +51,21 @@ struct TableHeader {
   int32_t num_fields;
   uint64_t state_offset, length_offset, insert_seq_offset, times_sampled_offset, writer_pid_offset;
   FieldLayout fields[kMaxFields];
-  alignas(64) uint64_t next_seq;   // allocation cursor (row = seq % capacity)
-  alignas(64) uint64_t commit_seq; // last insert_seq handed out
-  alignas(64) int64_t size;        // rows holding a committed trajectory
-  alignas(64) int64_t selectable;  // rows with an even generation and priority > 0
-  alignas(64) uint32_t closed;     // set by the creator's close: no process may attach any more
-  uint32_t attachments_overflowed; // an attach found no free slot: the memory is never reused
-  uint64_t reuses;                 // tables this memory held before the current one (kept by reuse)
+  alignas(64) uint64_t next_seq;    // allocation cursor (row = seq % capacity)
+  alignas(64) uint64_t commit_seq;  // last insert_seq handed out
+  alignas(64) int64_t size;         // rows holding a committed trajectory
+  alignas(64) int64_t selectable;   // rows with an even generation and priority > 0
+  alignas(64) uint32_t closed;      // set by the creator's close: no process may attach any more
+  uint32_t attachments_overflowed;  // an attach found no free slot: the memory is never reused
+  uint64_t reuses;                  // tables this memory held before the current one (kept by reuse)
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
 };
 
 // Where each column of a table goes, for a capacity, a row length and field sizes.
 struct TablePlan {
-  TableHeader layout;     // offsets, capacity, max_steps, num_fields; the rest zero
-  uint64_t total_bytes;   // bytes the table needs
+  TableHeader layout;    // offsets, capacity, max_steps, num_fields; the rest zero
+  uint64_t total_bytes;  // bytes the table needs
 };
 // Throws std::invalid_argument for sizes out of range or too large to address.
 TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
@@ -96,9 +98,8 @@ class TableMemory {
   void set_attach_slot(int slot) { attach_slot_ = slot; }
   // Whether this process forked since the memory was mapped: a child may still write into it.
   bool ForkedSince() const;
-#if GEAR_JAX_WITH_CUDA
+  // The memory's CUDA registration; nullptr until Pin, and always in a CPU-only build.
   CudaPinning* cuda() const { return cuda_.get(); }
-#endif
 
  private:
   uint8_t* base_;
@@ -106,9 +107,8 @@ class TableMemory {
   int attach_slot_ = -1;
   int32_t mapped_by_pid_;
   uint64_t forks_when_mapped_;
-#if GEAR_JAX_WITH_CUDA
-  std::unique_ptr<CudaPinning> cuda_;  // null until Pin; unpinned where the process sees no GPU
-#endif
+  // The same member in every build, so that a CUDA build does not change the class's layout.
+  std::unique_ptr<CudaPinning, CudaPinningDeleter> cuda_;  // null until Pin
 };
 
 // Errors the Python module maps to exception types.
@@ -162,9 +162,7 @@ class SharedTable {
   std::string spec_json() const;
   // Whether the memory is registered with CUDA (pinned and mapped into the GPUs' address space).
   bool pinned() const { return memory_->pinned(); }
-#if GEAR_JAX_WITH_CUDA
   CudaPinning* cuda() const { return memory_->cuda(); }
-#endif
 
   // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0).
   int64_t Claim();
@@ -173,8 +171,8 @@ class SharedTable {
   // Throws std::out_of_range for a row id outside the table.
   void CheckRowInRange(int64_t row) const;
   // Claims, copies and commits `batch` rows. field_data[f] points at [batch, steps, step_bytes[f]].
-  std::vector<int32_t> Insert(const std::vector<const uint8_t*>& field_data, int64_t batch,
-                              int32_t steps, const int32_t* lengths, const float* priorities);
+  std::vector<int32_t> Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
+                              const int32_t* lengths, const float* priorities);
 
   // The creator's close, first step: no attach succeeds from now on.
   void MarkClosed();

@@ -25,7 +25,7 @@ uint64_t DefaultMaxBytes() {
     const unsigned long long value = std::strtoull(text, &end, 10);
     if (end != nullptr && *end == '\0') return static_cast<uint64_t>(value);
   }
-  struct statvfs shm {};
+  struct statvfs shm{};
   if (statvfs("/dev/shm", &shm) == 0) {
     return std::min<uint64_t>(kDefaultMaxBytes, static_cast<uint64_t>(shm.f_blocks) * shm.f_frsize / 4);
   }
@@ -75,16 +75,16 @@ bool TablePool::Offer(const std::shared_ptr<SharedTable>& table, int64_t handle)
   std::lock_guard<std::mutex> lock(mutex_);
   ForgetIfForkedLocked();
   const uint64_t bytes = table->total_bytes();
-  if (stats_.max_tables == 0 || bytes > stats_.max_bytes || !table->creator() || table->memory()->ForkedSince() ||
-      table->AttachedElsewhere()) {
+  if (stats_.max_tables == 0 || bytes > stats_.max_bytes || !table->creator() ||
+      table->memory()->ForkedSince() || table->AttachedElsewhere()) {
     ++stats_.refused;
     return false;
   }
   RemoveOrphans();
   // pid (for the orphan sweep), then a random part: pids repeat across containers sharing /dev/shm.
   static thread_local std::mt19937_64 random(std::random_device{}());
-  const std::string pool_name = kPoolPrefix + std::to_string(owner_pid_) + "_" + std::to_string(next_id_++) + "_" +
-                                std::to_string(random());
+  const std::string pool_name = kPoolPrefix + std::to_string(owner_pid_) + "_" + std::to_string(next_id_++) +
+                                "_" + std::to_string(random());
   if (!table->RenameForPool(pool_name)) {
     ++stats_.refused;
     return false;

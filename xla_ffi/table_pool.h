@@ -37,14 +37,14 @@ struct PooledTable {
 };
 
 struct TablePoolStats {
-  int64_t tables = 0;        // closed tables held now
-  uint64_t bytes = 0;        // their memory
+  int64_t tables = 0;  // closed tables held now
+  uint64_t bytes = 0;  // their memory
   int64_t max_tables = 0;
   uint64_t max_bytes = 0;
-  int64_t reused = 0;        // creates served from the pool, in this process
+  int64_t reused = 0;          // creates served from the pool, in this process
   int64_t reused_handles = 0;  // of those, creates that also took the closed table's handle (same spec)
-  int64_t pooled = 0;        // closes whose memory went to the pool
-  int64_t refused = 0;       // creator closes the pool did not take (attached elsewhere, too large, full)
+  int64_t pooled = 0;          // closes whose memory went to the pool
+  int64_t refused = 0;         // creator closes the pool did not take (attached elsewhere, too large, full)
 };
 
 class TablePool {
@@ -71,8 +71,8 @@ class TablePool {
   TablePool();
   std::vector<PooledTable> TrimLocked();  // removes the oldest entries while over the limits
                                           // (the caller destroys them after unlocking)
-  void ForgetIfForkedLocked(); // a forked child holds its parent's entries: forget them, unlink nothing
-  void RemoveOrphans();        // names of pooled tables whose process is gone
+  void ForgetIfForkedLocked();  // a forked child holds its parent's entries: forget them, unlink nothing
+  void RemoveOrphans();         // names of pooled tables whose process is gone
 
   std::mutex mutex_;
   int32_t owner_pid_;

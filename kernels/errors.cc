@@ -1,0 +1,61 @@
+#include "errors.h"
+
+#include <cstring>
+
+namespace gear {
+
+KernelCode KernelStatus::code() const {
+  switch (site) {
+    case ErrorSite::kNone: return KernelCode::kOk;
+    case ErrorSite::kSampleEmpty: return KernelCode::kEmpty;
+    case ErrorSite::kSampleTooFew: return KernelCode::kTooFew;
+    case ErrorSite::kGatherIndex:
+    case ErrorSite::kGatherStart:
+    case ErrorSite::kScatterIndex: return KernelCode::kOutOfRange;
+    case ErrorSite::kScatterPriority:
+    case ErrorSite::kSampleWeightOverflow:
+    case ErrorSite::kSampleMethod: break;
+  }
+  return KernelCode::kInvalidArgument;
+}
+
+const char* KernelStatus::op() const {
+  switch (site) {
+    case ErrorSite::kGatherIndex:
+    case ErrorSite::kGatherStart: return "gather";
+    case ErrorSite::kScatterIndex:
+    case ErrorSite::kScatterPriority: return "update_priorities";
+    default: return "sample";
+  }
+}
+
+std::string KernelStatus::message() const {
+  const std::string e = std::to_string(element), v = std::to_string(value), l = std::to_string(limit);
+  switch (site) {
+    case ErrorSite::kNone: return "";
+    case ErrorSite::kSampleEmpty:
+      return "the table holds no selectable rows (every row is empty, being written, or has priority 0); "
+             "insert rows before sampling";
+    case ErrorSite::kSampleTooFew:
+      return "the table holds " + v + " selectable rows, fewer than batch_size " + l +
+             "; fifo, lifo and topk return distinct rows: lower batch_size or insert more rows";
+    case ErrorSite::kGatherIndex:
+    case ErrorSite::kScatterIndex:
+      return "indices[" + e + "] = " + v + " is outside [0, " + l + "); pass a Sample from this table";
+    case ErrorSite::kGatherStart: return "starts[" + e + "] = " + v + " is outside [0, max_steps=" + l + ")";
+    case ErrorSite::kScatterPriority: {
+      const uint32_t bits = static_cast<uint32_t>(value);
+      float priority;
+      std::memcpy(&priority, &bits, sizeof(priority));
+      return "priorities[" + e + "] = " + std::to_string(priority) +
+             "; priorities must be finite and >= 0 (no row was updated)";
+    }
+    case ErrorSite::kSampleWeightOverflow:
+      return "the sum of priority^priority_exponent overflows a double; lower priority_exponent or rescale "
+             "the priorities";
+    case ErrorSite::kSampleMethod: return "unknown sampling method " + v;
+  }
+  return "unknown error site " + std::to_string(static_cast<int32_t>(site));
+}
+
+}  // namespace gear

@@ -1,0 +1,49 @@
+// Errors the kernels find in the data they read, defined once for both backends.
+//
+// A CPU kernel returns a KernelStatus. A CUDA kernel cannot fail a call (its caller does not wait for
+// it), so it records the same site and numbers in a DeviceError (device_error.cuh) and the runtime
+// turns that record into a KernelStatus at the next call. Either way, the words the user reads come
+// from KernelStatus::message(), and the status code from KernelStatus::code().
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace gear {
+
+// Where an error was found, and what the numbers of its record mean there.
+enum class ErrorSite : int32_t {
+  kNone = 0,
+  kSampleEmpty = 1,           // no selectable row
+  kSampleTooFew = 2,          // fifo/lifo/topk: value = selectable rows, limit = batch_size
+  kGatherIndex = 3,           // element = pick, value = row id, limit = capacity
+  kGatherStart = 4,           // element = pick, value = window start, limit = max_steps
+  kScatterIndex = 5,          // element = entry, value = row id, limit = capacity
+  kScatterPriority = 6,       // element = entry, value = bits of the float32 priority
+  kSampleWeightOverflow = 7,  // prioritized: the sum of p^a is not finite
+  kSampleMethod = 8,          // value = the method number
+};
+
+// The kind of an error, which the FFI layer maps to a status code.
+enum class KernelCode : int32_t { kOk = 0, kEmpty = 1, kOutOfRange = 2, kInvalidArgument = 3, kTooFew = 4 };
+
+// The result of a kernel: success, or the site and numbers of the first error found.
+struct KernelStatus {
+  ErrorSite site = ErrorSite::kNone;
+  int64_t element = 0;
+  int64_t value = 0;
+  int64_t limit = 0;
+
+  bool ok() const { return site == ErrorSite::kNone; }
+  KernelCode code() const;
+  // The operation that reports the error: "sample", "gather" or "update_priorities".
+  const char* op() const;
+  // What went wrong and what to do, for the user.
+  std::string message() const;
+};
+
+inline KernelStatus KernelError(ErrorSite site, int64_t element = 0, int64_t value = 0, int64_t limit = 0) {
+  return KernelStatus{site, element, value, limit};
+}
+
+}  // namespace gear

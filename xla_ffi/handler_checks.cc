@@ -1,0 +1,108 @@
+#include "xla_ffi/handler_checks.h"
+
+#include <cmath>
+
+#include "xla_ffi/registry.h"
+
+namespace gear {
+
+ffi::Error OpError(ffi::ErrorCode code, const char* op, const std::string& message) {
+  return ffi::Error(code, std::string("gear_jax.") + op + ": " + message);
+}
+
+ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix) {
+  if (status.ok()) return ffi::Error::Success();
+  ffi::ErrorCode code = ffi::ErrorCode::kInvalidArgument;
+  switch (status.code()) {
+    case KernelCode::kEmpty:
+    case KernelCode::kTooFew: code = ffi::ErrorCode::kFailedPrecondition; break;
+    case KernelCode::kOutOfRange: code = ffi::ErrorCode::kOutOfRange; break;
+    case KernelCode::kOk:
+    case KernelCode::kInvalidArgument: break;
+  }
+  return OpError(code, status.op(), status.message() + suffix);
+}
+
+ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<SharedTable>* table) {
+  std::string error;
+  *table = LookupTable(handle, static_cast<uint64_t>(spec_hash), &error);
+  if (!*table) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, error);
+  return ffi::Error::Success();
+}
+
+ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
+                         size_t batch_size, SampleRequest* request) {
+  if (seed_words != 2) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "sample",
+                   "the seed must hold 2 uint32 words, got " + std::to_string(seed_words));
+  }
+  if (!IsSampleMethod(method)) {
+    return KernelFailure(KernelError(ErrorSite::kSampleMethod, 0, method));
+  }
+  if (!std::isfinite(priority_exponent) || priority_exponent < 0.0f) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "sample",
+                   "priority_exponent = " + std::to_string(priority_exponent) + " must be finite and >= 0");
+  }
+  if (window < 0) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "sample",
+                   "window = " + std::to_string(window) + " must be >= 0 (0: no window)");
+  }
+  request->method = static_cast<SampleMethod>(method);
+  request->priority_exponent = priority_exponent;
+  request->window = window;
+  request->batch_size = static_cast<int64_t>(batch_size);
+  return ffi::Error::Success();
+}
+
+ffi::Error PrepareGather(const TableView& view, size_t indices, size_t generations, size_t starts,
+                         ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out,
+                         ffi::Span<const int64_t> fields, int32_t window, GatherRequest* request,
+                         GatherOutputs* out) {
+  constexpr const char* kOp = "gather";
+  if (fields.size() != fields_out.size() || fields.size() > static_cast<size_t>(kMaxFields)) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   std::to_string(fields.size()) + " fields and " + std::to_string(fields_out.size()) +
+                       " field results: one result per field is expected, at most " +
+                       std::to_string(kMaxFields));
+  }
+  const int64_t batch = static_cast<int64_t>(indices);
+  if (window < 1 || generations != indices || starts != indices ||
+      static_cast<int64_t>(valid->element_count()) != batch * window) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "indices, generations and starts must have one entry per pick, and valid batch x window "
+                   "entries (window >= 1)");
+  }
+  request->batch_size = batch;
+  request->window = window;
+  request->num_fields = static_cast<int32_t>(fields.size());
+  out->valid = valid->typed_data();
+  for (size_t f = 0; f < fields.size(); ++f) {
+    if (fields[f] < 0 || fields[f] >= view.num_fields) {
+      return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                     "field id " + std::to_string(fields[f]) + " is outside [0, " +
+                         std::to_string(view.num_fields) + ")");
+    }
+    auto result = fields_out.get<ffi::AnyBuffer>(f);
+    if (!result.has_value()) return result.error();
+    const int64_t expected = batch * window * view.fields[fields[f]].step_bytes;
+    if (static_cast<int64_t>((*result)->size_bytes()) != expected) {
+      return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                     "the result of field " + std::to_string(fields[f]) + " holds " +
+                         std::to_string((*result)->size_bytes()) + " bytes, expected " +
+                         std::to_string(expected));
+    }
+    request->field_ids[f] = static_cast<int32_t>(fields[f]);
+    out->fields[f] = static_cast<uint8_t*>((*result)->untyped_data());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t priorities) {
+  if (generations != indices || priorities != indices) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "update_priorities",
+                   "indices, generations and priorities must have one entry per pick");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace gear

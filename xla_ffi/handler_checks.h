@@ -1,0 +1,47 @@
+// What every FFI handler does before it runs a kernel, written once for the CPU and CUDA handlers: the
+// table lookup, the argument checks, and the mapping of kernel errors to XLA status codes. Both
+// backends therefore refuse the same bad input with the same code and the same words. The handler
+// files keep only what differs: their XLA bindings (contexts), where the kernels run, and (CUDA) how
+// errors found by a kernel reach the next call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/errors.h"
+#include "kernels/gather.h"
+#include "kernels/sample.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/shared_table.h"
+
+namespace gear {
+
+namespace ffi = xla::ffi;
+
+// "gear_jax.<op>: <message>" with `code`.
+ffi::Error OpError(ffi::ErrorCode code, const char* op, const std::string& message);
+
+// Success, or the kernel's error with its code and words (the operation named by the error site).
+ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix = "");
+
+// The open table of (handle, spec_hash), held for the call; FAILED_PRECONDITION when it was closed or
+// the function was compiled for another spec.
+ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<SharedTable>* table);
+
+// sample: checks the seed, the method and the window, and fills *request (all but the seed words).
+ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
+                         size_t batch_size, SampleRequest* request);
+
+// gather: checks the picks, the window and one result per field of the right size, and fills *request
+// and *out (the valid mask and the field results' addresses).
+ffi::Error PrepareGather(const TableView& view, size_t indices, size_t generations, size_t starts,
+                         ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out,
+                         ffi::Span<const int64_t> fields, int32_t window, GatherRequest* request,
+                         GatherOutputs* out);
+
+// update_priorities: one generation and one priority per row id.
+ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t priorities);
+
+}  // namespace gear

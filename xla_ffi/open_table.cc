@@ -1,0 +1,144 @@
+#include "xla_ffi/open_table.h"
+
+#include <optional>
+#include <stdexcept>
+#include <utility>
+
+#include "xla_ffi/registry.h"
+#include "xla_ffi/table_pool.h"
+
+#ifndef GEAR_JAX_WITH_CUDA
+#define GEAR_JAX_WITH_CUDA 0
+#endif
+#if GEAR_JAX_WITH_CUDA
+#include "xla_ffi/cuda_handlers.h"
+#endif
+
+namespace gear {
+namespace {
+
+// Lets go of the tables that host callbacks of update_priorities parked (cuda_handlers.h), from a
+// thread that may make CUDA calls and outside any XLA execution: before a create or after a close.
+void DropParkedTables() {
+#if GEAR_JAX_WITH_CUDA
+  DropTablesLeftByHostCallbacks();
+#endif
+}
+
+}  // namespace
+
+OpenTable::OpenTable(std::shared_ptr<SharedTable> table, int64_t handle)
+    : table_(std::move(table)),
+      name_(table_->name()),
+      handle_(handle),
+      creator_(table_->creator()),
+      opened_by_pid_(CurrentPid()) {
+  if (handle_ > 0) {
+    RegisterTableAt(handle_, table_);
+  } else {
+    handle_ = RegisterTable(table_);
+  }
+}
+
+void OpenTable::Close() noexcept {
+  if (closed_) return;
+  closed_ = true;
+  if (opened_by_pid_ != CurrentPid()) {
+    new std::shared_ptr<SharedTable>(std::move(table_));  // leaked: no unmap, no CUDA call in a child
+    return;
+  }
+  UnregisterTable(handle_);
+  DropParkedTables();
+  if (creator_) {
+    table_->MarkClosed();
+    bool pooled = false;
+    try {
+      pooled = held_rows_ == 0 && TablePool::Get().Offer(table_, handle_);
+    } catch (...) {
+      pooled = false;
+    }
+    if (!pooled) table_->Unlink();
+  }
+  if (held_rows_ == 0) table_.reset();
+}
+
+int64_t OpenTable::Claim() {
+  const int64_t row = table().Claim();
+  ++held_rows_;
+  return row;
+}
+
+void OpenTable::Commit(int64_t row, int32_t length, float priority) {
+  SharedTable& t = table();
+  try {
+    t.Commit(row, length, priority);
+  } catch (const std::invalid_argument&) {
+    throw;  // refused before anything changed: the row is still held
+  } catch (...) {
+    --held_rows_;  // the row was reclaimed: held no more
+    throw;
+  }
+  --held_rows_;
+}
+
+void OpenTable::Abandon(int64_t row) {
+  if (!table_) return;
+  table_->CheckRowInRange(row);
+  --held_rows_;
+  try {
+    table_->Abandon(row);
+  } catch (...) {
+    if (closed_ && held_rows_ == 0) table_.reset();
+    throw;
+  }
+  if (closed_ && held_rows_ == 0) table_.reset();
+}
+
+std::shared_ptr<SharedTable> OpenTable::ref() {
+  table();
+  return table_;
+}
+
+SharedTable& OpenTable::table() {
+  if (closed_) throw std::runtime_error("table '" + name_ + "' is closed");
+  return *table_;
+}
+
+std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
+                                       const std::vector<int64_t>& step_bytes, const std::string& spec_json,
+                                       uint64_t spec_hash, bool pin, bool reuse) {
+  const TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
+  DropParkedTables();  // lets the pool reuse memory they still held
+  TablePool& pool = TablePool::Get();
+  if (reuse) {
+    if (std::optional<PooledTable> entry = pool.Take(plan.total_bytes, spec_hash)) {
+      std::shared_ptr<SharedTable> table;
+      try {
+        table = SharedTable::Reopen(*entry->table, entry->pool_name, name, plan, spec_json, spec_hash, pin);
+      } catch (const PoolEntryLost&) {
+        entry.reset();  // its name is gone (removed by hand, say): useless; make the table afresh
+      } catch (...) {
+        pool.Return(std::move(*entry));
+        throw;
+      }
+      if (table) {
+        const bool same_spec = entry->spec_hash == spec_hash;
+        pool.CountReuse(same_spec);
+        return std::make_unique<OpenTable>(std::move(table), same_spec ? entry->handle : 0);
+      }
+    }
+  }
+  try {
+    return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);
+  } catch (const OutOfSpaceError&) {
+    if (pool.Stats().tables == 0) throw;
+    pool.Clear();
+  }
+  return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);
+}
+
+std::unique_ptr<OpenTable> AttachTable(const std::string& name, bool pin) {
+  return std::make_unique<OpenTable>(SharedTable::Attach(name, pin), 0);
+}
+
+}  // namespace gear
