@@ -75,11 +75,11 @@ class Field:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TableSpec:
-    """The layout of a table: named fields, rows per shard and steps per row.
+    """The layout of a table: named fields, rows and steps per row.
 
     Args:
       fields: mapping of field name to `Field`, in the order the columns are laid out.
-      capacity: rows in the table (per shard); when full, inserts overwrite the oldest rows.
+      capacity: rows in the table; when full, inserts overwrite the oldest rows.
       max_steps: steps per row. 1 makes a transition table (one step per row, arrays `[B, *shape]`);
         more makes a trajectory table (rows of up to `max_steps` steps, arrays `[B, T, *shape]`).
 

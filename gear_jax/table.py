@@ -177,7 +177,8 @@ class Table:
         `Table` object.
         """
         self._finalizer()
-        # Views into the mapping must not outlive it.
+        # Views a caller still holds keep the mapping alive (module.cc's TableMapping), but this Table
+        # drops its own so that a closed table lets go of its memory as soon as the caller's are gone.
         self._columns = {}
         self._state = self._length = self._insert_seq = self._times_sampled = None
 
