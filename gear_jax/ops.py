@@ -70,7 +70,10 @@ def _check_sample(sample: Any, op: str) -> int:
     """The batch size of a well-formed Sample; raises for anything else."""
     if not isinstance(sample, Sample):
         raise InvalidArgumentError(f"{op}: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
-    shapes = {name: jnp.shape(getattr(sample, name)) for name in ("indices", "generations", "probabilities", "starts")}
+    shapes = {
+        name: jnp.shape(getattr(sample, name))
+        for name in ("indices", "generations", "probabilities", "starts")
+    }
     if len(set(shapes.values())) != 1 or len(shapes["indices"]) != 1:
         raise InvalidArgumentError(f"{op}: the Sample's arrays must all have shape (B,); got {shapes}")
     return shapes["indices"][0]
@@ -194,7 +197,9 @@ def gather(
         chosen = list(fields)
         unknown = [f for f in chosen if f not in table.spec.fields]
         if unknown or not chosen:
-            raise InvalidArgumentError(f"gather: fields {unknown or chosen} are not among the table's fields {names}")
+            raise InvalidArgumentError(
+                f"gather: fields {unknown or chosen} are not among the table's fields {names}"
+            )
     if table.spec.is_trajectory:
         steps = _check_window(table, window, "gather") or sample.window or table.max_steps
     else:
@@ -202,7 +207,9 @@ def gather(
         steps = 1
     lead = (b, steps) if table.spec.is_trajectory else (b,)
     out_types = [jax.ShapeDtypeStruct(lead, jnp.bool_)]
-    out_types += [jax.ShapeDtypeStruct((*lead, *table.spec.fields[f].shape), table.spec.fields[f].dtype) for f in chosen]
+    out_types += [
+        jax.ShapeDtypeStruct((*lead, *table.spec.fields[f].shape), table.spec.fields[f].dtype) for f in chosen
+    ]
     results = jax.ffi.ffi_call(_ffi.GATHER, out_types)(
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),
@@ -242,8 +249,12 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
             f"update_priorities: priorities has shape {priorities.shape}, expected ({b},) to match the sample"
         )
     if not (jnp.issubdtype(priorities.dtype, jnp.floating) or jnp.issubdtype(priorities.dtype, jnp.integer)):
-        raise InvalidArgumentError(f"update_priorities: priorities has dtype {priorities.dtype}; expected floats")
-    return jax.ffi.ffi_call(_ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)(
+        raise InvalidArgumentError(
+            f"update_priorities: priorities has dtype {priorities.dtype}; expected floats"
+        )
+    return jax.ffi.ffi_call(
+        _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True
+    )(
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),
         priorities.astype(jnp.float32),

@@ -16,8 +16,19 @@ import numpy as np
 from gear_jax.errors import SpecError
 
 SUPPORTED_DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
 )
 RESERVED_FIELD_NAMES = ("valid",)
 MAX_FIELDS = 64
@@ -60,7 +71,9 @@ class Field:
         try:
             dims = tuple(shape)
         except TypeError:
-            raise SpecError(f"Field shape {shape!r} is not a tuple of ints; write e.g. (84, 84, 4) or ()") from None
+            raise SpecError(
+                f"Field shape {shape!r} is not a tuple of ints; write e.g. (84, 84, 4) or ()"
+            ) from None
         for d in dims:
             if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
                 raise SpecError(f"Field shape {shape!r} must hold positive ints; got dimension {d!r}")
@@ -105,7 +118,11 @@ class TableSpec:
                 raise SpecError(f"field {name!r} must be a gear_jax.Field, got {type(field).__name__}")
         for attr, low, high in (("capacity", 1, 2**31 - 1), ("max_steps", 1, 2**31 - 1)):
             value = getattr(self, attr)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, np.integer))
+                or not low <= value <= high
+            ):
                 raise SpecError(f"TableSpec {attr}={value!r} must be an int in [{low}, {high}]")
         row_bytes = self.max_steps * sum(f.step_bytes for f in self.fields.values())
         if int(self.capacity) * row_bytes > MAX_TABLE_BYTES:

@@ -123,11 +123,20 @@ class Table:
         if name is None:
             name = f"gear_jax_{secrets.token_hex(16)}"
         elif not isinstance(name, str) or not _NAME_PATTERN.match(name):
-            raise InvalidArgumentError(f"name {name!r} must be 1-200 characters of letters, digits, '_', '.', '-'")
+            raise InvalidArgumentError(
+                f"name {name!r} must be 1-200 characters of letters, digits, '_', '.', '-'"
+            )
         step_bytes = [f.step_bytes for f in spec.fields.values()]
         try:
             native = _native.NativeTable.create(
-                name, spec.capacity, spec.max_steps, step_bytes, spec.to_json(), spec.spec_hash, bool(pin), bool(reuse)
+                name,
+                spec.capacity,
+                spec.max_steps,
+                step_bytes,
+                spec.to_json(),
+                spec.spec_hash,
+                bool(pin),
+                bool(reuse),
             )
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
@@ -159,7 +168,9 @@ class Table:
         try:
             stored = TableSpec.from_json(native.spec_json)
             if stored.spec_hash != native.spec_hash:
-                raise TableMismatchError(f"table '{name}' has a header whose spec hash does not match its spec")
+                raise TableMismatchError(
+                    f"table '{name}' has a header whose spec hash does not match its spec"
+                )
             if spec is not None and spec != stored:
                 raise TableMismatchError(
                     f"table '{name}' has spec {stored.to_json()}, not the requested {spec.to_json()}"
@@ -245,7 +256,9 @@ class Table:
 
     def _live(self) -> Any:
         if self._native.closed:
-            raise TableClosedError(f"table {self._native.name!r} is closed; open it again with Table.attach or create a new one")
+            raise TableClosedError(
+                f"table {self._native.name!r} is closed; open it again with Table.attach or create a new one"
+            )
         return self._native
 
     def row_status(self) -> dict[str, np.ndarray]:
@@ -287,24 +300,33 @@ class Table:
         else:
             lengths = to_numpy(lengths, "lengths")
             if lengths.shape != (rows,) or not np.issubdtype(lengths.dtype, np.integer):
-                raise InvalidArgumentError(f"lengths has shape {lengths.shape} and dtype {lengths.dtype}; expected integers of shape ({rows},)")
+                raise InvalidArgumentError(
+                    f"lengths has shape {lengths.shape} and dtype {lengths.dtype}; "
+                    f"expected integers of shape ({rows},)"
+                )
             bad = np.flatnonzero((lengths < 1) | (lengths > steps))
             if bad.size:
-                raise InvalidArgumentError(f"lengths[{bad[0]}] = {lengths[bad[0]]} is outside [1, {steps}] (the batch's time axis)")
+                raise InvalidArgumentError(
+                    f"lengths[{bad[0]}] = {lengths[bad[0]]} is outside [1, {steps}] (the batch's time axis)"
+                )
             lengths = lengths.astype(np.int32)
         buffers = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
         return native.insert(buffers, rows, steps, lengths, priorities)
 
     def _check_batch(self, batch: Mapping[str, Any]) -> tuple[list[np.ndarray], int, int]:
         if not isinstance(batch, Mapping):
-            raise InvalidArgumentError(f"batch must be a mapping of field name to array, got {type(batch).__name__}")
+            raise InvalidArgumentError(
+                f"batch must be a mapping of field name to array, got {type(batch).__name__}"
+            )
         names = list(self._spec.fields)
         unknown = sorted(set(batch) - set(names))
         missing = [n for n in names if n not in batch]
         if unknown:
             raise InvalidArgumentError(f"batch has unknown fields {unknown}; the table's fields are {names}")
         if missing:
-            raise InvalidArgumentError(f"batch is missing fields {missing}; every insert writes all of {names}")
+            raise InvalidArgumentError(
+                f"batch is missing fields {missing}; every insert writes all of {names}"
+            )
         arrays: list[np.ndarray] = []
         rows = steps = None
         lead = 2 if self._spec.is_trajectory else 1
@@ -321,12 +343,15 @@ class Table:
                 rows, steps = b, t
             elif (b, t) != (rows, steps):
                 raise InvalidArgumentError(
-                    f"batch[{name!r}] has {b} rows and {t} steps, but earlier fields have {rows} rows and {steps} steps"
+                    f"batch[{name!r}] has {b} rows and {t} steps, "
+                    f"but earlier fields have {rows} rows and {steps} steps"
                 )
             arrays.append(array)
         assert rows is not None and steps is not None
         if not 1 <= steps <= self._spec.max_steps and rows > 0:
-            raise InvalidArgumentError(f"the batch has {steps} steps per row; the table holds 1 to max_steps={self._spec.max_steps}")
+            raise InvalidArgumentError(
+                f"the batch has {steps} steps per row; the table holds 1 to max_steps={self._spec.max_steps}"
+            )
         return arrays, rows, steps
 
     @staticmethod
@@ -336,12 +361,18 @@ class Table:
         p = to_numpy(priorities, "priorities")
         if p.ndim == 0:
             p = np.full((rows,), p)
-        if p.shape != (rows,) or not (np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)):
-            raise InvalidArgumentError(f"priorities has shape {p.shape}, expected ({rows},) to match the batch")
+        if p.shape != (rows,) or not (
+            np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)
+        ):
+            raise InvalidArgumentError(
+                f"priorities has shape {p.shape}, expected ({rows},) to match the batch"
+            )
         p = p.astype(np.float32)
         bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
         if bad.size:
-            raise InvalidArgumentError(f"priorities[{bad[0]}] = {p[bad[0]]}; priorities must be finite and >= 0")
+            raise InvalidArgumentError(
+                f"priorities[{bad[0]}] = {p[bad[0]]}; priorities must be finite and >= 0"
+            )
         return p
 
     def writer(self) -> EpisodeWriter:
@@ -391,7 +422,9 @@ class EpisodeWriter:
         spec = table.spec
         if not isinstance(step, Mapping) or set(step) != set(spec.fields):
             got = sorted(step) if isinstance(step, Mapping) else type(step).__name__
-            raise InvalidArgumentError(f"step must map every field {list(spec.fields)} to an array; got {got}")
+            raise InvalidArgumentError(
+                f"step must map every field {list(spec.fields)} to an array; got {got}"
+            )
         if self._steps >= spec.max_steps:
             raise InvalidArgumentError(
                 f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"

@@ -27,7 +27,10 @@ def make_table():
 def transitions(n, start=0):
     """n rows for the default fields, with values that identify the row."""
     ids = np.arange(start, start + n)
-    return {"obs": np.stack([ids, ids + 0.5, -ids], axis=1).astype(np.float32), "action": ids.astype(np.int32)}
+    return {
+        "obs": np.stack([ids, ids + 0.5, -ids], axis=1).astype(np.float32),
+        "action": ids.astype(np.int32),
+    }
 
 
 def draw_counts(table, rows, method, draws=40_000, batch=2_000, window=None, device=None, **kwargs):
@@ -62,7 +65,9 @@ def assert_prioritized(counts, last_sample, priorities, exponent):
     assert counts[n:].sum() == 0 and counts[:n][exact == 0].sum() == 0
     keep = exact > 0
     assert stats.chisquare(counts[:n][keep], exact[keep] * counts.sum()).pvalue > P_THRESHOLD
-    np.testing.assert_allclose(np.asarray(last_sample.probabilities), exact[np.asarray(last_sample.indices)], rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(last_sample.probabilities), exact[np.asarray(last_sample.indices)], rtol=1e-5
+    )
 
 
 def assert_mass_in_tail(counts, priorities, tail=10):

@@ -35,9 +35,14 @@ def test_gather_subset_of_fields(make_table):
 
 
 def test_trajectory_windows_are_padded_and_masked(make_table):
-    table = make_table(fields={"x": gj.Field((2,), "int16"), "t": gj.Field((), "int32")}, capacity=4, max_steps=6)
+    table = make_table(
+        fields={"x": gj.Field((2,), "int16"), "t": gj.Field((), "int32")}, capacity=4, max_steps=6
+    )
     steps = np.arange(6, dtype=np.int32)
-    data = {"x": np.stack([np.stack([steps, -steps], 1)] * 2).astype(np.int16), "t": np.stack([steps, steps + 10])}
+    data = {
+        "x": np.stack([np.stack([steps, -steps], 1)] * 2).astype(np.int16),
+        "t": np.stack([steps, steps + 10]),
+    }
     table.insert(data, lengths=[6, 3])  # row 0 full, row 1 three steps
     s = gj.sample(table, jax.random.key(0), 200, window=4)
     batch = gj.gather(table, s)
@@ -46,10 +51,10 @@ def test_trajectory_windows_are_padded_and_masked(make_table):
         row, start = int(s.indices[i]), int(s.starts[i])
         length = [6, 3][row]
         n = min(4, length - start)
-        np.testing.assert_array_equal(np.asarray(batch["t"][i, :n]), data["t"][row, start:start + n])
+        np.testing.assert_array_equal(np.asarray(batch["t"][i, :n]), data["t"][row, start : start + n])
         np.testing.assert_array_equal(np.asarray(batch["t"][i, n:]), 0)  # padding is zero
         np.testing.assert_array_equal(np.asarray(batch["valid"][i]), np.arange(4) < n)
-        np.testing.assert_array_equal(np.asarray(batch["x"][i, :n, 1]), -data["x"][row, start:start + n, 0])
+        np.testing.assert_array_equal(np.asarray(batch["x"][i, :n, 1]), -data["x"][row, start : start + n, 0])
 
 
 def test_whole_rows_without_window(make_table):
@@ -174,7 +179,9 @@ def test_gather_rejects_out_of_range_rows(make_table):
 def test_malformed_samples_are_refused(make_table):
     table = make_table(capacity=4)
     table.insert(transitions(4))
-    s = gj.Sample(jnp.zeros(1 << 16, jnp.int32), jnp.zeros(1, jnp.uint32), jnp.zeros(1 << 16), jnp.zeros(1, jnp.int32))
+    s = gj.Sample(
+        jnp.zeros(1 << 16, jnp.int32), jnp.zeros(1, jnp.uint32), jnp.zeros(1 << 16), jnp.zeros(1, jnp.int32)
+    )
     with pytest.raises(gj.InvalidArgumentError, match=r"shape \(B,\)"):
         gj.gather(table, s)
     with pytest.raises(gj.InvalidArgumentError, match=r"shape \(B,\)"):

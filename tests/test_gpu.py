@@ -125,12 +125,15 @@ def test_ordered_selection_over_many_tiles_matches_cpu(make_table, gpu, method):
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=5000)
     rng = np.random.default_rng(1)
     for start in range(0, 6500, 1300):
-        table.insert({"x": np.arange(start, start + 1300, dtype=np.int32)},
-                     priorities=rng.choice([0.0, 1.0, 2.0, 3.5], 1300).astype(np.float32))
+        table.insert(
+            {"x": np.arange(start, start + 1300, dtype=np.int32)},
+            priorities=rng.choice([0.0, 1.0, 2.0, 3.5], 1300).astype(np.float32),
+        )
     for batch in (1, 300, 2500):
         key = jax.random.key(batch)
-        assert_same_sample(sample_on(gpu, table, key, batch, method=method),
-                           sample_on(CPU, table, key, batch, method=method))
+        assert_same_sample(
+            sample_on(gpu, table, key, batch, method=method), sample_on(CPU, table, key, batch, method=method)
+        )
 
 
 @pytest.mark.gpu
@@ -155,8 +158,10 @@ def test_windows_match_cpu(make_table, gpu, method):
     rng = np.random.default_rng(2)
     lengths = rng.integers(1, 10, 12).astype(np.int32)
     steps = np.arange(9, dtype=np.int32)
-    data = {"t": np.stack([steps + 100 * r for r in range(12)]),
-            "x": rng.integers(-1000, 1000, (12, 9, 3)).astype(np.int16)}
+    data = {
+        "t": np.stack([steps + 100 * r for r in range(12)]),
+        "x": rng.integers(-1000, 1000, (12, 9, 3)).astype(np.int16),
+    }
     table.insert(data, lengths=lengths, priorities=rng.uniform(0.5, 2.0, 12).astype(np.float32))
     key = jax.random.key(7)
     got = sample_on(gpu, table, key, 10, method=method, window=4)
@@ -191,8 +196,8 @@ def test_prioritized_over_many_rows_on_gpu(make_table, gpu):
 @pytest.mark.parametrize(
     "fields",
     [
-        {"a": gj.Field((4,), "float32"), "b": gj.Field((), "int32")},   # 16-byte and 4-byte steps
-        {"a": gj.Field((3,), "int16"), "b": gj.Field((), "bool")},      # 6-byte and 1-byte steps
+        {"a": gj.Field((4,), "float32"), "b": gj.Field((), "int32")},  # 16-byte and 4-byte steps
+        {"a": gj.Field((3,), "int16"), "b": gj.Field((), "bool")},  # 6-byte and 1-byte steps
         {"a": gj.Field((64, 96), "uint8"), "b": gj.Field((5,), "float64")},  # a row per block
     ],
 )
@@ -252,8 +257,10 @@ def test_update_priorities_matches_cpu(make_table, gpu, scatter_path):
     generations = tables[0].row_status()["generation"][rows]
     generations[5] = stale[0]  # row 0 was overwritten since this "sample": skipped
     priorities = [0.25, 0.0, 3.0, 2.0, 1.0, 9.0, 0.0]
-    counts = [int(update_on(device, table, make_sample(table, rows, generations), priorities))
-              for table, device in zip(tables, (gpu, CPU))]
+    counts = [
+        int(update_on(device, table, make_sample(table, rows, generations), priorities))
+        for table, device in zip(tables, (gpu, CPU))
+    ]
     assert counts[0] == counts[1] == 6
     for key in ("priority", "generation"):
         np.testing.assert_array_equal(tables[0].row_status()[key], tables[1].row_status()[key], err_msg=key)
@@ -290,8 +297,10 @@ def test_update_priorities_of_a_large_batch_matches_cpu(make_table, gpu, scatter
     generations = tables[0].row_status()["generation"][rows]
     generations[rows < 50] -= 2  # sampled before the overwrite: skipped
     priorities = rng.choice([0.0, 0.5, 2.0, 7.0], 3000).astype(np.float32)
-    counts = [int(update_on(device, table, make_sample(table, rows, generations), priorities))
-              for table, device in zip(tables, (gpu, CPU))]
+    counts = [
+        int(update_on(device, table, make_sample(table, rows, generations), priorities))
+        for table, device in zip(tables, (gpu, CPU))
+    ]
     assert counts[0] == counts[1] == int((rows >= 50).sum())
     for key in ("priority", "generation"):
         np.testing.assert_array_equal(tables[0].row_status()[key], tables[1].row_status()[key], err_msg=key)

@@ -36,8 +36,13 @@ def raw_sample(table, device, seed_words=2, method=0, exponent=1.0, window=0, ba
     def call(seed):
         types = [jax.ShapeDtypeStruct((batch,), d) for d in (jnp.int32, jnp.uint32, jnp.float32, jnp.int32)]
         return jax.ffi.ffi_call(_ffi.SAMPLE, types)(
-            seed, jnp.zeros((), jnp.int32), method=np.int32(method), priority_exponent=np.float32(exponent),
-            window=np.int32(window), **attrs(table))
+            seed,
+            jnp.zeros((), jnp.int32),
+            method=np.int32(method),
+            priority_exponent=np.float32(exponent),
+            window=np.int32(window),
+            **attrs(table),
+        )
 
     seed = jax.device_put(np.arange(seed_words, dtype=np.uint32), device)
     return jax.block_until_ready(jax.jit(call)(seed))
@@ -48,13 +53,19 @@ def raw_gather(table, device, batch=2, starts=None, field_bytes=None, fields=(0,
         shapes = [jax.ShapeDtypeStruct((batch,), jnp.bool_)]
         shapes += [jax.ShapeDtypeStruct((field_bytes or batch * 12,), jnp.uint8) for _ in fields]
         return jax.ffi.ffi_call(_ffi.GATHER, shapes)(
-            indices, generations, starts, fields=np.array(fields, np.int64), window=np.int32(1),
-            **attrs(table))
+            indices,
+            generations,
+            starts,
+            fields=np.array(fields, np.int64),
+            window=np.int32(1),
+            **attrs(table),
+        )
 
     put = lambda x: jax.device_put(x, device)  # noqa: E731
     starts = np.zeros(batch if starts is None else starts, np.int32)
     return jax.block_until_ready(
-        jax.jit(call)(put(np.zeros(batch, np.int32)), put(np.zeros(batch, np.uint32)), put(starts)))
+        jax.jit(call)(put(np.zeros(batch, np.int32)), put(np.zeros(batch, np.uint32)), put(starts))
+    )
 
 
 def test_sample_checks(make_table, device):
@@ -62,11 +73,15 @@ def test_sample_checks(make_table, device):
     table.insert(transitions(4))
     indices = raw_sample(table, device)[0]  # the call as the wrapper makes it works
     assert np.all((np.asarray(indices) >= 0) & (np.asarray(indices) < 4))
-    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.sample: the seed must hold 2 uint32 words, got 3"):
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match="gear_jax.sample: the seed must hold 2 uint32 words, got 3"
+    ):
         raw_sample(table, device, seed_words=3)
     with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.sample: unknown sampling method 9"):
         raw_sample(table, device, method=9)
-    with pytest.raises(gj.EXECUTION_ERRORS, match=r"gear_jax.sample: priority_exponent = -1\.0+ must be finite"):
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match=r"gear_jax.sample: priority_exponent = -1\.0+ must be finite"
+    ):
         raw_sample(table, device, exponent=-1.0)
     with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.sample: window = -2 must be >= 0"):
         raw_sample(table, device, window=-2)
@@ -79,7 +94,9 @@ def test_gather_checks(make_table, device):
     # generation 0 matches no committed row: the picks come back invalid and zeroed
     assert np.asarray(valid).shape == (2,) and not np.asarray(valid).any()
     assert np.asarray(obs).shape == (24,) and not np.asarray(obs).any()
-    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.gather: indices, generations and starts must have"):
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match="gear_jax.gather: indices, generations and starts must have"
+    ):
         raw_gather(table, device, starts=3)
     with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.gather: field id 5 is outside"):
         raw_gather(table, device, fields=(5,))
@@ -92,13 +109,19 @@ def test_update_checks(make_table, device):
     table.insert(transitions(4))
 
     def call(indices, generations, priorities):
-        return jax.ffi.ffi_call(_ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True)(
-            indices, generations, priorities, jnp.zeros((), jnp.int32), **attrs(table))
+        return jax.ffi.ffi_call(
+            _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True
+        )(indices, generations, priorities, jnp.zeros((), jnp.int32), **attrs(table))
 
     put = lambda x: jax.device_put(x, device)  # noqa: E731
-    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.update_priorities: indices, generations and priorities"):
-        jax.block_until_ready(jax.jit(call)(put(np.zeros(3, np.int32)), put(np.zeros(2, np.uint32)),
-                                            put(np.ones(3, np.float32))))
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match="gear_jax.update_priorities: indices, generations and priorities"
+    ):
+        jax.block_until_ready(
+            jax.jit(call)(
+                put(np.zeros(3, np.int32)), put(np.zeros(2, np.uint32)), put(np.ones(3, np.float32))
+            )
+        )
 
 
 def test_closed_table_is_refused_by_every_handler(make_table, device):

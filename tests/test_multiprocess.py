@@ -16,14 +16,20 @@ TIMEOUT = 120
 
 def run_python(code: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter, bounded by a timeout; raises on failure."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, done.stderr
     return done
 
 
 def start_python(code: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def hold_a_row(table, then: str) -> str:
@@ -74,7 +80,9 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
                 t.insert({{"v": np.full((1, {width}), base + i, np.int32)}})
     """
     writers = [
-        subprocess.Popen([sys.executable, "-c", textwrap.dedent(writer_code), str(base)], stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(writer_code), str(base)], stderr=subprocess.PIPE, text=True
+        )
         for base in (0, 1_000_000)
     ]
     step = jax.jit(lambda k: gj.gather(table, gj.sample(table, k, 8)))

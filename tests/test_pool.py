@@ -48,7 +48,10 @@ def python(code, *args, timeout=RUN_TIMEOUT_S):
     """Runs `code` in a new Python process; returns its stdout."""
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -214,7 +217,10 @@ def test_attach_to_a_pooled_table_by_its_pool_name_is_refused():
 def test_live_attacher_in_another_process_keeps_the_memory_out_of_the_pool():
     creator = gj.Table.create(SPEC)
     child = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent("""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
             import sys, time
             import gear_jax as gj
             table = gj.Table.attach(sys.argv[1])
@@ -222,8 +228,12 @@ def test_live_attacher_in_another_process_keeps_the_memory_out_of_the_pool():
             sys.stdin.readline()
             table.insert({"obs": [[1.0, 2.0, 3.0]], "action": [9]})
             print(table.size, flush=True)
-        """), creator.name],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        """),
+            creator.name,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout.readline().strip() == "attached"
@@ -241,9 +251,15 @@ def test_live_attacher_in_another_process_keeps_the_memory_out_of_the_pool():
 def test_dead_attacher_does_not_keep_the_memory_out_of_the_pool():
     creator = gj.Table.create(SPEC)
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time, gear_jax as gj; t = gj.Table.attach(sys.argv[1]); "
-         "print('attached', flush=True); time.sleep(600)", creator.name],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, gear_jax as gj; t = gj.Table.attach(sys.argv[1]); "
+            "print('attached', flush=True); time.sleep(600)",
+            creator.name,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout.readline().strip() == "attached"
@@ -285,10 +301,15 @@ def test_pooled_names_do_not_outlive_the_process():
 
 def test_names_left_by_a_killed_process_are_removed_by_the_next_one():
     child = subprocess.Popen(
-        [sys.executable, "-c", "import os, time, gear_jax as gj; "
-         "gj.Table.create(gj.TableSpec({'x': gj.Field((8,), 'uint8')}, capacity=16)).close(); "
-         "print(os.getpid(), flush=True); time.sleep(600)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import os, time, gear_jax as gj; "
+            "gj.Table.create(gj.TableSpec({'x': gj.Field((8,), 'uint8')}, capacity=16)).close(); "
+            "print(os.getpid(), flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         pid = int(child.stdout.readline())
@@ -296,7 +317,10 @@ def test_names_left_by_a_killed_process_are_removed_by_the_next_one():
         child.wait(timeout=RUN_TIMEOUT_S)
         left = [n for n in os.listdir("/dev/shm") if n.startswith(f"gear_jax_pool_{pid}_")]
         assert len(left) == 1
-        python("import gear_jax as gj; gj.Table.create(gj.TableSpec({'x': gj.Field((8,), 'uint8')}, capacity=16)).close()")
+        python(
+            "import gear_jax as gj; "
+            "gj.Table.create(gj.TableSpec({'x': gj.Field((8,), 'uint8')}, capacity=16)).close()"
+        )
         assert not os.path.exists(f"/dev/shm/{left[0]}")
     finally:
         child.kill()

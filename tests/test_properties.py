@@ -62,7 +62,7 @@ def test_insert_then_gather_round_trips(case):
             for name in fields:
                 got = np.asarray(batch[name][i])
                 if spec.is_trajectory:
-                    np.testing.assert_array_equal(got[:n], data[name][b, start:start + n])
+                    np.testing.assert_array_equal(got[:n], data[name][b, start : start + n])
                     assert not got[n:].astype(bool).any()
                 else:
                     np.testing.assert_array_equal(got, data[name][b])

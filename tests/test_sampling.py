@@ -14,6 +14,7 @@ from conftest import (
     transitions,
 )
 
+
 def test_uniform_matches_exact_distribution_and_skips_unselectable_rows(make_table):
     table = make_table(capacity=64)
     priorities = np.ones(40, np.float32)
@@ -112,7 +113,9 @@ def test_times_sampled_counts_picks(make_table):
     table = make_table(capacity=8)
     table.insert(transitions(8))
     s = gj.sample(table, jax.random.key(0), 100)
-    np.testing.assert_array_equal(table.row_status()["times_sampled"], np.bincount(np.asarray(s.indices), minlength=8))
+    np.testing.assert_array_equal(
+        table.row_status()["times_sampled"], np.bincount(np.asarray(s.indices), minlength=8)
+    )
 
 
 def test_update_priorities_changes_the_distribution_and_orders_with_after(make_table):
@@ -171,7 +174,9 @@ def test_fifo_lifo_topk_match_a_reference_on_larger_tables(make_table, batch):
     rng = np.random.default_rng(batch)
     priorities = rng.integers(0, 20, rows).astype(np.float32)  # many ties, some zeros
     table.insert({"x": np.zeros(rows, np.int32)}, priorities=priorities)
-    table.insert({"x": np.zeros(500, np.int32)}, priorities=rng.integers(0, 20, 500))  # wrap: rows 0..499 newest
+    table.insert(
+        {"x": np.zeros(500, np.int32)}, priorities=rng.integers(0, 20, 500)
+    )  # wrap: rows 0..499 newest
     status = table.row_status()
     selectable = np.flatnonzero(status["priority"] > 0)
     seq = status["insert_seq"][selectable]
@@ -192,4 +197,6 @@ def test_prioritized_weight_overflow_is_an_error_not_a_silent_collapse(make_tabl
     s = gj.sample(table, jax.random.key(0), 8, method="prioritized", priority_exponent=2.0)
     np.testing.assert_array_equal(np.asarray(s.indices), 0)  # 1e60 fits a double
     with pytest.raises(gj.EXECUTION_ERRORS, match="overflows"):
-        jax.block_until_ready(gj.sample(table, jax.random.key(0), 8, method="prioritized", priority_exponent=11.0).indices)
+        jax.block_until_ready(
+            gj.sample(table, jax.random.key(0), 8, method="prioritized", priority_exponent=11.0).indices
+        )

@@ -47,10 +47,14 @@ def test_invalid_spec_raises(kwargs, message):
 
 
 def test_spec_round_trips_through_json_and_hashes_stably():
-    spec = gj.TableSpec({"a": gj.Field((2,), "bfloat16"), "b": gj.Field((), "int64")}, capacity=9, max_steps=3)
+    spec = gj.TableSpec(
+        {"a": gj.Field((2,), "bfloat16"), "b": gj.Field((), "int64")}, capacity=9, max_steps=3
+    )
     again = gj.TableSpec.from_json(spec.to_json())
     assert again == spec and again.spec_hash == spec.spec_hash
-    other = gj.TableSpec({"a": gj.Field((2,), "bfloat16"), "b": gj.Field((), "int64")}, capacity=10, max_steps=3)
+    other = gj.TableSpec(
+        {"a": gj.Field((2,), "bfloat16"), "b": gj.Field((), "int64")}, capacity=10, max_steps=3
+    )
     assert other.spec_hash != spec.spec_hash
     assert 0 <= spec.spec_hash < 2**63
 

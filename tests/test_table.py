@@ -48,7 +48,9 @@ def test_row_stride_rule(make_table, shape, steps, stride):
     column = table._columns["x"]
     assert column.strides[:2] == (stride, shape[0])
     step = np.arange(np.prod(shape), dtype=np.uint8).reshape(shape) % 251
-    rows = {"x": np.broadcast_to(step, (3, steps, *shape)) if steps > 1 else np.broadcast_to(step, (3, *shape))}
+    rows = {
+        "x": np.broadcast_to(step, (3, steps, *shape)) if steps > 1 else np.broadcast_to(step, (3, *shape))
+    }
     table.insert({"x": np.ascontiguousarray(rows["x"])})
     np.testing.assert_array_equal(column[2, steps - 1], step)  # the stride addresses the real rows
 
@@ -214,7 +216,9 @@ def test_attach_refuses_a_foreign_mapping():
 
 
 def test_writer_writes_episodes_in_place(make_table):
-    table = make_table(fields={"x": gj.Field((2,), "float32"), "t": gj.Field((), "int32")}, capacity=4, max_steps=4)
+    table = make_table(
+        fields={"x": gj.Field((2,), "float32"), "t": gj.Field((), "int32")}, capacity=4, max_steps=4
+    )
     with table.writer() as writer:
         for t in range(3):
             writer.append({"x": np.full(2, t, np.float32), "t": t})
