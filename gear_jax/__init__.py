@@ -25,6 +25,15 @@ from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
 
 
+def __getattr__(name: str) -> Any:
+    # `gj.torch` imports the PyTorch bridge on first use: `import gear_jax` never needs torch.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module("gear_jax.torch")
+    raise AttributeError(f"module 'gear_jax' has no attribute {name!r}")
+
+
 def build_info() -> dict[str, Any]:
     """How this gear_jax was built: version, CUDA handlers, table format, jax version, platforms."""
     import jaxlib

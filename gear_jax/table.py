@@ -23,6 +23,15 @@ from gear_jax.spec import TableSpec
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
+def is_device_tensor(value: Any) -> bool:
+    """Whether `value` is a PyTorch tensor outside host memory (CUDA): copied once, by gear_jax.torch."""
+    return (
+        type(value).__module__.startswith("torch")
+        and getattr(value, "device", None) is not None
+        and (value.device.type != "cpu")
+    )
+
+
 def to_numpy(value: Any, what: str) -> np.ndarray:
     """A host numpy array for a numpy, JAX or PyTorch array (or anything array-like)."""
     if type(value).__module__.startswith("torch"):
@@ -281,7 +290,9 @@ class Table:
         Args:
           batch: one array per field (numpy, JAX or PyTorch), `[B, *shape]` for a transition table,
             `[B, T, *shape]` with `1 <= T <= max_steps` for a trajectory table. Dtypes must match the
-            spec or cast to it safely (int8 into int32, say); anything else is refused.
+            spec or cast to it safely (int8 into int32, say); anything else is refused. Host arrays
+            (PyTorch CPU tensors, pinned or not, included) are read in place; a batch with a CUDA
+            tensor goes through `gear_jax.torch.insert_tensors`: one copy from the device into the rows.
           priorities: float[B] or a scalar, finite and >= 0; default 1. Rows of priority 0 are stored
             but not sampled until their priority is raised.
           lengths: int[B] steps actually used per row (trajectory tables), each in [1, T]; default T.
@@ -291,6 +302,10 @@ class Table:
             lengths. Nothing is written then.
         """
         native = self._live()
+        if isinstance(batch, Mapping) and any(is_device_tensor(v) for v in batch.values()):
+            from gear_jax.torch import insert_tensors  # from the device straight into the rows
+
+            return insert_tensors(self, batch, priorities, lengths)
         arrays, rows, steps = self._check_batch(batch)
         if rows == 0:
             return np.zeros((0,), np.int32)
@@ -431,6 +446,12 @@ class EpisodeWriter:
             )
         values = {}
         for name, field in spec.fields.items():
+            if is_device_tensor(step[name]):
+                from gear_jax.torch import check_step
+
+                check_step(table, name, step[name])
+                values[name] = step[name]  # copied by gear_jax.torch.copy_step once the row is held
+                continue
             value = coerce(step[name], field.dtype, f"step[{name!r}]")
             if value.shape != field.shape:
                 raise InvalidArgumentError(f"step[{name!r}] has shape {value.shape}, expected {field.shape}")
@@ -438,7 +459,12 @@ class EpisodeWriter:
         if self._row is None:
             self._row = int(native.claim())
         for name, value in values.items():
-            table._columns[name][self._row, self._steps] = value
+            if is_device_tensor(value):
+                from gear_jax.torch import copy_step
+
+                copy_step(table, name, self._row, self._steps, value)
+            else:
+                table._columns[name][self._row, self._steps] = value
         self._steps += 1
 
     def end_episode(self, priority: float = 1.0) -> int:

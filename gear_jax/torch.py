@@ -1,0 +1,406 @@
+"""Hand-off to and from PyTorch through DLPack, without copying.
+
+`import gear_jax` never imports torch; `import gear_jax.torch` (or `gj.torch`) does.
+
+- `to_torch(tree)` / `from_torch(tree)`: pytrees of arrays to and from `torch.Tensor`, sharing memory.
+  On a GPU the consumer's stream waits for the producer's work through the DLPack stream protocol
+  (torch passes its current stream to JAX's `__dlpack__`, JAX makes it wait on an event): no host
+  synchronisation. Every dtype gear_jax tables hold crosses without a copy in both directions, bool and
+  bfloat16 included. JAX has no 64-bit types unless `jax_enable_x64` is set, so `from_torch` of an int64
+  or float64 tensor makes a narrowed copy; a non-contiguous tensor is copied too (JAX imports compact
+  layouts only). A copy is never silent: it raises `CopyWarning`, or `InvalidArgumentError` with
+  `allow_copy=False`.
+- `Sampler(table, batch_size, ...)`: an iterator of batches (dicts of tensors) made by a jitted
+  `gj.sample` + `gj.gather`, with `update_priorities(tensor)` for the last batch.
+- `Table.insert` and `EpisodeWriter.append` take torch tensors. CPU tensors (pinned or not) are read in
+  place; a CUDA tensor is copied once, from the device straight into the table's rows (`insert_tensors`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+
+from gear_jax import ops
+from gear_jax.errors import InvalidArgumentError
+from gear_jax.table import Table
+
+__all__ = ["CopyWarning", "Sampler", "from_torch", "insert_tensors", "to_torch", "torch_dtype"]
+
+
+class CopyWarning(UserWarning):
+    """A hand-off between JAX and PyTorch had to copy (a dtype or layout the other side lacks)."""
+
+
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int8): torch.int8,
+    np.dtype(np.uint16): torch.uint16,
+    np.dtype(np.int16): torch.int16,
+    np.dtype(np.uint32): torch.uint32,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.uint64): torch.uint64,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.float16): torch.float16,
+    np.dtype(ml_dtypes.bfloat16): torch.bfloat16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of a numpy / JAX dtype; InvalidArgumentError when torch has none."""
+    try:
+        return _TORCH_DTYPES[np.dtype(dtype)]
+    except (KeyError, TypeError) as e:
+        raise InvalidArgumentError(f"dtype {dtype} has no torch counterpart") from e
+
+
+def _pointer(x: jax.Array) -> int | None:
+    try:
+        return int(x.unsafe_buffer_pointer())
+    except Exception:  # noqa: BLE001 - sharded or deleted arrays have no single buffer
+        return None
+
+
+def to_torch(tree: Any) -> Any:
+    """The arrays of `tree` as torch tensors on the same device, sharing their memory.
+
+    Args:
+      tree: a pytree of `jax.Array` (e.g. the dict `gj.gather` returns). Leaves that are not JAX
+        arrays are left as they are.
+
+    Returns:
+      The same pytree with `torch.Tensor` leaves. On a GPU, torch's current stream is made to wait for
+      the work that produces each array (no host synchronisation).
+    """
+
+    def convert(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        return torch.from_dlpack(x)
+
+    return jax.tree_util.tree_map(convert, tree)
+
+
+def from_torch(tree: Any, allow_copy: bool = True) -> Any:
+    """The tensors of `tree` as JAX arrays on the same device, sharing their memory where JAX can.
+
+    Args:
+      tree: a pytree with `torch.Tensor` leaves (others are left as they are).
+      allow_copy: when JAX cannot take a tensor's memory as it is (int64 / float64 without
+        `jax_enable_x64`, a non-contiguous layout, CPU memory not 64-byte aligned), copy it with a
+        `CopyWarning` (True) or raise `InvalidArgumentError` (False).
+
+    Returns:
+      The same pytree with `jax.Array` leaves.
+    """
+
+    def convert(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        source = t.detach()
+        reason = None
+        if not source.is_contiguous():
+            reason = (
+                f"the tensor of shape {tuple(t.shape)} is not contiguous (JAX imports compact layouts only)"
+            )
+            if not allow_copy:
+                raise InvalidArgumentError(f"from_torch: {reason}; pass .contiguous() or allow_copy=True")
+            source = source.contiguous()
+        x = jax.dlpack.from_dlpack(source)
+        if reason is None and _pointer(x) != source.data_ptr() and source.numel() > 0:
+            if x.dtype != _jax_dtype_of(source.dtype):
+                reason = f"JAX holds {source.dtype} as {x.dtype} (jax_enable_x64 is off)"
+            else:
+                reason = "JAX could not take the tensor's memory as it is (CPU memory not 64-byte aligned)"
+            if not allow_copy:
+                raise InvalidArgumentError(f"from_torch: {reason}; a copy would be needed")
+        if reason is not None:
+            warnings.warn(f"from_torch copied: {reason}", CopyWarning, stacklevel=3)
+        return x
+
+    return jax.tree_util.tree_map(convert, tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+
+
+def _jax_dtype_of(dtype: torch.dtype) -> np.dtype | None:
+    for np_dtype, t in _TORCH_DTYPES.items():
+        if t == dtype:
+            return np_dtype
+    return None
+
+
+# -- torch experience in ----------------------------------------------------------------------------
+
+
+def _column_tensor(column: np.ndarray) -> torch.Tensor:
+    """A torch view of a table column (shares the table's memory)."""
+    if column.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(column.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(column)
+
+
+def _runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """(first batch index, first row, count) of each run of consecutive row ids."""
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i] != rows[i - 1] + 1:
+            yield start, int(rows[start]), i - start
+            start = i
+
+
+def insert_tensors(
+    table: Table, batch: Mapping[str, torch.Tensor], priorities: Any = None, lengths: Any = None
+) -> np.ndarray:
+    """Inserts a batch of torch tensors by copying each straight into the table's rows.
+
+    This is how `Table.insert` takes CUDA tensors: rows are claimed first, then each field is copied
+    from the device into the claimed rows (one copy per run of consecutive rows), then the rows are
+    published. It works for CPU tensors too (and is tested with them).
+
+    Args and returns as `Table.insert`; tensors must already have the field's dtype (no casts on the
+    device).
+
+    Raises:
+      InvalidArgumentError: missing or unknown fields, wrong dtypes or shapes, tensors on different
+        devices, bad priorities or lengths. Nothing is written then; rows claimed before a failing copy
+        are given back empty.
+    """
+    native = table._live()
+    spec = table.spec
+    names = list(spec.fields)
+    if not isinstance(batch, Mapping) or set(batch) != set(names):
+        got = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+        raise InvalidArgumentError(f"batch must map every field {names} to a tensor; got {got}")
+    lead = 2 if spec.is_trajectory else 1
+    rows = steps = None
+    devices = set()
+    for name, field in spec.fields.items():
+        t = batch[name]
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"batch[{name!r}] is a {type(t).__name__}, expected a torch.Tensor")
+        if t.dtype != torch_dtype(field.dtype):
+            raise InvalidArgumentError(
+                f"batch[{name!r}] has dtype {t.dtype}, expected {torch_dtype(field.dtype)}; "
+                f"cast it first (tensor.to({torch_dtype(field.dtype)}))"
+            )
+        if t.dim() != lead + len(field.shape) or tuple(t.shape[lead:]) != field.shape:
+            layout = "[B, T, *shape]" if spec.is_trajectory else "[B, *shape]"
+            raise InvalidArgumentError(
+                f"batch[{name!r}] has shape {tuple(t.shape)}; expected {layout} with shape={field.shape}"
+            )
+        b, s = t.shape[0], (t.shape[1] if spec.is_trajectory else 1)
+        if rows is None:
+            rows, steps = b, s
+        elif (b, s) != (rows, steps):
+            raise InvalidArgumentError(f"batch[{name!r}] has {b} rows and {s} steps, unlike the other fields")
+        devices.add(t.device)
+    assert rows is not None and steps is not None
+    if any(d.type not in ("cpu", "cuda") for d in devices):
+        raise InvalidArgumentError(
+            f"the batch's tensors lie on {sorted(map(str, devices))}; expected cpu or cuda"
+        )
+    if len(devices) > 1:
+        raise InvalidArgumentError(f"the batch's tensors lie on several devices {sorted(map(str, devices))}")
+    if rows == 0:
+        return np.zeros((0,), np.int32)
+    if not 1 <= steps <= spec.max_steps:
+        raise InvalidArgumentError(
+            f"the batch has {steps} steps per row; the table holds 1 to {spec.max_steps}"
+        )
+    p = Table._check_priorities(priorities, rows)
+    if lengths is None:
+        n = np.full((rows,), steps, np.int32)
+    else:
+        n = np.asarray(lengths.cpu() if isinstance(lengths, torch.Tensor) else lengths)
+        if n.shape != (rows,) or not np.issubdtype(n.dtype, np.integer) or ((n < 1) | (n > steps)).any():
+            raise InvalidArgumentError(f"lengths must be {rows} integers in [1, {steps}]")
+        n = n.astype(np.int32)
+
+    claimed: list[int] = []
+    committed = 0
+    try:
+        for _ in range(rows):
+            claimed.append(int(native.claim()))
+        ids = np.asarray(claimed, np.int64)
+        for name in names:
+            source = batch[name].detach()
+            column = _column_tensor(table._columns[name])
+            for first, row, count in _runs(ids):
+                piece = source[first : first + count]
+                if not spec.is_trajectory:
+                    piece = piece.unsqueeze(1)
+                column[row : row + count, :steps].copy_(piece)
+        for i, row in enumerate(claimed):
+            native.commit(row, int(n[i]), float(p[i]))
+            committed = i + 1
+    except BaseException:
+        for row in claimed[committed:]:
+            native.abandon(row)
+        raise
+    return np.asarray(claimed, np.int32)
+
+
+def check_step(table: Table, name: str, value: torch.Tensor) -> None:
+    """Refuses a device tensor that is not one step of field `name` (the episode writer, before a claim)."""
+    field = table.spec.fields[name]
+    if value.dtype != torch_dtype(field.dtype) or tuple(value.shape) != field.shape:
+        raise InvalidArgumentError(
+            f"step[{name!r}] is a {value.dtype} tensor of shape {tuple(value.shape)}; expected "
+            f"{torch_dtype(field.dtype)} of shape {field.shape} (device tensors are not cast)"
+        )
+
+
+def copy_step(table: Table, name: str, row: int, step: int, value: torch.Tensor) -> None:
+    """Copies one checked step of field `name` from a tensor (any device) into row `row`."""
+    _column_tensor(table._columns[name])[row, step].copy_(value.detach())
+
+
+# -- batches out ------------------------------------------------------------------------------------
+
+
+def _jax_device(device: Any) -> jax.Device:
+    """The JAX device for a torch device (or name): cpu, or cuda:N -> the N-th GPU."""
+    d = torch.device(device) if device is not None else torch.device("cpu")
+    if d.type == "cpu":
+        return jax.devices("cpu")[0]
+    if d.type == "cuda":
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError as e:
+            raise InvalidArgumentError(f"device={device!r}: JAX sees no GPU") from e
+        index = d.index or 0
+        if index >= len(gpus):
+            raise InvalidArgumentError(f"device={device!r}: JAX sees {len(gpus)} GPUs")
+        return gpus[index]
+    raise InvalidArgumentError(f"device={device!r}: expected 'cpu' or 'cuda[:N]'")
+
+
+class Sampler:
+    """Batches of a gear_jax table as dicts of torch tensors, for a PyTorch learner.
+
+    Each batch is one jitted `gj.sample` + `gj.gather` on the JAX device that matches `device`, handed
+    to torch without a copy. Besides the fields and `valid`, a batch holds `indices` (int32[B] row ids)
+    and `probabilities` (float32[B]) and `selectable` (int64, the count N of selectable rows when the
+    batch was drawn), so a learner can form importance weights (N * P)^-beta.
+
+    With `prefetch=True` the next batch is enqueued before the current one is returned, so JAX draws it
+    while the consumer works on this one; its sample then runs before this batch's priority update (the
+    usual trade of prefetching replay). With `prefetch=False` an update is ordered before the next
+    sample.
+
+    Example:
+      sampler = gj.torch.Sampler(table, 256, method="prioritized", priority_exponent=0.6)
+      for step, batch in zip(range(1000), sampler):
+          loss, td = learner(batch)
+          sampler.update_priorities(td.abs() + 1e-3)
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        batch_size: int,
+        method: str = "uniform",
+        priority_exponent: float = 1.0,
+        fields: Sequence[str] | None = None,
+        window: int | None = None,
+        device: Any = None,
+        seed: int = 0,
+        prefetch: bool = True,
+    ):
+        if not isinstance(table, Table):
+            raise InvalidArgumentError(
+                f"Sampler: `table` must be a gear_jax.Table, got {type(table).__name__}"
+            )
+        self._table = table
+        self._batch_size = int(batch_size)
+        self._device = _jax_device(device)
+        self._prefetch = bool(prefetch)
+        self._key = jax.device_put(jax.random.key(seed), self._device)
+        self._after = jax.device_put(jnp.zeros((), jnp.int32), self._device)
+        self._last: ops.Sample | None = None
+        self._pending: tuple[dict[str, jax.Array], ops.Sample, int] | None = None
+
+        def draw(key: jax.Array, after: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], ops.Sample]:
+            key, sub = jax.random.split(key)
+            s = ops.sample(
+                table,
+                sub,
+                batch_size,
+                method=method,
+                priority_exponent=priority_exponent,
+                window=window,
+                after=after,
+            )
+            out = ops.gather(table, s, fields=fields)
+            out["indices"] = s.indices
+            out["probabilities"] = s.probabilities
+            return key, out, s
+
+        def update(s: ops.Sample, priorities: jax.Array) -> jax.Array:
+            return ops.update_priorities(table, s, priorities)
+
+        # Argument checks run now, at trace time, with clear errors, not at the first batch.
+        jax.eval_shape(draw, self._key, self._after)
+        self._draw = jax.jit(draw)
+        self._update = jax.jit(update)
+
+    def _enqueue(self) -> tuple[dict[str, jax.Array], ops.Sample, int]:
+        selectable = int(self._table._live().selectable)
+        self._key, out, s = self._draw(self._key, self._after)
+        return out, s, selectable
+
+    def __iter__(self) -> Sampler:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        out, s, selectable = self._pending if self._pending is not None else self._enqueue()
+        self._pending = self._enqueue() if self._prefetch else None
+        self._last = s
+        batch = to_torch(out)
+        batch["selectable"] = torch.tensor(selectable, dtype=torch.int64)
+        return batch
+
+    def update_priorities(self, priorities: torch.Tensor) -> torch.Tensor:
+        """Sets the priorities of the last batch's rows (rows overwritten since are left alone).
+
+        Args:
+          priorities: a float tensor of shape [B], finite and >= 0, on the sampler's device.
+
+        Returns:
+          A 0-d int32 tensor: entries applied (the count is ready without a host synchronisation on GPU).
+        """
+        if self._last is None:
+            raise InvalidArgumentError("update_priorities: no batch was drawn yet; call next(sampler) first")
+        if not isinstance(priorities, torch.Tensor):
+            raise InvalidArgumentError(
+                f"update_priorities: priorities must be a torch.Tensor, got {type(priorities).__name__}"
+            )
+        if tuple(priorities.shape) != (self._batch_size,):
+            raise InvalidArgumentError(
+                f"update_priorities: priorities has shape {tuple(priorities.shape)}, "
+                f"expected ({self._batch_size},) to match the batch"
+            )
+        if not priorities.is_floating_point():
+            raise InvalidArgumentError(
+                f"update_priorities: priorities has dtype {priorities.dtype}; expected floats"
+            )
+        wanted = "cpu" if self._device.platform == "cpu" else "cuda"
+        if priorities.device.type != wanted:
+            raise InvalidArgumentError(
+                f"update_priorities: priorities lie on {priorities.device}, the sampler's batches on {wanted}"
+            )
+        with warnings.catch_warnings():  # B floats: a copy, where one is needed, costs nothing here
+            warnings.simplefilter("ignore", CopyWarning)
+            p = from_torch(priorities.detach().to(torch.float32).contiguous())
+        count = self._update(self._last, p)
+        self._after = count
+        return torch.from_dlpack(count)
