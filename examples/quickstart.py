@@ -49,13 +49,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where jax runs; the small network trains fastest on the CPU")
     p.add_argument("--num_envs", type=int, default=4, help="environments stepped in parallel (jax.vmap)")
     p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--capacity", type=int, default=50_000, help="rows of the replay table")
+    p.add_argument("--capacity", type=int, default=120_000,
+                   help="rows of the replay table (the default keeps every transition of a default run)")
     p.add_argument("--learning_starts", type=int, default=1_000, help="transitions before the first update")
-    p.add_argument("--lr", type=float, default=2.3e-3, help="Adam learning rate at the start")
-    p.add_argument("--lr_end", type=float, default=2.3e-5, help="learning rate after --steps (linear decay)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at the start")
+    p.add_argument("--lr_end", type=float, default=1e-5, help="learning rate after --steps (linear decay)")
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--hidden", type=int, default=256, help="units in each of the two hidden layers")
-    p.add_argument("--target_period", type=int, default=250, help="learner updates between target copies")
+    p.add_argument("--tau", type=float, default=0.005,
+                   help="Polyak averaging of the target network per update (0: periodic copies instead)")
+    p.add_argument("--target_period", type=int, default=250, help="with --tau=0: updates between copies")
     p.add_argument("--priority_exponent", type=float, default=0.6, help="alpha of prioritized replay")
     p.add_argument("--beta_start", type=float, default=0.4, help="importance-weight exponent, annealed to 1")
     p.add_argument("--priority_eps", type=float, default=1e-3, help="added to |TD error| for priorities")
@@ -146,8 +149,11 @@ def make_learner_step(table: gj.Table, network: QNetwork, optimizer: optax.Gradi
         (loss, td), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        target_params = optax.periodic_update(params, state.target_params, state.updates + 1,
-                                              args.target_period)
+        if args.tau > 0:  # a target that moves a little every update: steadier than periodic copies
+            target_params = optax.incremental_update(params, state.target_params, args.tau)
+        else:
+            target_params = optax.periodic_update(params, state.target_params, state.updates + 1,
+                                                  args.target_period)
         # Rows overwritten since they were sampled keep their new priority: update_priorities skips them.
         priorities = jnp.abs(td) + args.priority_eps
         count = gj.update_priorities(table, sample, priorities)

@@ -64,7 +64,8 @@ if ! python -c 'import gear_jax as gj, jax; print(gj.build_info(), jax.devices("
 fi
 
 if want tests; then
-  stage tests 180 30 "$OUT/tests.log" python -m pytest -m gpu tests/test_gpu.py tests/test_pool.py -v -rs
+  stage tests 180 30 "$OUT/tests.log" python -m pytest -m gpu tests/test_gpu.py tests/test_pool.py \
+    tests/test_handler_checks.py tests/test_torch.py -v -rs
   status=$?
   tail -n 25 "$OUT/tests.log"
   [ "$status" -eq 0 ] || echo "gpu_check: the GPU tests failed with status $status (log: $OUT/tests.log)"

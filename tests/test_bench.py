@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from gear_jax.bench import references, selection, systems
+from gear_jax.bench import common, cuda_copy, references, selection, systems
 from gear_jax.bench.data import Dataset
 from gear_jax.bench.systems import Workload
 
@@ -41,21 +41,32 @@ def run_bench(out: Path, suite: str, *flags: str, module: str = "gear_jax.bench"
     return json.loads(report.read_text())
 
 
-def check_report(report: dict[str, Any], suite: str, points: list[dict[str, Any]], always: list[str]) -> None:
-    """Structure: keys, one record per point x system x op, ordered percentiles, positive throughput;
-    `always` systems have every point, others a subset; a requested system with no record has a note."""
+def check_report(
+    report: dict[str, Any],
+    suite: str,
+    points: list[dict[str, Any]],
+    always: list[str],
+    exact_iters: bool = True,
+) -> None:
+    """Structure: keys, one record per point x system x op, the requested iterations; `always` systems
+    have every point, others a subset; a requested system with no record has a note."""
     assert REPORT_KEYS <= set(report)
     assert report["suite"] == suite and report["available"] is True
     assert report["machine"]["cpu_count"] >= 1 and "version" in report["machine"]["gear_jax"]
     records = report["records"]
     counts = Counter((json.dumps(r["point"], sort_keys=True), r["system"], r["op"]) for r in records)
     assert all(n == 1 for n in counts.values()), counts
+    iters = report["config"]["iters"]
     for r in records:
         assert RECORD_KEYS <= set(r)
-        lat = r["latency_s"]
-        assert 0 < lat["p50"] <= lat["p75"] <= lat["p90"] <= lat["p95"], lat
-        assert r["throughput"]["items_per_s"] > 0
-        assert r["iters"] >= 1
+        # one timed call per iteration, per writer process where several write (actor_learner's actors
+        # insert for as long as the learner runs: at least the requested iterations)
+        want = iters * r["point"].get("writers", 1)
+        assert r["iters"] == want if exact_iters else r["iters"] >= want, (
+            r["system"],
+            r["point"],
+            r["iters"],
+        )
     wanted = {json.dumps(p, sort_keys=True) for p in points}
     for system in {r["system"] for r in records} | set(always):
         have = {json.dumps(r["point"], sort_keys=True) for r in records if r["system"] == system}
@@ -90,7 +101,9 @@ def check_reference(report: dict[str, Any], reference: str) -> None:
         ref = refs[key]
         fraction = r["throughput"]["bytes_per_s"] / ref["throughput"]["bytes_per_s"]
         assert r[f"bandwidth_fraction_vs_{reference}"] == pytest.approx(fraction)
-        assert r[f"time_ratio_vs_{reference}"] == pytest.approx(r["latency_s"]["p50"] / ref["latency_s"]["p50"])
+        assert r[f"time_ratio_vs_{reference}"] == pytest.approx(
+            r["latency_s"]["p50"] / ref["latency_s"]["p50"]
+        )
         assert r[f"speedup_vs_{reference}"] == pytest.approx(1 / r[f"time_ratio_vs_{reference}"])
     kind = "cudaMemcpyAsync" if ON_CUDA else "numpy"
     assert all(r["measured_as"].startswith(kind) for r in refs.values()), refs
@@ -118,16 +131,30 @@ def test_gather_references_and_memory_kinds(gather_report: tuple[Path, dict[str,
     assert f"jnp_take holds its rows on {device}, memory kind device" in notes, notes
     pinned = f"pinned_host_loop holds its rows on {device}, memory kind pinned_host"
     loop = [n for n in notes if n.startswith(pinned)]
-    assert len(loop) == 1 and "compiled program (B=8,32): parameters in host memory S(5): 1;" in loop[0], notes
-    assert "p50 / pinned_copy" in subprocess.run(
-        [sys.executable, "-m", "gear_jax.bench.markdown", str(out / "gather.json")],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout
+    assert len(loop) == 1 and "compiled program (B=8,32): parameters in host memory S(5): 1;" in loop[0], (
+        notes
+    )
+    assert (
+        "p50 / pinned_copy"
+        in subprocess.run(
+            [sys.executable, "-m", "gear_jax.bench.markdown", str(out / "gather.json")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
 
 
 def test_summary_of_reports(gather_report: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     out, report = gather_report
-    cmd = [sys.executable, "-m", "gear_jax.bench.summary", str(out / "gather.json"), str(tmp_path / "none.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "gear_jax.bench.summary",
+        str(out / "gather.json"),
+        str(tmp_path / "none.json"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -138,8 +165,15 @@ def test_summary_of_reports(gather_report: tuple[Path, dict[str, Any]], tmp_path
 
 
 def test_gather_windows(tmp_path: Path) -> None:
-    report = run_bench(tmp_path, "gather", "--table_rows=200", "--item_bytes=32", "--batch_size=8",
-                       "--window=4", "--systems=" + ",".join(GATHER_ALWAYS))
+    report = run_bench(
+        tmp_path,
+        "gather",
+        "--table_rows=200",
+        "--item_bytes=32",
+        "--batch_size=8",
+        "--window=4",
+        "--systems=" + ",".join(GATHER_ALWAYS),
+    )
     points = grid(table_rows=[200], item_bytes=[32], window=[4], batch_size=[8])
     check_report(report, "gather", points, always=GATHER_ALWAYS)
     assert report["records"][0]["throughput"]["bytes_per_s"] > 0
@@ -176,7 +210,9 @@ def measure_notes(name: str, work: Workload) -> tuple[list[dict[str, Any]], list
     """Records and notes of `selection.measure` for one system at a tiny point."""
     notes: list[str] = []
     args = argparse.Namespace(systems=[name], iters=2, warmup=1, reverb_python=None, reverb_timeout=10.0)
-    records = selection.measure(work, {"table_rows": work.data.rows}, "sample_gather", [8], args, notes.append)
+    records = selection.measure(
+        work, {"table_rows": work.data.rows}, "sample_gather", [8], args, notes.append
+    )
     return records, notes
 
 
@@ -189,6 +225,17 @@ def test_cuda_copy_that_cannot_run_is_a_note(monkeypatch: pytest.MonkeyPatch) ->
     assert "the pinned host-to-device copy could not be timed" in notes[0]
 
 
+@pytest.mark.skipif(gj._native.cuda_device_count() > 0, reason="a CUDA device can time the copy")
+def test_cuda_copy_timer_refuses_bad_input_and_reports_a_missing_gpu() -> None:
+    memory = np.zeros(4096, np.uint8)
+    with pytest.raises(ValueError, match="nbytes=0"):
+        cuda_copy.time_host_to_device_copies(memory.ctypes.data, 0)
+    with pytest.raises(ValueError, match="repeats=0"):
+        cuda_copy.time_host_to_device_copies(memory.ctypes.data, 64, repeats=0)
+    with pytest.raises(cuda_copy.CudaCopyError):  # no libcudart, or one that finds no device
+        cuda_copy.time_host_to_device_copies(memory.ctypes.data, 64)
+
+
 def test_pinned_host_loop_without_pinned_host_memory_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(systems, "memory_kinds", lambda device: {"device"})
     records, notes = measure_notes("pinned_host_loop", Workload(Dataset(64, 1, 32)))
@@ -197,14 +244,16 @@ def test_pinned_host_loop_without_pinned_host_memory_is_a_note(monkeypatch: pyte
 
 
 def test_host_memory_summary_reads_an_offloading_program() -> None:
-    hlo = "\n".join([
-        "HloModule m, entry_computation_layout={(s32[], u8[100,64]{1,0:S(5)})->u8[8,64]{1,0}}",
-        "  %p = u8[100,64]{1,0:S(5)} parameter(1)",
-        "  %ds = u8[1,64]{1,0:S(5)} dynamic-slice(%p, %i, %z)",
-        "  %cs = (u8[1,64]{1,0}, u8[1,64]{1,0:S(5)}, u32[]) copy-start(%ds)",
-        "  %all = u8[100,64]{1,0} copy(%p)",
-        "  ROOT %w = (s32[], u8[100,64]{1,0}) while(%t), condition=%c, body=%b",
-    ])
+    hlo = "\n".join(
+        [
+            "HloModule m, entry_computation_layout={(s32[], u8[100,64]{1,0:S(5)})->u8[8,64]{1,0}}",
+            "  %p = u8[100,64]{1,0:S(5)} parameter(1)",
+            "  %ds = u8[1,64]{1,0:S(5)} dynamic-slice(%p, %i, %z)",
+            "  %cs = (u8[1,64]{1,0}, u8[1,64]{1,0:S(5)}, u32[]) copy-start(%ds)",
+            "  %all = u8[100,64]{1,0} copy(%p)",
+            "  ROOT %w = (s32[], u8[100,64]{1,0}) while(%t), condition=%c, body=%b",
+        ]
+    )
     assert systems.host_memory_summary(hlo, "u8[100,64]", "u8[8,64]") == (
         "parameters in host memory S(5): 1; ops with results in host memory: copy-start x1, "
         "dynamic-slice x1, parameter x1; ops producing the whole table: copy x1"
@@ -216,8 +265,9 @@ def test_host_memory_summary_reads_an_offloading_program() -> None:
 
 def test_priorities(tmp_path: Path) -> None:
     # about 49 B of table per row: 0.002 GiB for two tables caps 100000 rows to about 21900
-    report = run_bench(tmp_path, "priorities", "--table_rows=1000,100000", "--batch_size=16",
-                       "--mem_budget_gib=0.002")
+    report = run_bench(
+        tmp_path, "priorities", "--table_rows=1000,100000", "--batch_size=16", "--mem_budget_gib=0.002"
+    )
     rows = sorted({r["point"]["table_rows"] for r in report["records"]})
     assert rows[0] == 1000 and 1000 < rows[1] < 100000, rows
     assert any(f"table_rows capped from 100000 to {rows[1]}" in n for n in report["notes"]), report["notes"]
@@ -238,8 +288,14 @@ def test_gather_only_systems_are_not_sample_systems() -> None:
 
 
 def test_sample(tmp_path: Path) -> None:
-    report = run_bench(tmp_path, "sample", "--table_rows=300", "--batch_size=8,16",
-                       "--methods=uniform,prioritized,fifo,lifo,topk", "--systems=gear_jax,numpy,jnp_take")
+    report = run_bench(
+        tmp_path,
+        "sample",
+        "--table_rows=300",
+        "--batch_size=8,16",
+        "--methods=uniform,prioritized,fifo,lifo,topk",
+        "--systems=gear_jax,numpy,jnp_take",
+    )
     points = grid(table_rows=[300], item_bytes=[8], batch_size=[8, 16])
     check_report(report, "sample", points, always=["gear_jax", "numpy", "jnp_take"])
     assert {r["op"] for r in report["records"]} == {"uniform", "prioritized", "fifo", "lifo", "topk"}
@@ -247,8 +303,15 @@ def test_sample(tmp_path: Path) -> None:
 
 
 def test_insert_with_writer_processes(tmp_path: Path) -> None:
-    report = run_bench(tmp_path, "insert", "--table_rows=500", "--item_bytes=64", "--batch_size=8",
-                       "--writers=1,2", "--systems=gear_jax,numpy")
+    report = run_bench(
+        tmp_path,
+        "insert",
+        "--table_rows=500",
+        "--item_bytes=64",
+        "--batch_size=8",
+        "--writers=1,2",
+        "--systems=gear_jax,numpy",
+    )
     gear = grid(table_rows=[500], writers=[1, 2], item_bytes=[64], batch_size=[8])
     check_report(report, "insert", gear, always=["gear_jax"])
     numpy_points = [r["point"]["writers"] for r in report["records"] if r["system"] == "numpy"]
@@ -257,31 +320,89 @@ def test_insert_with_writer_processes(tmp_path: Path) -> None:
 
 
 def test_actor_learner(tmp_path: Path) -> None:
-    report = run_bench(tmp_path, "actor_learner", "--table_rows=500", "--item_bytes=64", "--batch_size=16",
-                       "--world_size=1,2", "--insert_batch=8")
+    report = run_bench(
+        tmp_path,
+        "actor_learner",
+        "--table_rows=500",
+        "--item_bytes=64",
+        "--batch_size=16",
+        "--world_size=1,2",
+        "--insert_batch=8",
+    )
     points = grid(table_rows=[500], item_bytes=[64], batch_size=[16], world_size=[1, 2])
-    check_report(report, "actor_learner", points, always=["gear_jax"])
+    check_report(report, "actor_learner", points, always=["gear_jax"], exact_iters=False)
     assert {r["op"] for r in report["records"]} == {"insert", "learner_step"}
     assert (tmp_path / "actor_learner.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_sharded_reports_unavailable(tmp_path: Path) -> None:
-    report = run_bench(tmp_path, "sharded")
-    assert report["available"] is False and report["records"] == []
-    assert any("not available" in n for n in report["notes"])
-    assert not (tmp_path / "sharded.png").exists()
+def test_latency_statistics_and_throughput_of_known_timings() -> None:
+    latencies = [0.004, 0.001, 0.003, 0.002, 0.010]
+    stats = common.latency_stats(latencies)
+    assert stats["p50"] == pytest.approx(0.003)
+    assert stats["p75"] == pytest.approx(0.004)
+    assert stats["p90"] == pytest.approx(0.0076)  # linear interpolation between 0.004 and 0.010
+    assert stats["mean"] == pytest.approx(0.004) and stats["min"] == 0.001 and stats["max"] == 0.010
+    record = common.make_record({"batch_size": 8}, "gear_jax", "op", latencies, 8, 8 * 1024)
+    assert record["iters"] == 5
+    assert record["throughput"]["items_per_s"] == pytest.approx(40 / 0.020)  # total items / total time
+    assert record["throughput"]["bytes_per_s"] == pytest.approx(40 * 1024 / 0.020)
+    overlapped = common.make_record({"batch_size": 8}, "gear_jax", "op", latencies, 8, 0, wall_s=0.010)
+    assert overlapped["throughput"]["items_per_s"] == pytest.approx(40 / 0.010)
+
+
+def test_speedups_compare_p50_at_the_same_point_and_op() -> None:
+    records = [
+        common.make_record({"b": 1}, "gear_jax", "op", [1.0, 1.0, 1.0], 1, 1),
+        common.make_record({"b": 1}, "numpy", "op", [3.0, 3.0, 3.0], 1, 1),
+        common.make_record({"b": 2}, "numpy", "op", [5.0, 5.0, 5.0], 1, 1),
+    ]
+    common.add_speedups(records)
+    assert records[0]["speedup_vs_numpy"] == pytest.approx(3.0)
+    assert "speedup_vs_numpy" not in records[1]
+
+
+def test_torch_handoff(tmp_path: Path) -> None:
+    report = run_bench(
+        tmp_path,
+        "torch",
+        "--table_rows=256",
+        "--item_bytes=64",
+        "--batch_size=16",
+        "--systems=gear_jax,numpy_from,copy",
+    )
+    points = grid(table_rows=[256], item_bytes=[64], batch_size=[16])
+    check_report(report, "torch", points, always=["gear_jax", "numpy_from", "copy"])
+    ops = {(r["system"], r["op"]) for r in report["records"]}
+    assert ops == {
+        ("gear_jax", "handoff"),
+        ("gear_jax", "sampler"),
+        ("numpy_from", "handoff"),
+        ("copy", "handoff"),
+    }
 
 
 def test_pool_fresh_against_pooled(tmp_path: Path) -> None:
     report = run_bench(tmp_path, "pool", "--table_rows=256", "--item_bytes=4096", "--batch_size=16")
-    points = [{"table_rows": 256, "item_bytes": 4096, "batch_size": 16, "table_bytes": report["records"][0]["point"]["table_bytes"]}]
+    points = [
+        {
+            "table_rows": 256,
+            "item_bytes": 4096,
+            "batch_size": 16,
+            "table_bytes": report["records"][0]["point"]["table_bytes"],
+        }
+    ]
     check_report(report, "pool", points, ["gear_jax", "fresh_create"])
     ops = {(r["system"], r["op"]) for r in report["records"]}
-    assert ops == {(s, op) for s in ("gear_jax", "fresh_create") for op in ("create", "first_call", "close", "cycle")}
+    assert ops == {
+        (s, op) for s in ("gear_jax", "fresh_create") for op in ("create", "first_call", "close", "cycle")
+    }
     pooled = {r["op"]: r for r in report["records"] if r["system"] == "gear_jax"}
     assert {"speedup_vs_fresh_create"} <= set(pooled["cycle"])
-    # Every pooled create took the closed table's handle (the suite notes it otherwise).
-    assert not any("did not take the pooled table's handle" in n for n in report["notes"])
+    # Every timed pooled create reused the closed table's memory and handle; no fresh create did.
+    iters = report["config"]["iters"]
+    assert pooled["cycle"]["pool_counts"] == {"reused": iters, "reused_handles": iters, "pooled": iters}
+    fresh = next(r for r in report["records"] if r["system"] == "fresh_create")
+    assert fresh["pool_counts"] == {"reused": 0, "reused_handles": 0, "pooled": 0}
     assert report["records"][0]["point"]["table_bytes"] >= 256 * 4096
 
 

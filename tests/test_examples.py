@@ -6,13 +6,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-pytest.importorskip("gymnax")
-pytest.importorskip("flax")
-pytest.importorskip("optax")
-pytest.importorskip("tqdm")
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
 

@@ -56,7 +56,9 @@ def parse_names(text: str) -> list[str]:
     return [v.strip() for v in str(text).split(",") if v.strip()]
 
 
-def time_calls(step: Callable[[int], Any], warmup: int, iters: int, tick: Callable[[], None] | None = None) -> np.ndarray:
+def time_calls(
+    step: Callable[[int], Any], warmup: int, iters: int, tick: Callable[[], None] | None = None
+) -> np.ndarray:
     """Latencies in seconds, float64[iters], of `step(i)` after `warmup` untimed calls.
 
     `step(i)` must return only when its work is complete (it calls `jax.block_until_ready` itself).
@@ -163,10 +165,15 @@ def source_revision(path: str) -> str | None:
     """The git commit of the checkout holding `path` (with "-dirty" if it has changes), or None."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        commit = subprocess.run(["git", "-C", folder, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        commit = subprocess.run(
+            ["git", "-C", folder, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", folder, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if commit.returncode != 0:

@@ -56,7 +56,10 @@ def make_server(config: dict[str, Any], items: int) -> reverb.Server:
     window, d = config["window"], config["item_bytes"]
     shape = [window, d] if window else [d]
     table = reverb.Table(
-        name=TABLE, sampler=sampler, remover=reverb.selectors.Fifo(), max_size=items,
+        name=TABLE,
+        sampler=sampler,
+        remover=reverb.selectors.Fifo(),
+        max_size=items,
         rate_limiter=reverb.rate_limiters.MinSize(1),
         signature={"x": tf.TensorSpec(shape, tf.uint8)},
     )
@@ -117,7 +120,9 @@ def main() -> None:
     result = {
         "versions": {"reverb": _version("dm-reverb"), "tensorflow": tf.__version__, "numpy": np.__version__},
         "insert": {"latencies_s": insert_latencies, "rows_per_call": config["insert_batch"]},
-        "sample": {str(b): sample(address, b, config["warmup"], config["iters"]) for b in config["batch_sizes"]},
+        "sample": {
+            str(b): sample(address, b, config["warmup"], config["iters"]) for b in config["batch_sizes"]
+        },
     }
     json.dump(result, sys.stdout)
     sys.stdout.flush()

@@ -37,7 +37,9 @@ Insert = Callable[[int], Any]
 
 def gear_point(point: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """gear_jax: `writers` processes insert `args.iters` batches each into one table of `table_rows`."""
-    rows, writers, item_bytes, batch = (point[k] for k in ("table_rows", "writers", "item_bytes", "batch_size"))
+    rows, writers, item_bytes, batch = (
+        point[k] for k in ("table_rows", "writers", "item_bytes", "batch_size")
+    )
     spec = gj.TableSpec(fields={"x": gj.Field((item_bytes,), "uint8")}, capacity=rows)
     with gj.Table.create(spec) as table:
         for _, chunk in Dataset(rows, 1, item_bytes).chunks():
@@ -120,8 +122,16 @@ def reverb_latencies(item_bytes: int, batch: int, args: argparse.Namespace) -> n
     holds every row inserted, so it never wraps."""
     calls = args.warmup + args.iters
     config = {
-        "rows": calls * batch, "steps": 1, "item_bytes": item_bytes, "seed": 0, "window": 0,
-        "method": "uniform", "priority_exponent": 1.0, "batch_sizes": [], "warmup": 0, "iters": 0,
+        "rows": calls * batch,
+        "steps": 1,
+        "item_bytes": item_bytes,
+        "seed": 0,
+        "window": 0,
+        "method": "uniform",
+        "priority_exponent": 1.0,
+        "batch_sizes": [],
+        "warmup": 0,
+        "iters": 0,
         "insert_batch": batch,
     }
     result = run_worker(args.reverb_python, config, args.reverb_timeout)

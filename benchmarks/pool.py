@@ -72,8 +72,9 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
     return records
 
 
-def _measure(table_rows: int, item_bytes: int, batch_size: int, args: argparse.Namespace,
-             note: Callable[[str], None]) -> list[dict[str, Any]]:
+def _measure(
+    table_rows: int, item_bytes: int, batch_size: int, args: argparse.Namespace, note: Callable[[str], None]
+) -> list[dict[str, Any]]:
     spec = gj.TableSpec({"x": gj.Field((item_bytes,), "uint8")}, capacity=table_rows)
     rows = np.random.default_rng(0).integers(0, 256, (batch_size, item_bytes), dtype=np.uint8)
     probe = gj.Table.create(spec, reuse=False)
@@ -81,8 +82,16 @@ def _measure(table_rows: int, item_bytes: int, batch_size: int, args: argparse.N
     probe.close()
     gj.clear_pool()
     if not pinned:
-        note("tables are not pinned here (no CUDA device or a CPU-only build): create times leave out CUDA registration")
-    point = {"table_rows": table_rows, "item_bytes": item_bytes, "batch_size": batch_size, "table_bytes": table_bytes}
+        note(
+            "tables are not pinned here (no CUDA device or a CPU-only build): "
+            "create times leave out CUDA registration"
+        )
+    point = {
+        "table_rows": table_rows,
+        "item_bytes": item_bytes,
+        "batch_size": batch_size,
+        "table_bytes": table_bytes,
+    }
     records = []
     for system in args.systems:
         pooled = system == GEAR
@@ -92,15 +101,21 @@ def _measure(table_rows: int, item_bytes: int, batch_size: int, args: argparse.N
         else:
             gj.configure_pool(max_tables=0)
         times: dict[str, list[float]] = {op: [] for op in OPS}
-        handles_before = gj.pool_stats()["reused_handles"]
+        before = gj.pool_stats()
         with progress(args.iters, f"{system} cycles of a {table_bytes / 2**30:.2f} GiB table") as bar:
             for _ in range(args.iters):
                 for op, seconds in cycle(spec, rows, pin=True).items():
                     times[op].append(seconds)
                 bar.update()
-        if pooled and gj.pool_stats()["reused_handles"] - handles_before < args.iters:
+        after = gj.pool_stats()
+        # What the pool did during the timed cycles, recorded so that a reader (and the tests) can
+        # check that every pooled create reused the memory and the handle, and no fresh one did.
+        counts = {k: after[k] - before[k] for k in ("reused", "reused_handles", "pooled")}
+        if pooled and counts["reused_handles"] < args.iters:
             note("gear_jax: some creates did not take the pooled table's handle")
         gj.clear_pool()
         for op in OPS:
-            records.append(make_record(point, system, op, times[op], 1, table_bytes))
+            record = make_record(point, system, op, times[op], 1, table_bytes)
+            record["pool_counts"] = counts
+            records.append(record)
     return records

@@ -41,29 +41,52 @@ def diff_rows(base: dict[str, Any], test: dict[str, Any]) -> list[dict[str, Any]
         any_record = b if b is not None else t
         assert any_record is not None
         (b_p50, b_tp), (t_p50, t_tp) = _values(b), _values(t)
-        rows.append({
-            "point": any_record["point"], "system": any_record["system"], "op": any_record["op"],
-            "base_p50": b_p50, "test_p50": t_p50, "base_tp": b_tp, "test_tp": t_tp,
-        })
+        rows.append(
+            {
+                "point": any_record["point"],
+                "system": any_record["system"],
+                "op": any_record["op"],
+                "base_p50": b_p50,
+                "test_p50": t_p50,
+                "base_tp": b_tp,
+                "test_tp": t_tp,
+            }
+        )
     return rows
 
 
 def print_diff(base: dict[str, Any], test: dict[str, Any], base_name: str, test_name: str) -> None:
     """Prints the side-by-side table of `diff_rows`."""
-    console.print(f"base: {base_name} ({base['suite']}, {base['machine']['cpu']}, "
-                  f"gear_jax {base['machine']['gear_jax']['version']})")
-    console.print(f"test: {test_name} ({test['suite']}, {test['machine']['cpu']}, "
-                  f"gear_jax {test['machine']['gear_jax']['version']})")
+    console.print(
+        f"base: {base_name} ({base['suite']}, {base['machine']['cpu']}, "
+        f"gear_jax {base['machine']['gear_jax']['version']})"
+    )
+    console.print(
+        f"test: {test_name} ({test['suite']}, {test['machine']['cpu']}, "
+        f"gear_jax {test['machine']['gear_jax']['version']})"
+    )
     rows = diff_rows(base, test)
     if not rows:
         console.print("no measurements in either report")
         return
     table = RichTable()
-    for col in ("point", "system", "op", "base p50", "test p50", "p50 diff", "base items/s", "test items/s", "items/s diff"):
+    for col in (
+        "point",
+        "system",
+        "op",
+        "base p50",
+        "test p50",
+        "p50 diff",
+        "base items/s",
+        "test items/s",
+        "items/s diff",
+    ):
         table.add_column(col, justify="left" if col in ("point", "system", "op") else "right")
     for r in rows:
         table.add_row(
-            json.dumps(r["point"]), r["system"], r["op"],
+            json.dumps(r["point"]),
+            r["system"],
+            r["op"],
             format_seconds(r["base_p50"]) if r["base_p50"] is not None else "-",
             format_seconds(r["test_p50"]) if r["test_p50"] is not None else "-",
             relative(r["base_p50"], r["test_p50"]),

@@ -1,4 +1,4 @@
-"""The rows every system of a suite holds: the same bytes, made chunk by chunk so no extra full copy exists."""
+"""The rows every system of a suite holds: the same bytes, made chunk by chunk (no extra full copy)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,15 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
     the reference's and its p50 over the reference's."""
     keys = list(records[0]["point"]) if records else []
     refs = sorted({k.removeprefix(FRACTION) for r in records for k in r if k.startswith(FRACTION)})
-    header = [*keys, "system", "op", *(f"p{p}" for p in PERCENTILES), f"{item_unit}/s", "GB/s", "gear_jax speedup"]
+    header = [
+        *keys,
+        "system",
+        "op",
+        *(f"p{p}" for p in PERCENTILES),
+        f"{item_unit}/s",
+        "GB/s",
+        "gear_jax speedup",
+    ]
     for ref in refs:
         header += [f"GB/s / {ref}", f"p50 / {ref}"]
     gear = {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == GEAR}
@@ -74,16 +82,18 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
     for r in records:
         target = gear.get((json.dumps(r["point"], sort_keys=True), r["op"]))
         speedup = target.get(f"speedup_vs_{r['system']}") if target is not None else None
-        rows.append([
-            *(str(r["point"][k]) for k in keys),
-            r["system"],
-            r["op"],
-            *(format_seconds(r["latency_s"][f"p{p}"]) for p in PERCENTILES),
-            format_rate(r["throughput"]["items_per_s"], ""),
-            f"{r['throughput']['bytes_per_s'] / 1e9:.3f}",
-            f"{speedup:.2f}x" if speedup is not None else "",
-            *(cell for ref in refs for cell in _reference_cells(r, ref)),
-        ])
+        rows.append(
+            [
+                *(str(r["point"][k]) for k in keys),
+                r["system"],
+                r["op"],
+                *(format_seconds(r["latency_s"][f"p{p}"]) for p in PERCENTILES),
+                format_rate(r["throughput"]["items_per_s"], ""),
+                f"{r['throughput']['bytes_per_s'] / 1e9:.3f}",
+                f"{speedup:.2f}x" if speedup is not None else "",
+                *(cell for ref in refs for cell in _reference_cells(r, ref)),
+            ]
+        )
     return header, rows
 
 

@@ -11,7 +11,7 @@ import signal
 import sys
 from types import ModuleType
 
-from gear_jax.bench import actor_learner, gather, insert, pool, priorities, sample, selection, sharded
+from gear_jax.bench import actor_learner, gather, insert, pool, priorities, sample, selection, torch_handoff
 from gear_jax.bench.common import GEAR, machine_info, make_report, parse_names, write_json
 from gear_jax.bench.display import note, print_header, print_table
 from gear_jax.bench.plot import plot_report
@@ -22,7 +22,7 @@ SUITES: dict[str, ModuleType] = {
     "priorities": priorities,
     "insert": insert,
     "actor_learner": actor_learner,
-    "sharded": sharded,
+    "torch": torch_handoff,
     "pool": pool,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
@@ -31,12 +31,19 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "priorities": priorities.SYSTEMS,
     "insert": insert.SYSTEMS,
     "actor_learner": (GEAR,),
-    "sharded": (GEAR,),
+    "torch": torch_handoff.SYSTEMS,
     "pool": pool.SYSTEMS,
 }
 BUSY_LOAD = 0.5
-ITEM_UNITS = {"gather": "rows", "sample": "samples", "priorities": "samples", "insert": "rows",
-              "actor_learner": "rows", "sharded": "rows", "pool": "tables"}
+ITEM_UNITS = {
+    "gather": "rows",
+    "sample": "samples",
+    "priorities": "samples",
+    "insert": "rows",
+    "actor_learner": "rows",
+    "torch": "rows",
+    "pool": "tables",
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,8 +54,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--item_bytes", help="bytes per row (per step with --window), e.g. 1024,65536")
     p.add_argument("--table_rows", help="rows in the table, e.g. 10000,100000")
     p.add_argument("--window", type=int, default=0, help="gather: steps per sampled window (0: whole rows)")
-    p.add_argument("--max_steps", type=int, default=0, help="gather with --window: steps per row (default 4 x window)")
-    p.add_argument("--methods", default="uniform,prioritized,fifo,lifo,topk", help="sample: selection methods")
+    p.add_argument(
+        "--max_steps", type=int, default=0, help="gather with --window: steps per row (default 4 x window)"
+    )
+    p.add_argument(
+        "--methods", default="uniform,prioritized,fifo,lifo,topk", help="sample: selection methods"
+    )
     p.add_argument("--priority_exponent", type=float, default=0.6, help="exponent of prioritized sampling")
     p.add_argument("--writers", default="1,2", help="insert: writer processes")
     p.add_argument("--world_size", default="1,2,4", help="actor_learner: actor processes")
@@ -57,8 +68,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=10, help="untimed iterations first (after compiling)")
     p.add_argument("--systems", help="comma-separated systems to run (default: all of the suite's)")
     p.add_argument("--reverb_python", help="interpreter with dm-reverb installed, for the Reverb baseline")
-    p.add_argument("--reverb_timeout", type=float, default=1800.0, help="seconds allowed per Reverb worker run")
-    p.add_argument("--mem_budget_gib", type=float, default=8.0, help="memory for two copies of a table; caps table_rows")
+    p.add_argument(
+        "--reverb_timeout", type=float, default=1800.0, help="seconds allowed per Reverb worker run"
+    )
+    p.add_argument(
+        "--mem_budget_gib", type=float, default=8.0, help="memory for two copies of a table; caps table_rows"
+    )
     p.add_argument("--json", help="write the report (every measurement, config, machine) to this path")
     p.add_argument("--plot", help="write a PNG of throughput against the swept variable to this path")
     return p
@@ -104,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
 
     busy = os.getloadavg()[0]
     if busy > BUSY_LOAD:
-        add_note(f"the 1-minute load average is {busy:.2f} before the run: other processes may disturb the timings")
+        add_note(
+            f"the 1-minute load average is {busy:.2f} before the run: other processes may disturb the timings"
+        )
     records = suite.run(args, add_note)
     machine["load_avg_end"] = list(os.getloadavg())
-    report = make_report(args.suite, config, machine, records, notes, suite.PLOT, getattr(suite, "AVAILABLE", True))
+    report = make_report(
+        args.suite, config, machine, records, notes, suite.PLOT, getattr(suite, "AVAILABLE", True)
+    )
     print_table(report["records"], ITEM_UNITS[args.suite])
     if args.json:
         write_json(report, args.json)

@@ -46,10 +46,17 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
         for item_bytes in parse_ints(args.item_bytes):
             rows = cap_rows(requested, table_bytes_per_row(item_bytes), args.mem_budget_gib)
             if rows < requested:
-                note(f"item_bytes={item_bytes}: table_rows capped from {requested} to {rows} "
-                     f"(--mem_budget_gib={args.mem_budget_gib} must hold two tables)")
-            work = Workload(Dataset(rows, 1, item_bytes), "prioritized", args.priority_exponent, collect=False,
-                            scan_bytes=rows * STATE_BYTES)
+                note(
+                    f"item_bytes={item_bytes}: table_rows capped from {requested} to {rows} "
+                    f"(--mem_budget_gib={args.mem_budget_gib} must hold two tables)"
+                )
+            work = Workload(
+                Dataset(rows, 1, item_bytes),
+                "prioritized",
+                args.priority_exponent,
+                collect=False,
+                scan_bytes=rows * STATE_BYTES,
+            )
             point = {"table_rows": rows, "item_bytes": item_bytes}
             records += measure(work, point, "prioritized", batch_sizes, args, note)
     return records

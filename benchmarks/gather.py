@@ -30,8 +30,10 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
         for item_bytes in parse_ints(args.item_bytes):
             rows = cap_rows(requested, steps * item_bytes, args.mem_budget_gib)
             if rows < requested:
-                note(f"item_bytes={item_bytes}: table_rows capped from {requested} to {rows} "
-                     f"(--mem_budget_gib={args.mem_budget_gib} must hold two copies)")
+                note(
+                    f"item_bytes={item_bytes}: table_rows capped from {requested} to {rows} "
+                    f"(--mem_budget_gib={args.mem_budget_gib} must hold two copies)"
+                )
             work = Workload(Dataset(rows, steps, item_bytes), "uniform", window=window, collect=True)
             point = {"table_rows": rows, "item_bytes": item_bytes, "window": window}
             records += measure(work, point, "sample_gather", batch_sizes, args, note)

@@ -18,7 +18,9 @@ MAX_PANELS = 16
 
 def panels(records: list[dict[str, Any]], x: str) -> list[dict[str, Any]]:
     """One panel per distinct op and value of the point keys other than `x` that vary across records."""
-    keys = [k for k in records[0]["point"] if k != x and len({json.dumps(r["point"][k]) for r in records}) > 1]
+    keys = [
+        k for k in records[0]["point"] if k != x and len({json.dumps(r["point"][k]) for r in records}) > 1
+    ]
     seen: dict[str, dict[str, Any]] = {}
     for r in records:
         fixed = {"op": r["op"], **{k: r["point"][k] for k in keys}}
@@ -52,8 +54,14 @@ def plot_report(report: dict[str, Any], path: str) -> bool:
                 lines.setdefault(r["system"], []).append((r["point"][x], r["throughput"][y] * scale))
         for system, xy in sorted(lines.items()):
             xs, ys = zip(*sorted(xy))
-            ax.plot(xs, ys, marker="o", linewidth=2.5 if system == GEAR else 1.2, label=system,
-                    color=colors.setdefault(system, f"C{len(colors)}"))
+            ax.plot(
+                xs,
+                ys,
+                marker="o",
+                linewidth=2.5 if system == GEAR else 1.2,
+                label=system,
+                color=colors.setdefault(system, f"C{len(colors)}"),
+            )
         if len({p for xy in lines.values() for p, _ in xy}) > 1:
             ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -63,7 +71,9 @@ def plot_report(report: dict[str, Any], path: str) -> bool:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     machine = report["machine"]
-    fig.suptitle(f"gear_jax.bench {report['suite']} - {machine['cpu']}, {machine['cpu_count']} cores", fontsize=10)
+    fig.suptitle(
+        f"gear_jax.bench {report['suite']} - {machine['cpu']}, {machine['cpu_count']} cores", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -5,7 +5,7 @@ pinned where CUDA is present) and times one contiguous transfer out of it:
 
 - `pinned_copy` (gather suite): the bytes of B consecutive rows (B x row stride) in one copy. Where
   jax runs on a CUDA GPU: `cudaMemcpyAsync` of the pinned table bytes into a GPU buffer, timed with
-  CUDA events around the copy alone (`NativeTable.cuda_copy_seconds`), the host-to-device bandwidth
+  CUDA events around the copy alone (`cuda_copy.py`, through ctypes), the host-to-device bandwidth
   a gather is measured against. Elsewhere: `np.copyto` of B consecutive rows into a preallocated
   buffer (host to host), starting at a different row each iteration so the rows come from memory
   rather than cache.
@@ -27,6 +27,7 @@ import numpy as np
 
 from gear_jax import _native
 from gear_jax.bench.common import PINNED_COPY, PRIORITY_READ, Unavailable
+from gear_jax.bench.cuda_copy import CudaCopyError, time_host_to_device_copies
 from gear_jax.bench.systems import Step, System, Workload, make_table
 
 STATE_BYTES = 8  # the state column: uint64 per row (priority bits, generation)
@@ -77,12 +78,21 @@ class Reference(System):
         out = {}
         for b in batch_sizes:
             offset, nbytes = self.span(b, 0)
-            copy = self.table._native.cuda_copy_seconds
+            if not self.table.pinned:
+                raise Unavailable(
+                    "the pinned host-to-device copy could not be timed: the table's memory "
+                    "is not registered with CUDA"
+                )
+            address = self.memory.ctypes.data + offset  # the mapping, held alive by self.memory
+
+            def copy(repeats: int) -> list[float]:
+                return time_host_to_device_copies(address, nbytes, device=self.device, repeats=repeats)
+
             try:
                 if warmup:
-                    copy(offset, nbytes, device=self.device, repeats=warmup)
-                seconds = copy(offset, nbytes, device=self.device, repeats=iters)
-            except (RuntimeError, ValueError) as e:
+                    copy(warmup)
+                seconds = copy(iters)
+            except (CudaCopyError, ValueError) as e:
                 raise Unavailable(f"the pinned host-to-device copy could not be timed: {e}") from None
             out[b] = np.asarray(seconds, np.float64)
             for _ in range(iters):

@@ -24,7 +24,9 @@ def run_worker(python: str | None, config: dict[str, Any], timeout_s: float) -> 
       Unavailable: no interpreter was given, it does not exist, or the worker failed.
     """
     if not python:
-        raise Unavailable("Reverb needs --reverb_python=PATH (an interpreter with dm-reverb; see docs/BENCHMARKS.md)")
+        raise Unavailable(
+            "Reverb needs --reverb_python=PATH (an interpreter with dm-reverb; see docs/BENCHMARKS.md)"
+        )
     if not os.path.exists(python):
         raise Unavailable(f"--reverb_python={python} does not exist")
     try:
@@ -47,9 +49,13 @@ class ReverbSystem(System):
     def __init__(self, work: Workload, python: str | None, timeout_s: float):
         super().__init__(work)
         if work.method not in ("uniform", "prioritized"):
-            raise Unavailable(f"Reverb's {work.method} selector returns one item repeatedly, not {work.method} batches")
+            raise Unavailable(
+                f"Reverb's {work.method} selector returns one item repeatedly, not {work.method} batches"
+            )
         if not python:
-            raise Unavailable("Reverb needs --reverb_python=PATH (an interpreter with dm-reverb; see docs/BENCHMARKS.md)")
+            raise Unavailable(
+                "Reverb needs --reverb_python=PATH (an interpreter with dm-reverb; see docs/BENCHMARKS.md)"
+            )
         self.python = python
         self.timeout_s = timeout_s
         self.versions: dict[str, Any] = {}
@@ -60,9 +66,16 @@ class ReverbSystem(System):
         work = self.work
         data = work.data
         config = {
-            "rows": data.rows, "steps": data.steps, "item_bytes": data.item_bytes, "seed": data.seed,
-            "window": work.window, "method": work.method, "priority_exponent": work.priority_exponent,
-            "batch_sizes": batch_sizes, "warmup": warmup, "iters": iters,
+            "rows": data.rows,
+            "steps": data.steps,
+            "item_bytes": data.item_bytes,
+            "seed": data.seed,
+            "window": work.window,
+            "method": work.method,
+            "priority_exponent": work.priority_exponent,
+            "batch_sizes": batch_sizes,
+            "warmup": warmup,
+            "iters": iters,
             "insert_batch": min(SETUP_INSERT_BATCH, data.rows),
         }
         result = run_worker(self.python, config, self.timeout_s)

@@ -140,8 +140,16 @@ def _gather_only(work: Workload, name: str) -> None:
 
 
 HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.+?)\s+([a-z][\w-]*)\(")
-HLO_PLUMBING = ("parameter", "get-tuple-element", "tuple", "while", "call", "conditional", "bitcast",
-                "opt-barrier")
+HLO_PLUMBING = (
+    "parameter",
+    "get-tuple-element",
+    "tuple",
+    "while",
+    "call",
+    "conditional",
+    "bitcast",
+    "opt-barrier",
+)
 
 
 def host_memory_summary(hlo: str, table_shape: str, result_shape: str) -> str:
@@ -169,9 +177,13 @@ def host_memory_summary(hlo: str, table_shape: str, result_shape: str) -> str:
     def show(counts: Counter[str]) -> str:
         return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items())) or "none"
 
-    whole_table = show(whole) if result_shape != table_shape else "not told apart (result of the table's shape)"
-    return (f"parameters in host memory S(5): {host_params}; ops with results in host memory: {show(host)}; "
-            f"ops producing the whole table: {whole_table}")
+    whole_table = (
+        show(whole) if result_shape != table_shape else "not told apart (result of the table's shape)"
+    )
+    return (
+        f"parameters in host memory S(5): {host_params}; ops with results in host memory: {show(host)}; "
+        f"ops producing the whole table: {whole_table}"
+    )
 
 
 def make_table(data: Dataset) -> gj.Table:
@@ -204,8 +216,14 @@ class GearSystem(System):
         @jax.jit
         def run(i: jax.Array) -> Any:
             key = jax.random.fold_in(jax.random.key(0), i)
-            s = gj.sample(table, key, batch_size, method=work.method,
-                          priority_exponent=work.priority_exponent, window=window)
+            s = gj.sample(
+                table,
+                key,
+                batch_size,
+                method=work.method,
+                priority_exponent=work.priority_exponent,
+                window=window,
+            )
             return gj.gather(table, s, fields=("x",)) if work.collect else s
 
         return lambda i: jax.block_until_ready(run(i))
@@ -267,8 +285,9 @@ class JnpSystem(System):
         super().__init__(work)
         data = work.data
         self.flat = jnp.zeros((data.rows * data.steps, data.item_bytes), jnp.uint8)
-        write = jax.jit(lambda buf, chunk, at: jax.lax.dynamic_update_slice(buf, chunk, (at, 0)),
-                        donate_argnums=0)
+        write = jax.jit(
+            lambda buf, chunk, at: jax.lax.dynamic_update_slice(buf, chunk, (at, 0)), donate_argnums=0
+        )
         for start, chunk in data.chunks():
             self.flat = write(self.flat, chunk.reshape(-1, data.item_bytes), start * data.steps)
         self.weights = jnp.asarray(data.priorities())
@@ -343,7 +362,9 @@ class PinnedHostLoopSystem(System):
                 piece = jax.device_put(lax.dynamic_slice_in_dim(flat, first[k], steps_out, axis=0), to_device)
                 return lax.dynamic_update_slice_in_dim(out, piece, k * steps_out, axis=0)
 
-            return lax.fori_loop(0, batch_size, copy, jnp.zeros((batch_size * steps_out, item_bytes), jnp.uint8))
+            return lax.fori_loop(
+                0, batch_size, copy, jnp.zeros((batch_size * steps_out, item_bytes), jnp.uint8)
+            )
 
         compiled = jax.jit(run).lower(np.int32(0), self.flat).compile()
         table, result = (f"u8[{rows},{item_bytes}]" for rows in (self.flat.shape[0], batch_size * steps_out))
@@ -352,8 +373,10 @@ class PinnedHostLoopSystem(System):
         return lambda i: jax.block_until_ready(compiled(np.int32(i), self.flat))
 
     def describe(self) -> str:
-        programs = "; ".join(f"compiled program (B={','.join(map(str, batch_sizes))}): {summary}"
-                             for summary, batch_sizes in self.compiled.items())
+        programs = "; ".join(
+            f"compiled program (B={','.join(map(str, batch_sizes))}): {summary}"
+            for summary, batch_sizes in self.compiled.items()
+        )
         return f"pinned_host_loop holds its rows on {where(self.flat)}; {programs}"
 
     def close(self) -> None:
@@ -429,15 +452,24 @@ class FlashbaxSystem(System):
         n = work.data.rows
         if work.window:
             return fbx.make_trajectory_buffer(
-                add_batch_size=n, sample_batch_size=batch_size, sample_sequence_length=work.window,
-                period=1, min_length_time_axis=work.window, max_length_time_axis=work.data.steps,
+                add_batch_size=n,
+                sample_batch_size=batch_size,
+                sample_sequence_length=work.window,
+                period=1,
+                min_length_time_axis=work.window,
+                max_length_time_axis=work.data.steps,
             )
         if work.method == "prioritized":
             return fbx.make_prioritised_item_buffer(
-                max_length=n, min_length=1, sample_batch_size=batch_size, add_sequences=True,
+                max_length=n,
+                min_length=1,
+                sample_batch_size=batch_size,
+                add_sequences=True,
                 priority_exponent=work.priority_exponent,
             )
-        return fbx.make_item_buffer(max_length=n, min_length=1, sample_batch_size=batch_size, add_sequences=True)
+        return fbx.make_item_buffer(
+            max_length=n, min_length=1, sample_batch_size=batch_size, add_sequences=True
+        )
 
     def make_step(self, batch_size: int) -> Step:
         sample = jax.jit(self._buffer(batch_size).sample)
@@ -484,8 +516,9 @@ class TorchrlSystem(System):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if work.window:
-                    sampler = rl.SliceSampler(slice_len=work.window, traj_key="episode", cache_values=True,
-                                           strict_length=True)
+                    sampler = rl.SliceSampler(
+                        slice_len=work.window, traj_key="episode", cache_values=True, strict_length=True
+                    )
                 elif work.method == "prioritized":
                     sampler = rl.PrioritizedSampler(max_capacity=n, alpha=work.priority_exponent, beta=1.0)
                 else:

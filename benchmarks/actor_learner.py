@@ -45,7 +45,9 @@ def learner_step(table: gj.Table, batch: int, exponent: float) -> Callable[[int]
 
 def run_point(point: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Insert and learner-step records at one point (world size, table size, item size, batch)."""
-    rows, item_bytes, batch, actors = (point[k] for k in ("table_rows", "item_bytes", "batch_size", "world_size"))
+    rows, item_bytes, batch, actors = (
+        point[k] for k in ("table_rows", "item_bytes", "batch_size", "world_size")
+    )
     spec = gj.TableSpec(fields={"x": gj.Field((item_bytes,), "uint8")}, capacity=rows)
     with gj.Table.create(spec) as table:
         data = Dataset(rows, 1, item_bytes)
@@ -54,7 +56,9 @@ def run_point(point: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
             table.insert({"x": chunk[:, 0]}, priorities=priorities[start : start + len(chunk)])
         step = learner_step(table, batch, args.priority_exponent)
         step(0)
-        procs = Writers(actors, WriterJob(table.name, item_bytes, args.insert_batch, args.warmup, None, seed=1))
+        procs = Writers(
+            actors, WriterJob(table.name, item_bytes, args.insert_batch, args.warmup, None, seed=1)
+        )
         procs.start()
         with progress(args.iters, f"learner, {actors} actors") as bar:
             learner = time_calls(step, args.warmup, args.iters, bar.update)
@@ -62,7 +66,9 @@ def run_point(point: dict[str, Any], args: argparse.Namespace) -> list[dict[str,
     inserts = np.concatenate([r.latencies for r in results])
     wall = max(r.end for r in results) - min(r.start for r in results)
     return [
-        make_record(point, GEAR, "insert", inserts, args.insert_batch, args.insert_batch * item_bytes, wall_s=wall),
+        make_record(
+            point, GEAR, "insert", inserts, args.insert_batch, args.insert_batch * item_bytes, wall_s=wall
+        ),
         make_record(point, GEAR, "learner_step", learner, batch, batch * item_bytes),
     ]
 
@@ -71,7 +77,10 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
     """Records for every world size x table size x item size x batch size."""
     records = []
     sweep = itertools.product(
-        parse_ints(args.table_rows), parse_ints(args.item_bytes), parse_ints(args.batch_size), parse_ints(args.world_size)
+        parse_ints(args.table_rows),
+        parse_ints(args.item_bytes),
+        parse_ints(args.batch_size),
+        parse_ints(args.world_size),
     )
     for requested, item_bytes, batch, actors in sweep:
         rows = cap_rows(requested, item_bytes, args.mem_budget_gib)

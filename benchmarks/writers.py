@@ -2,8 +2,8 @@
 
 Started with multiprocessing's spawn context. A writer inserts `warmup` untimed batches, waits at
 the barrier with the other writers and the parent, then inserts `iters` timed batches, or, when
-`iters` is None, until the parent sets `stop` (at least one). It puts (latencies, start, end) on `results`; the
-times come from time.perf_counter, which on Linux is one clock for all processes.
+`iters` is None, until the parent sets `stop` (at least one). It puts (latencies, start, end) on
+`results`; the times come from time.perf_counter, which on Linux is one clock for all processes.
 """
 
 from __future__ import annotations
