@@ -65,6 +65,13 @@ class Reference(System):
         """(byte offset in the table, bytes) that iteration `i` transfers."""
         raise NotImplementedError
 
+    def bytes_of(self, offset: int, nbytes: int) -> np.ndarray:
+        """The table's bytes [offset, offset + nbytes), a view of its mapping; ValueError if the span
+        does not lie inside the table."""
+        if offset < 0 or nbytes < 1 or offset + nbytes > self.memory.size:
+            raise ValueError(f"bytes [{offset}, {offset + nbytes}) are not in the table's {self.memory.size}")
+        return self.memory[offset : offset + nbytes]
+
     def work_per_step(self, batch_size: int) -> tuple[int, int]:
         return batch_size, self.span(batch_size, 0)[1]
 
@@ -75,24 +82,19 @@ class Reference(System):
         else wall-clock times of the host transfer (`make_step`)."""
         if self.device is None:
             return super().latencies(batch_sizes, warmup, iters, tick)
+        if not self.table.pinned:
+            raise Unavailable(
+                "the pinned host-to-device copy could not be timed: the table's memory "
+                "is not registered with CUDA"
+            )
         out = {}
         for b in batch_sizes:
-            offset, nbytes = self.span(b, 0)
-            if not self.table.pinned:
-                raise Unavailable(
-                    "the pinned host-to-device copy could not be timed: the table's memory "
-                    "is not registered with CUDA"
-                )
-            address = self.memory.ctypes.data + offset  # the mapping, held alive by self.memory
-
-            def copy(repeats: int) -> list[float]:
-                return time_host_to_device_copies(address, nbytes, device=self.device, repeats=repeats)
-
+            host = self.bytes_of(*self.span(b, 0))
             try:
                 if warmup:
-                    copy(warmup)
-                seconds = copy(iters)
-            except (CudaCopyError, ValueError) as e:
+                    time_host_to_device_copies(host, self.device, repeats=warmup)
+                seconds = time_host_to_device_copies(host, self.device, repeats=iters)
+            except CudaCopyError as e:
                 raise Unavailable(f"the pinned host-to-device copy could not be timed: {e}") from None
             out[b] = np.asarray(seconds, np.float64)
             for _ in range(iters):
@@ -139,8 +141,7 @@ class PinnedCopySystem(Reference):
         out = np.empty(self._bytes(batch_size), np.uint8)
 
         def step(i: int) -> np.ndarray:
-            offset, nbytes = self.span(batch_size, i)
-            np.copyto(out, self.memory[offset : offset + nbytes])
+            np.copyto(out, self.bytes_of(*self.span(batch_size, i)))
             return out
 
         return step
@@ -157,8 +158,7 @@ class PriorityReadSystem(Reference):
 
     def make_step(self, batch_size: int) -> Step:
         """Without CUDA: `np.add.reduce` over the state column as uint64[N]."""
-        offset, nbytes = self.span(batch_size, 0)
-        state = self.memory[offset : offset + nbytes].view(np.uint64)
+        state = self.bytes_of(*self.span(batch_size, 0)).view(np.uint64)
         return lambda i: np.add.reduce(state)
 
 

@@ -1,6 +1,6 @@
 """Reverb baseline worker, run by another interpreter (one with dm-reverb and tensorflow installed).
 
-    /opt/reverb-venv/bin/python gear_jax/bench/reverb_worker.py < config.json > result.json
+    /opt/reverb-venv/bin/python benchmarks/reverb_worker.py < config.json > result.json
 
 It starts a Reverb server on 127.0.0.1, inserts the rows of the same `Dataset` the suite uses (one
 item per row, or one item per window position of each row), times the inserts, then times batched
@@ -31,7 +31,7 @@ import tensorflow as tf  # noqa: E402
 
 
 def _load_data_module() -> Any:
-    """gear_jax/bench/data.py, loaded by path: this interpreter has no gear_jax (nor jax) installed."""
+    """`data.py` beside this file, loaded by path: this interpreter has no gear_jax (nor jax) installed."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data.py")
     spec = importlib.util.spec_from_file_location("gear_jax_bench_data", path)
     module = importlib.util.module_from_spec(spec)

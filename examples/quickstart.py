@@ -16,7 +16,11 @@ Run (CPU by default; about 2 minutes on a 2-core machine, reaching the maximum r
     python examples/quickstart.py --smoke          # a few hundred steps, for tests
 
 It prints a progress bar (mean training return, loss, table size), the greedy evaluations, and last a
-summary line; with the defaults (seed 0) the greedy policy reaches the maximum return of 500:
+summary line. The final policy is the trained one (no checkpoint is picked): a Polyak-averaged target,
+a learning rate that decays to 1e-5, and a table that keeps every transition keep it from forgetting.
+With the defaults, seed 0 printed (seeds 1-4 also ended at 500):
+    evaluations (transitions: mean greedy return): 0: 13.2, 10000: 124.1, ..., 100000: 490.2,
+        110000: 500.0, 120000: 500.0
     summary: eval_return=500.0 initial_eval_return=13.2 eval_episodes=20 steps=30000 transitions=120000 ...
 """
 

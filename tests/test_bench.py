@@ -1,7 +1,10 @@
-"""Smoke tests of `python -m gear_jax.bench`: one tiny configuration per suite, run as a subprocess.
+"""Tests of the benchmarks (`benchmarks/`, imported as `gear_jax.bench`), not of speed.
 
-They check the report's structure, not speed. Baselines that are not installed are skipped by the
-suites with a note, so they never fail these tests.
+Each suite runs once in a tiny configuration, as a subprocess of `python -m gear_jax.bench`, and its
+report must cover exactly the requested sweep points and systems, with the requested iterations. The
+statistics, speedups, diff and CUDA copy reference are checked on known inputs. Baselines that are not
+installed are skipped by the suites with a note, so they never fail these tests. Tests marked `gpu`
+time the CUDA copy reference for real and skip without a GPU.
 """
 
 from __future__ import annotations
@@ -216,24 +219,80 @@ def measure_notes(name: str, work: Workload) -> tuple[list[dict[str, Any]], list
     return records, notes
 
 
-@pytest.mark.skipif(gj._native.cuda_device_count() > 0, reason="a CUDA device can time the copy")
-def test_cuda_copy_that_cannot_run_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+NO_CUDA_DEVICE = pytest.mark.skipif(
+    gj._native.cuda_device_count() > 0, reason="a CUDA device can time the copy"
+)
+
+
+@NO_CUDA_DEVICE
+@pytest.mark.parametrize("pinned", [False, True])
+def test_cuda_copy_that_cannot_run_is_a_note(pinned: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(references, "cuda_device", lambda: (0, ""))  # as if jax ran on a CUDA GPU
+    monkeypatch.setattr(gj.Table, "pinned", property(lambda self: pinned))
     records, notes = measure_notes("pinned_copy", Workload(Dataset(64, 1, 32)))
     assert records == []
     assert len(notes) == 1 and notes[0].startswith("skipped pinned_copy at"), notes
-    assert "the pinned host-to-device copy could not be timed" in notes[0]
+    why = notes[0].split("the pinned host-to-device copy could not be timed: ")[1]
+    if pinned:  # the timer ran and found no libcudart, or a CUDA runtime without a device
+        assert why.startswith("no loadable libcudart") or " failed: " in why, why
+    else:
+        assert why.startswith("the table's memory is not registered with CUDA"), why
 
 
-@pytest.mark.skipif(gj._native.cuda_device_count() > 0, reason="a CUDA device can time the copy")
-def test_cuda_copy_timer_refuses_bad_input_and_reports_a_missing_gpu() -> None:
+def test_cuda_copy_timer_refuses_bad_input() -> None:
     memory = np.zeros(4096, np.uint8)
     with pytest.raises(ValueError, match="nbytes=0"):
-        cuda_copy.time_host_to_device_copies(memory.ctypes.data, 0)
+        cuda_copy.time_host_to_device_copies(memory[:0])
     with pytest.raises(ValueError, match="repeats=0"):
-        cuda_copy.time_host_to_device_copies(memory.ctypes.data, 64, repeats=0)
-    with pytest.raises(cuda_copy.CudaCopyError):  # no libcudart, or one that finds no device
-        cuda_copy.time_host_to_device_copies(memory.ctypes.data, 64)
+        cuda_copy.time_host_to_device_copies(memory[:64], repeats=0)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        cuda_copy.time_host_to_device_copies(memory[::2])
+
+
+@NO_CUDA_DEVICE
+def test_cuda_copy_timer_without_a_gpu_raises_its_error() -> None:
+    with pytest.raises(cuda_copy.CudaCopyError, match="libcudart| failed: "):
+        cuda_copy.time_host_to_device_copies(np.zeros(64, np.uint8))
+
+
+def test_reference_spans_lie_inside_the_table() -> None:
+    system = references.PinnedCopySystem(Workload(Dataset(rows=10, steps=1, item_bytes=64)))
+    try:
+        offset, nbytes = system.span(4, 2)
+        assert system.bytes_of(offset, nbytes).ctypes.data == system.memory.ctypes.data + offset
+        for i in range(8):  # every span of 4 of the 10 rows starts on a row and ends inside the column
+            offset, nbytes = system.span(4, i)
+            assert (offset - system.offset) % system.row_stride == 0 and nbytes == 4 * system.row_stride
+            assert offset + nbytes <= system.offset + 10 * system.row_stride
+        with pytest.raises(ValueError, match="not in the table"):
+            system.bytes_of(system.memory.size - 8, 16)
+    finally:
+        system.close()
+
+
+@pytest.mark.gpu
+def test_cuda_copy_times_copies_of_a_pinned_table() -> None:
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("jax sees no GPU")
+    table = gj.Table.create(gj.TableSpec({"x": gj.Field((1 << 20,), "uint8")}, capacity=64))
+    try:
+        assert table.pinned, "gear_jax did not register the table's memory with CUDA"
+        memory = np.frombuffer(table._native.mapping(), np.uint8)
+        seconds = cuda_copy.time_host_to_device_copies(memory[: 64 << 20], device=0, repeats=5)
+        assert len(seconds) == 5 and all(s > 0 for s in seconds), seconds
+        assert (64 << 20) / np.median(seconds) > 1e9, seconds  # bytes/s: any PCIe or NVLink link
+        del memory
+    finally:
+        table.close()
+    system = references.PinnedCopySystem(Workload(Dataset(rows=256, steps=1, item_bytes=1024)))
+    try:
+        latencies = system.latencies([8, 64], warmup=1, iters=3, tick=lambda: None)
+        assert system.measured_as.startswith("cudaMemcpyAsync"), system.measured_as
+        assert sorted(latencies) == [8, 64] and all(len(v) == 3 and (v > 0).all() for v in latencies.values())
+    finally:
+        system.close()
 
 
 def test_pinned_host_loop_without_pinned_host_memory_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -406,14 +465,39 @@ def test_pool_fresh_against_pooled(tmp_path: Path) -> None:
     assert report["records"][0]["point"]["table_bytes"] >= 256 * 4096
 
 
-def test_diff_of_two_reports(gather_report: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    out, report = gather_report
-    slower = json.loads(json.dumps(report))
-    for r in slower["records"]:
-        r["latency_s"]["p50"] *= 2
-        r["throughput"]["items_per_s"] /= 2
-    (tmp_path / "test.json").write_text(json.dumps(slower))
-    cmd = [sys.executable, "-m", "gear_jax.bench.diff", str(out / "gather.json"), str(tmp_path / "test.json")]
+def hand_made_report(latencies: dict[tuple[int, str], float]) -> dict[str, Any]:
+    """A report with one record per (batch size, system) of constant latency, 8 items per call."""
+    records = [
+        common.make_record({"batch_size": b}, system, "op", [seconds] * 3, 8, 0)
+        for (b, system), seconds in latencies.items()
+    ]
+    machine = {"cpu": "test cpu", "gear_jax": {"version": "0"}}
+    return {"suite": "gather", "machine": machine, "records": records}
+
+
+def test_diff_of_two_hand_made_reports(tmp_path: Path) -> None:
+    base = hand_made_report({(8, "gear_jax"): 0.002, (8, "numpy"): 0.004, (16, "gear_jax"): 0.010})
+    test = hand_made_report({(8, "gear_jax"): 0.001, (8, "numpy"): 0.005, (32, "gear_jax"): 0.020})
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "test.json").write_text(json.dumps(test))
+    cmd = [
+        sys.executable,
+        "-m",
+        "gear_jax.bench.diff",
+        str(tmp_path / "base.json"),
+        str(tmp_path / "test.json"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "+100.0%" in done.stdout and "-50.0%" in done.stdout
+    rows = {}
+    for line in done.stdout.splitlines():  # table rows: point | system | op | 6 figures
+        cells = [c.strip() for c in line.strip("│┃ ").split("│")]
+        if len(cells) == 9 and cells[0].startswith("{"):
+            rows[(json.loads(cells[0])["batch_size"], cells[1])] = (cells[5], cells[8])
+    # p50 diff and items/s diff, (test - base) / base; "-" where one report lacks the record
+    assert rows == {
+        (8, "gear_jax"): ("-50.0%", "+100.0%"),
+        (8, "numpy"): ("+25.0%", "-20.0%"),
+        (16, "gear_jax"): ("-", "-"),
+        (32, "gear_jax"): ("-", "-"),
+    }, done.stdout
