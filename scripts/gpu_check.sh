@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # For a machine with a CUDA GPU and no network: builds gear_jax with its CUDA handlers, runs the GPU
-# tests, the gather, priorities and pool benchmarks, and the GPU tests again under compute-sanitizer's memcheck.
+# tests (the benchmarks' CUDA copy timer among them), the gather, priorities and pool benchmarks
+# (benchmarks/, run as `python -m gear_jax.bench`), and the GPU tests again under compute-sanitizer's
+# memcheck.
 #
 # Every stage runs under `timeout`, its limit taken from one budget for the whole script
 # (GPU_CHECK_BUDGET_S, default 540 s, so that it fits a 10-minute call with room to start and copy):
@@ -65,7 +67,7 @@ fi
 
 if want tests; then
   stage tests 180 30 "$OUT/tests.log" python -m pytest -m gpu tests/test_gpu.py tests/test_pool.py \
-    tests/test_handler_checks.py tests/test_torch.py -v -rs
+    tests/test_handler_checks.py tests/test_torch.py tests/test_bench.py -v -rs
   status=$?
   tail -n 25 "$OUT/tests.log"
   [ "$status" -eq 0 ] || echo "gpu_check: the GPU tests failed with status $status (log: $OUT/tests.log)"
