@@ -2,7 +2,7 @@
 
 Two ops, each measured side by side in one run:
   * `handoff`: a gathered batch (B rows of `item_bytes`, already computed) made into torch tensors.
-    gear_jax: `gj.torch.to_torch(batch)` (DLPack, zero-copy); `numpy_from`: the common idiom
+    gear_jax: `gj.torch.to_torch(x)` (DLPack, zero-copy); `numpy_from`: the common idiom
     `torch.from_numpy(np.asarray(x))`; `copy`: `torch.tensor(np.asarray(x))`, which copies.
   * `sampler`: one batch of B rows from a table of `table_rows` rows as torch tensors.
     gear_jax: `next(gj.torch.Sampler(table, B))` (jitted sample + gather, prefetching the next batch);
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
                     )
                     x = batch["x"]
                     handoffs = {
-                        GEAR: lambda i: gjt.to_torch(batch),
+                        GEAR: lambda i: gjt.to_torch(x),  # the same one array as the others
                         "numpy_from": lambda i: torch.from_numpy(np.asarray(x)),
                         "copy": lambda i: torch.tensor(np.asarray(x)),
                     }
