@@ -26,7 +26,7 @@ With the defaults, seed 0 printed (seeds 1-4 also ended at 500):
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import math
 import time
 from collections import deque
@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from absl import app, flags, logging
 from tqdm import tqdm
 
 import gear_jax as gj
@@ -45,40 +46,80 @@ import gear_jax as gj
 OBS_SHAPE = (4,)  # CartPole-v1: cart position, cart velocity, pole angle, pole angular velocity
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=30_000, help="training steps (env step + learner update)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--platform", default="cpu", choices=("cpu", "cuda"),
-                   help="where jax runs; the small network trains fastest on the CPU")
-    p.add_argument("--num_envs", type=int, default=4, help="environments stepped in parallel (jax.vmap)")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--capacity", type=int, default=120_000,
-                   help="rows of the replay table (the default keeps every transition of a default run)")
-    p.add_argument("--learning_starts", type=int, default=1_000, help="transitions before the first update")
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate at the start")
-    p.add_argument("--lr_end", type=float, default=1e-5, help="learning rate after --steps (linear decay)")
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--hidden", type=int, default=256, help="units in each of the two hidden layers")
-    p.add_argument("--tau", type=float, default=0.005,
-                   help="Polyak averaging of the target network per update (0: periodic copies instead)")
-    p.add_argument("--target_period", type=int, default=250, help="with --tau=0: updates between copies")
-    p.add_argument("--priority_exponent", type=float, default=0.6, help="alpha of prioritized replay")
-    p.add_argument("--beta_start", type=float, default=0.4, help="importance-weight exponent, annealed to 1")
-    p.add_argument("--priority_eps", type=float, default=1e-3, help="added to |TD error| for priorities")
-    p.add_argument("--eps_start", type=float, default=1.0)
-    p.add_argument("--eps_end", type=float, default=0.04)
-    p.add_argument("--eps_fraction", type=float, default=0.16, help="fraction of steps to anneal epsilon")
-    p.add_argument("--eval_episodes", type=int, default=20)
-    p.add_argument("--eval_every", type=int, default=2_500, help="steps between greedy evaluations")
-    p.add_argument("--log_every", type=int, default=250, help="steps between progress-bar updates")
-    p.add_argument("--plot", type=str, default=None, help="save a PNG of the learning curve here")
-    p.add_argument("--smoke", action="store_true", help="a tiny run for tests: 300 steps, small table")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.steps, args.capacity, args.learning_starts = 300, 1_000, 256
-        args.eval_episodes, args.eval_every = 4, 150
-    return args
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("steps", 30_000, "training steps (env step + learner update)")
+flags.DEFINE_integer("seed", 0, "seed of the network, the environments, exploration and the sampler")
+flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"],
+                  "where jax runs; the small network trains fastest on the CPU")
+flags.DEFINE_integer("num_envs", 4, "environments stepped in parallel (jax.vmap)")
+flags.DEFINE_integer("batch_size", 64, "rows per learner update")
+flags.DEFINE_integer("capacity", 120_000,
+                     "rows of the replay table (the default keeps every transition of a default run)")
+flags.DEFINE_integer("learning_starts", 1_000, "transitions before the first update")
+flags.DEFINE_float("lr", 1e-3, "Adam learning rate at the start")
+flags.DEFINE_float("lr_end", 1e-5, "learning rate after --steps")
+flags.DEFINE_enum("lr_decay", "linear", ["linear", "cosine"], "how the learning rate goes to --lr_end")
+flags.DEFINE_float("adam_eps", 1e-8, "epsilon of Adam")
+flags.DEFINE_float("gamma", 0.99, "discount")
+flags.DEFINE_integer("n_step", 1, "steps of reward summed in each transition before bootstrapping")
+flags.DEFINE_bool("dueling", False, "dueling head: Q = V + A - mean(A)")
+flags.DEFINE_integer("hidden", 256, "units in each of the two hidden layers")
+flags.DEFINE_float("tau", 0.005,
+                   "Polyak averaging of the target network per update (0: periodic copies instead)")
+flags.DEFINE_integer("target_period", 250, "with --tau=0: updates between copies")
+flags.DEFINE_float("priority_exponent", 0.6, "alpha of prioritized replay")
+flags.DEFINE_float("beta_start", 0.4, "importance-weight exponent, annealed to 1")
+flags.DEFINE_float("priority_eps", 1e-3, "added to |TD error| for priorities")
+flags.DEFINE_float("eps_start", 1.0, "exploration epsilon at the start")
+flags.DEFINE_float("eps_end", 0.04, "exploration epsilon after the annealing")
+flags.DEFINE_float("eps_fraction", 0.16, "fraction of steps to anneal epsilon")
+flags.DEFINE_integer("eval_episodes", 20, "episodes of each greedy evaluation (run in parallel)")
+flags.DEFINE_integer("eval_every", 2_500, "steps between greedy evaluations")
+flags.DEFINE_integer("log_every", 250, "steps between progress-bar updates")
+flags.DEFINE_string("plot", None, "save a PNG of the learning curve here")
+flags.DEFINE_bool("smoke", False, "a tiny run for tests: 300 steps, small table")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The flags' values, with --smoke applied: what the functions below read."""
+
+    steps: int
+    seed: int
+    platform: str
+    num_envs: int
+    batch_size: int
+    capacity: int
+    learning_starts: int
+    lr: float
+    lr_end: float
+    lr_decay: str
+    adam_eps: float
+    gamma: float
+    n_step: int
+    dueling: bool
+    hidden: int
+    tau: float
+    target_period: int
+    priority_exponent: float
+    beta_start: float
+    priority_eps: float
+    eps_start: float
+    eps_end: float
+    eps_fraction: float
+    eval_episodes: int
+    eval_every: int
+    log_every: int
+    plot: str | None
+    smoke: bool
+
+
+def config_from_flags() -> Config:
+    config = Config(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)})
+    if config.smoke:
+        config = dataclasses.replace(config, steps=300, capacity=1_000, learning_starts=256,
+                                     eval_episodes=4, eval_every=150)
+    return config
 
 
 class QNetwork(nn.Module):
@@ -86,12 +127,16 @@ class QNetwork(nn.Module):
 
     num_actions: int
     hidden: int
+    dueling: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         x = nn.relu(nn.Dense(self.hidden)(obs))
         x = nn.relu(nn.Dense(self.hidden)(x))
-        return nn.Dense(self.num_actions)(x)
+        if not self.dueling:
+            return nn.Dense(self.num_actions)(x)
+        advantage = nn.Dense(self.num_actions)(x)
+        return nn.Dense(1)(x) + advantage - jnp.mean(advantage, axis=1, keepdims=True)
 
 
 class TrainState(NamedTuple):
@@ -103,14 +148,14 @@ class TrainState(NamedTuple):
 
 
 def make_table(capacity: int) -> gj.Table:
-    """A transition table: one (obs, action, reward, next_obs, done) per row."""
+    """A transition table: one (obs, action, reward, next_obs, discount) per row."""
     spec = gj.TableSpec(
         fields={
             "obs": gj.Field(OBS_SHAPE, "float32"),
             "action": gj.Field((), "int32"),
             "reward": gj.Field((), "float32"),
             "next_obs": gj.Field(OBS_SHAPE, "float32"),
-            "done": gj.Field((), "bool"),  # terminated (not truncated): no bootstrap from next_obs
+            "discount": gj.Field((), "float32"),  # of the bootstrap from next_obs: 0 if terminated
         },
         capacity=capacity,
         max_steps=1,
@@ -119,7 +164,7 @@ def make_table(capacity: int) -> gj.Table:
 
 
 def make_learner_step(table: gj.Table, network: QNetwork, optimizer: optax.GradientTransformation,
-                      args: argparse.Namespace):
+                      config: Config):
     """The jitted learner step: sample -> gather -> loss/grad -> optax update -> update_priorities.
 
     `(state, key, step, beta, after) -> (state, metrics)`; the step's key is `fold_in(key, step)`.
@@ -129,8 +174,8 @@ def make_learner_step(table: gj.Table, network: QNetwork, optimizer: optax.Gradi
 
     @jax.jit
     def learner_step(state: TrainState, key: jax.Array, step: jax.Array, beta: jax.Array, after: jax.Array):
-        sample = gj.sample(table, jax.random.fold_in(key, step), args.batch_size, method="prioritized",
-                           priority_exponent=args.priority_exponent, after=after)
+        sample = gj.sample(table, jax.random.fold_in(key, step), config.batch_size, method="prioritized",
+                           priority_exponent=config.priority_exponent, after=after)
         batch = gj.gather(table, sample)
         valid = batch["valid"]  # False for rows overwritten between sample and gather: their data is zeros
 
@@ -144,8 +189,7 @@ def make_learner_step(table: gj.Table, network: QNetwork, optimizer: optax.Gradi
             next_action = jnp.argmax(network.apply(params, batch["next_obs"]), axis=1)  # double DQN
             next_q = network.apply(state.target_params, batch["next_obs"])
             next_q = jnp.take_along_axis(next_q, next_action[:, None], axis=1)[:, 0]
-            not_done = 1.0 - batch["done"].astype(jnp.float32)
-            target = jax.lax.stop_gradient(batch["reward"] + args.gamma * not_done * next_q)
+            target = jax.lax.stop_gradient(batch["reward"] + batch["discount"] * next_q)
             td = q_taken - target
             loss = jnp.sum(weights * optax.huber_loss(td)) / jnp.maximum(jnp.sum(valid), 1)
             return loss, td
@@ -153,13 +197,13 @@ def make_learner_step(table: gj.Table, network: QNetwork, optimizer: optax.Gradi
         (loss, td), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        if args.tau > 0:  # a target that moves a little every update: steadier than periodic copies
-            target_params = optax.incremental_update(params, state.target_params, args.tau)
+        if config.tau > 0:  # a target that moves a little every update: steadier than periodic copies
+            target_params = optax.incremental_update(params, state.target_params, config.tau)
         else:
             target_params = optax.periodic_update(params, state.target_params, state.updates + 1,
-                                                  args.target_period)
+                                                  config.target_period)
         # Rows overwritten since they were sampled keep their new priority: update_priorities skips them.
-        priorities = jnp.abs(td) + args.priority_eps
+        priorities = jnp.abs(td) + config.priority_eps
         count = gj.update_priorities(table, sample, priorities)
         max_priority = jnp.maximum(state.max_priority, jnp.max(jnp.where(valid, priorities, 0.0)))
         new_state = TrainState(params, target_params, opt_state, state.updates + 1, max_priority)
@@ -188,14 +232,50 @@ def make_actor_step(env: Any, env_params: Any, network: QNetwork, num_envs: int)
             jax.random.split(key_env, num_envs), env_state, action, env_params
         )
         # gymnax resets finished envs inside step; the true next observation is in `final_observation`.
-        transitions = {"obs": obs, "action": action, "reward": reward,
-                       "next_obs": info["final_observation"], "done": terminated}
-        returns = returns + reward
         ended = terminated | truncated
+        transitions = {"obs": obs, "action": action, "reward": reward,
+                       "next_obs": info["final_observation"], "terminated": terminated, "ended": ended}
+        returns = returns + reward
         finished = jnp.where(ended, returns, jnp.nan)
         return env_state, next_obs, jnp.where(ended, 0.0, returns), transitions, finished
 
     return actor_step
+
+
+class NStepTransitions:
+    """Turns the actor's one-step transitions into n-step ones, for all environments at once.
+
+    `push(step)` takes one step's `{obs, action, reward, next_obs, terminated, ended}` (arrays with a
+    leading num_envs axis) and, once it holds n steps, returns the rows for the oldest one: its `obs` and
+    `action`, the discounted reward of its next n steps (fewer where its episode ends), the observation
+    to bootstrap from and the bootstrap's discount (gamma**steps, 0 where the episode terminated; a
+    truncated episode bootstraps from its final observation).
+    """
+
+    def __init__(self, n: int, gamma: float):
+        self.n, self.gamma = n, gamma
+        self.window: deque[dict[str, np.ndarray]] = deque(maxlen=n)
+
+    def push(self, step: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        self.window.append(step)
+        if len(self.window) < self.n:
+            return None
+        ended = np.stack([s["ended"] for s in self.window])  # [n, num_envs]
+        # Steps k of the oldest step's episode: no end among steps 0..k-1.
+        in_episode = np.cumsum(np.concatenate([np.zeros_like(ended[:1]), ended[:-1]]), axis=0) == 0
+        last = in_episode.sum(axis=0) - 1  # [num_envs]: the last of those steps
+        envs = np.arange(ended.shape[1])
+        rewards = np.stack([s["reward"] for s in self.window])
+        powers = self.gamma ** np.arange(self.n, dtype=np.float32)[:, None]
+        terminated = np.stack([s["terminated"] for s in self.window])[last, envs]
+        first = self.window[0]
+        return {
+            "obs": first["obs"],
+            "action": first["action"],
+            "reward": np.sum(np.where(in_episode, powers * rewards, 0.0), axis=0, dtype=np.float32),
+            "next_obs": np.stack([s["next_obs"] for s in self.window])[last, envs],
+            "discount": np.where(terminated, 0.0, self.gamma ** (last + 1.0)).astype(np.float32),
+        }
 
 
 def make_evaluate(env: Any, env_params: Any, network: QNetwork, num_episodes: int):
@@ -255,20 +335,23 @@ def save_plot(path: str, episodes: list[tuple[int, float]], evals: list[tuple[in
     plt.close(fig)
 
 
-def train(args: argparse.Namespace) -> None:
+def train(config: Config) -> None:
     env, env_params = gymnax.make("CartPole-v1")
-    network = QNetwork(env.num_actions, args.hidden)
-    learning_rate = optax.linear_schedule(args.lr, args.lr_end, args.steps)
-    optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(learning_rate))
-    actor_step = make_actor_step(env, env_params, network, args.num_envs)
-    evaluate = make_evaluate(env, env_params, network, args.eval_episodes)
+    network = QNetwork(env.num_actions, config.hidden, config.dueling)
+    if config.lr_decay == "cosine":
+        learning_rate = optax.cosine_decay_schedule(config.lr, config.steps, alpha=config.lr_end / config.lr)
+    else:
+        learning_rate = optax.linear_schedule(config.lr, config.lr_end, config.steps)
+    optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(learning_rate, eps=config.adam_eps))
+    actor_step = make_actor_step(env, env_params, network, config.num_envs)
+    evaluate = make_evaluate(env, env_params, network, config.eval_episodes)
 
-    key_init, key_reset, key_eval, key_act, key_learn = jax.random.split(jax.random.key(args.seed), 5)
+    key_init, key_reset, key_eval, key_act, key_learn = jax.random.split(jax.random.key(config.seed), 5)
     params = network.init(key_init, jnp.zeros((1, *OBS_SHAPE)))
     state = TrainState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32), jnp.ones(()))
     reset = jax.vmap(env.reset, in_axes=(0, None))
-    obs, env_state = reset(jax.random.split(key_reset, args.num_envs), env_params)
-    returns = jnp.zeros(args.num_envs)
+    obs, env_state = reset(jax.random.split(key_reset, config.num_envs), env_params)
+    returns = jnp.zeros(config.num_envs)
     initial_return = float(jnp.mean(evaluate(state.params, key_eval)))
 
     episodes: list[tuple[int, float]] = []  # (transitions so far, return) of each training episode
@@ -278,66 +361,74 @@ def train(args: argparse.Namespace) -> None:
     transitions = 0
     max_priority = 1.0
     after = jnp.zeros((), jnp.int32)
-    with make_table(args.capacity) as table:  # closing the table frees its shared memory
-        learner_step = make_learner_step(table, network, optimizer, args)
+    n_step = NStepTransitions(config.n_step, config.gamma)
+    with make_table(config.capacity) as table:  # closing the table frees its shared memory
+        learner_step = make_learner_step(table, network, optimizer, config)
         start = time.perf_counter()
-        progress = tqdm(range(1, args.steps + 1), desc="training", unit="step", mininterval=0.5)
+        progress = tqdm(range(1, config.steps + 1), desc="training", unit="step", mininterval=0.5)
         for step in progress:
-            fraction = step / args.steps
-            epsilon = linear(args.eps_start, args.eps_end, fraction / args.eps_fraction)
-            env_state, obs, returns, batch, finished = actor_step(
+            fraction = step / config.steps
+            epsilon = linear(config.eps_start, config.eps_end, fraction / config.eps_fraction)
+            env_state, obs, returns, one_step, finished = actor_step(
                 state.params, env_state, obs, returns, key_act, step, epsilon
             )
-            batch, finished = jax.device_get((batch, finished))
-            # New transitions get the largest priority so far, so each is likely replayed at least once.
-            table.insert(batch, priorities=max_priority)
-            transitions += args.num_envs
+            one_step, finished = jax.device_get((one_step, finished))
+            transitions += config.num_envs
+            rows = n_step.push(one_step)
+            if rows is not None:
+                # New rows get the largest priority so far, so each is likely replayed at least once.
+                table.insert(rows, priorities=max_priority)
             for r in finished[~np.isnan(finished)]:
                 episodes.append((transitions, float(r)))
                 recent.append(float(r))
 
-            if transitions >= args.learning_starts:
-                beta = linear(args.beta_start, 1.0, fraction)
+            if transitions >= config.learning_starts:
+                beta = linear(config.beta_start, 1.0, fraction)
                 state, metrics = learner_step(state, key_learn, step, beta, after)
                 after = metrics["updated"]
                 max_priority = float(state.max_priority)  # waits for the step; the next act would too
-            if step % args.log_every == 0 or step == args.steps:
-                if transitions >= args.learning_starts:
+            if step % config.log_every == 0 or step == config.steps:
+                if transitions >= config.learning_starts:
                     loss = float(metrics["loss"])
                 progress.set_postfix(
                     ret=f"{np.mean(recent) if recent else math.nan:.1f}", loss=f"{loss:.4f}",
                     eps=f"{epsilon:.2f}", size=str(table.size),
                 )
-            if step % args.eval_every == 0 or step == args.steps:
+            if step % config.eval_every == 0 or step == config.steps:
                 evals.append((transitions, float(jnp.mean(evaluate(state.params, key_eval)))))
+                progress.clear()  # the log line goes above the bar, which the next update redraws
+                logging.info("step %d (%d transitions): eval_return=%.1f", step, transitions, evals[-1][1])
         progress.close()
         elapsed = time.perf_counter() - start
         table_size = table.size
 
-    if args.plot:
-        save_plot(args.plot, episodes, evals)
-        print(f"saved learning curve to {args.plot}")
-    print("evaluations (transitions: mean greedy return): "
-          + ", ".join(f"{t}: {r:.1f}" for t, r in evals))
+    if config.plot:
+        save_plot(config.plot, episodes, evals)
+        logging.info("saved the learning curve to %s", config.plot)
+    logging.info("evaluations (transitions: mean greedy return): %s",
+                 ", ".join(f"{t}: {r:.1f}" for t, r in evals))
     print(
         f"summary: eval_return={evals[-1][1]:.1f} initial_eval_return={initial_return:.1f} "
-        f"eval_episodes={args.eval_episodes} steps={args.steps} transitions={transitions} "
-        f"table_size={table_size} capacity={args.capacity} final_loss={loss:.5f} "
-        f"steps_per_s={args.steps / elapsed:.1f} wall_s={elapsed:.1f}"
+        f"eval_episodes={config.eval_episodes} steps={config.steps} transitions={transitions} "
+        f"table_size={table_size} capacity={config.capacity} final_loss={loss:.5f} "
+        f"steps_per_s={config.steps / elapsed:.1f} wall_s={elapsed:.1f}"
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    if args.platform not in gj.build_info()["ffi_platforms"]:
-        raise SystemExit(f"this gear_jax was built without {args.platform} handlers; use --platform=cpu")
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = config_from_flags()
+    if config.platform not in gj.build_info()["ffi_platforms"]:
+        raise app.UsageError(f"this gear_jax was built without {config.platform} handlers; "
+                             "use --platform=cpu")
     try:
-        device = jax.devices(args.platform)[0]
+        device = jax.devices(config.platform)[0]
     except RuntimeError as e:
-        raise SystemExit(f"--platform={args.platform}: no such JAX device ({e})") from None
+        raise app.UsageError(f"--platform={config.platform}: no such JAX device ({e})") from None
     with jax.default_device(device):  # every array and jitted step below runs there
-        train(args)
+        train(config)
 
 
 if __name__ == "__main__":
-    main()
+    app.run(main)
