@@ -29,14 +29,26 @@ __device__ __forceinline__ void FenceAcquire() {
   cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_system);
 }
 
-__device__ __forceinline__ bool CompareExchange(uint64_t* p, uint64_t* expected, uint64_t desired) {
-  return SystemRef(p).compare_exchange_strong(*expected, desired, cuda::memory_order_acq_rel,
-                                              cuda::memory_order_acquire);
+// Read-modify-write atomics on table memory take `system_scope`: TableView::read_modify_write_atomics.
+// At system scope they are atomic against the CPU's (native host atomics); otherwise they are atomic
+// among the GPU's threads only (device scope: what a GPU over PCIe can do on host memory).
+template <typename T>
+__device__ __forceinline__ cuda::atomic_ref<T, cuda::thread_scope_device> DeviceRef(const T* p) {
+  return cuda::atomic_ref<T, cuda::thread_scope_device>(*const_cast<T*>(p));
 }
 
 template <typename T>
-__device__ __forceinline__ T FetchAdd(T* p, T v) {
-  return SystemRef(p).fetch_add(v, cuda::memory_order_acq_rel);
+__device__ __forceinline__ bool CompareExchange(T* p, T* expected, T desired, bool system_scope) {
+  return system_scope ? SystemRef(p).compare_exchange_strong(*expected, desired, cuda::memory_order_acq_rel,
+                                                             cuda::memory_order_acquire)
+                      : DeviceRef(p).compare_exchange_strong(*expected, desired, cuda::memory_order_acq_rel,
+                                                             cuda::memory_order_acquire);
+}
+
+template <typename T>
+__device__ __forceinline__ T FetchAdd(T* p, T v, bool system_scope) {
+  return system_scope ? SystemRef(p).fetch_add(v, cuda::memory_order_acq_rel)
+                      : DeviceRef(p).fetch_add(v, cuda::memory_order_acq_rel);
 }
 
 }  // namespace gear::device

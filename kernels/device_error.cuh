@@ -21,13 +21,13 @@ struct DeviceError {
   int64_t limit;
 };
 
-// Records an error unless one is already recorded (the first one wins until the host clears it).
-__device__ inline void ReportError(DeviceError* error, ErrorSite site, int64_t element, int64_t value,
-                                   int64_t limit) {
+// Records an error unless one is already recorded (the first one wins until the host clears it). The
+// claim is a compare-and-swap at system scope where the device has native host atomics
+// (`system_scope`), else among the GPU's threads only.
+__device__ inline void ReportError(DeviceError* error, bool system_scope, ErrorSite site, int64_t element,
+                                   int64_t value, int64_t limit) {
   int32_t expected = 0;
-  if (!device::SystemRef(&error->claim).compare_exchange_strong(expected, 1, cuda::memory_order_relaxed)) {
-    return;
-  }
+  if (!device::CompareExchange<int32_t>(&error->claim, &expected, 1, system_scope)) return;
   error->element = element;
   error->value = value;
   error->limit = limit;

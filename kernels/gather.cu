@@ -114,9 +114,9 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
   const bool in_range = row_in_range && start >= 0 && start < t.max_steps;
   if (!in_range && lane == 0) {
     if (row_in_range) {
-      ReportError(error, ErrorSite::kGatherStart, i, start, t.max_steps);
+      ReportError(error, t.read_modify_write_atomics, ErrorSite::kGatherStart, i, start, t.max_steps);
     } else {
-      ReportError(error, ErrorSite::kGatherIndex, i, row, t.capacity);
+      ReportError(error, t.read_modify_write_atomics, ErrorSite::kGatherIndex, i, row, t.capacity);
     }
   }
 

@@ -41,9 +41,10 @@ __device__ bool SetPriority(const TableView& t, int64_t row, uint32_t generation
   uint64_t current = device::LoadAcquire(word);
   while (StateGeneration(current) == generation && (generation & 1u) == 0 && generation != 0) {
     const float old_priority = StatePriority(current);
-    if (device::CompareExchange(word, &current, MakeState(generation, priority))) {
+    if (device::CompareExchange(word, &current, MakeState(generation, priority),
+                                t.read_modify_write_atomics)) {
       const bool was = old_priority > 0.0f, is = priority > 0.0f;
-      if (was != is) device::FetchAdd<int64_t>(t.selectable, is ? 1 : -1);
+      if (was != is) device::FetchAdd<int64_t>(t.selectable, is ? 1 : -1, t.read_modify_write_atomics);
       return true;
     }
   }
@@ -74,9 +75,9 @@ __global__ void __launch_bounds__(ScatterPolicy::kCheckThreads)
   *failed = bad_row < n || bad_priority < n;
   *updated = 0;
   if (bad_row < n) {
-    ReportError(error, ErrorSite::kScatterIndex, bad_row, indices[bad_row], t.capacity);
+    ReportError(error, t.read_modify_write_atomics, ErrorSite::kScatterIndex, bad_row, indices[bad_row], t.capacity);
   } else if (bad_priority < n) {
-    ReportError(error, ErrorSite::kScatterPriority, bad_priority, __float_as_uint(priorities[bad_priority]),
+    ReportError(error, t.read_modify_write_atomics, ErrorSite::kScatterPriority, bad_priority, __float_as_uint(priorities[bad_priority]),
                 0);
   }
 }

@@ -46,7 +46,9 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
   out.starts[pick] = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), r.window, r.seed0,
                                                 r.seed1, static_cast<uint32_t>(pick))
                                   : 0;
-  device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
+  // A count, not part of the consistency model: without system-scope atomics an increment that races
+  // with the CPU's or another GPU's can be lost.
+  device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);
 }
 
 // A pick that could not be made: row 0 with an odd generation, which no gather or update accepts.
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
       for (int64_t i = tid; i < r.batch_size; i += kThreads) {
         if (out.indices[i] < 0) RecordFailed(out, i);
       }
-      if (tid == 0) ReportError(error, ErrorSite::kSampleEmpty, 0, 0, 0);
+      if (tid == 0) ReportError(error, t.read_modify_write_atomics, ErrorSite::kSampleEmpty, 0, 0, 0);
       return;
     }
     for (int64_t i = tid; i < r.batch_size; i += kThreads) {
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
       }
     }
     if (last_row < 0) {
-      if (tid == 0) ReportError(error, ErrorSite::kSampleEmpty, 0, 0, 0);
+      if (tid == 0) ReportError(error, t.read_modify_write_atomics, ErrorSite::kSampleEmpty, 0, 0, 0);
       return;
     }
   }
@@ -273,7 +275,7 @@ __global__ void PrioritizedPickKernel(TableView t, SampleRequest r, const uint32
     }
   }
   RecordFailed(out, i);
-  ReportError(error, ErrorSite::kSampleEmpty, 0, 0, 0);
+  ReportError(error, t.read_modify_write_atomics, ErrorSite::kSampleEmpty, 0, 0, 0);
 }
 
 struct PrioritizedScratch {
@@ -375,7 +377,7 @@ __global__ void OrderedRecordKernel(TableView t, SampleRequest r, const uint32_t
   if (count < r.batch_size) {
     RecordFailed(out, i);
     if (i == 0) {
-      ReportError(error, count == 0 ? ErrorSite::kSampleEmpty : ErrorSite::kSampleTooFew, 0, count,
+      ReportError(error, t.read_modify_write_atomics, count == 0 ? ErrorSite::kSampleEmpty : ErrorSite::kSampleTooFew, 0, count,
                   r.batch_size);
     }
     return;

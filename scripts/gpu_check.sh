@@ -22,7 +22,7 @@ OUT="${OUT:-/tmp/gear_jax_gpu_check}"
 mkdir -p "$OUT"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PYTHONUNBUFFERED=1
 BUDGET="${GPU_CHECK_BUDGET_S:-540}"
-STAGES=" ${GPU_CHECK_STAGES:-build tests gather priorities pool memcheck} "
+STAGES=" ${GPU_CHECK_STAGES:-build tests memcheck racecheck synccheck quickstart gather windows priorities pool} "
 START=$SECONDS
 
 want() { [[ "$STAGES" == *" $1 "* ]]; }
@@ -73,42 +73,9 @@ if want tests; then
   [ "$status" -eq 0 ] || echo "gpu_check: the GPU tests failed with status $status (log: $OUT/tests.log)"
 fi
 
-# Tables hold at most half the budget: two copies must fit in host memory, and gear_jax's tables live
-# in /dev/shm, so the budget is also held to about twice what /dev/shm has free.
-shm_gib=$(df -B1G --output=avail /dev/shm | tail -n 1 | tr -d ' ')
-budget() { awk -v want="$1" -v shm="$shm_gib" 'BEGIN {b = 1.8 * shm; print (b < want ? b : want)}'; }
-
-# gather: tables of at most 1 GiB (512 B rows: 1e6 rows, 512 MB), far beyond the GPU's L2 and the
-# host's caches, and quick to fill for each of the five systems.
-if want gather; then
-  stage gather 300 60 "$OUT/bench.log" python -m gear_jax.bench gather --table_rows=1000000 \
-    --item_bytes=512,4096,65536,1048576 --batch_size=32,64,128,256,512,1024 \
-    --systems=gear_jax,jnp_take,pinned_host_loop,pure_callback,pinned_copy --iters=20 --warmup=5 \
-    --mem_budget_gib="$(budget 2)" --json "$OUT/gather_gpu.json" --plot "$OUT/gather_gpu.png" ||
-    echo "gpu_check: the gather benchmark did not complete (log: $OUT/bench.log)"
-fi
-
-# priorities: 1e8 rows of 8-byte items take about 4.4 GB of table.
-if want priorities; then
-  stage priorities 150 30 "$OUT/bench.log" python -m gear_jax.bench priorities \
-    --table_rows=1000000,10000000,100000000 \
-    --batch_size=1024 --iters=20 --warmup=3 --mem_budget_gib="$(budget 12)" \
-    --json "$OUT/priorities_gpu.json" --plot "$OUT/priorities_gpu.png" ||
-    echo "gpu_check: the priorities benchmark did not complete (log: $OUT/bench.log)"
-fi
-# pool: create / first call / close of a 4 GiB table, new memory (pinned each time) against the pool.
-if want pool; then
-  stage pool 120 30 "$OUT/bench.log" python -m gear_jax.bench pool --iters=3 --json "$OUT/pool_gpu.json" ||
-    echo "gpu_check: the pool benchmark did not complete (log: $OUT/bench.log)"
-fi
-if want gather || want priorities || want pool; then
-  grep -E "Traceback|Error" "$OUT/bench.log" 2>/dev/null | cut -c1-300 | tail -n 10
-  python -m gear_jax.bench.summary "$OUT/gather_gpu.json" "$OUT/priorities_gpu.json" "$OUT/pool_gpu.json"
-fi
-
 if want memcheck; then
   if command -v compute-sanitizer >/dev/null; then
-    stage memcheck 1800 60 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
+    stage memcheck 300 60 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
       --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/test_gpu.py -x -q
     memcheck=$?
     tail -n 20 "$OUT/tests.log"
@@ -124,5 +91,80 @@ if want memcheck; then
     echo "gpu_check: compute-sanitizer not found; memcheck skipped"
   fi
 fi
+
+# racecheck (shared-memory races) and synccheck (barrier misuse) on the sampling and gather kernels.
+for tool in racecheck synccheck; do
+  if want "$tool" && command -v compute-sanitizer >/dev/null; then
+    stage "$tool" 300 30 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
+      --tool "$tool" --error-exitcode 3 python -m pytest -m gpu tests/test_gpu.py -x -q \
+      -k "selection or windows or prioritized or gather"
+    rc=$?
+    tail -n 8 "$OUT/tests.log"
+    case "$rc" in
+      0) ;;
+      124 | 125) echo "gpu_check: $tool did not run to the end (status $rc); not counted as a failure" ;;
+      *)
+        echo "gpu_check: $tool failed with status $rc (log: $OUT/tests.log)"
+        [ "$status" -eq 0 ] && status=$rc
+        ;;
+    esac
+  fi
+done
+
+# The main job on the GPU, against the same command on the CPU of this machine: steps per second.
+if want quickstart; then
+  if ! python -c "import gymnax" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+      export PYTHONPATH=/tmp/site
+  fi
+  for platform in cuda cpu; do
+    stage "quickstart_$platform" 240 60 "$OUT/quickstart.log" python examples/quickstart.py \
+      --platform="$platform" --steps="${GPU_CHECK_QUICKSTART_STEPS:-30000}"
+    grep -E "^summary" "$OUT/quickstart.log" | tail -n 1
+  done
+fi
+
+# Tables hold at most half the budget: two copies must fit in host memory, and gear_jax's tables live
+# in /dev/shm, so the budget is also held to about twice what /dev/shm has free.
+shm_gib=$(df -B1G --output=avail /dev/shm | tail -n 1 | tr -d ' ')
+budget() { awk -v want="$1" -v shm="$shm_gib" 'BEGIN {b = 1.8 * shm; print (b < want ? b : want)}'; }
+
+# gather: tables of at most 1 GiB (512 B rows: 1e6 rows, 512 MB), far beyond the GPU's L2 and the
+# host's caches, and quick to fill for each of the five systems.
+if want gather; then
+  stage gather 300 60 "$OUT/bench.log" python -m gear_jax.bench gather --table_rows=1000000 \
+    --item_bytes=512,4096,65536,1048576 --batch_size=32,64,128,256,512,1024 \
+    --systems=gear_jax,jnp_take,pinned_host_loop,pure_callback,pinned_copy --iters=20 --warmup=5 \
+    --mem_budget_gib="$(budget 2)" --json "$OUT/gather_gpu.json" --plot "$OUT/gather_gpu.png" ||
+    echo "gpu_check: the gather benchmark did not complete (log: $OUT/bench.log)"
+fi
+
+# windows: B windows of W = 16 steps of 4 KiB inside trajectories of 64 steps (the step is the item).
+if want windows; then
+  stage windows 150 30 "$OUT/bench.log" python -m gear_jax.bench gather --table_rows=16384 --window=16 \
+    --max_steps=64 --item_bytes=512,4096 --batch_size=32,128,512 \
+    --systems=gear_jax,jnp_take,pinned_host_loop,pinned_copy --iters=20 --warmup=5 \
+    --mem_budget_gib="$(budget 8)" --json "$OUT/windows_gpu.json" ||
+    echo "gpu_check: the windows benchmark did not complete (log: $OUT/bench.log)"
+fi
+
+# priorities: 1e8 rows of 8-byte items take about 4.4 GB of table.
+if want priorities; then
+  stage priorities 150 30 "$OUT/bench.log" python -m gear_jax.bench priorities \
+    --table_rows=1000000,10000000,100000000 \
+    --batch_size=1024 --iters=20 --warmup=3 --mem_budget_gib="$(budget 12)" \
+    --json "$OUT/priorities_gpu.json" --plot "$OUT/priorities_gpu.png" ||
+    echo "gpu_check: the priorities benchmark did not complete (log: $OUT/bench.log)"
+fi
+# pool: create / first call / close of a 4 GiB table, new memory (pinned each time) against the pool.
+if want pool; then
+  stage pool 120 30 "$OUT/bench.log" python -m gear_jax.bench pool --iters=3 --json "$OUT/pool_gpu.json" ||
+    echo "gpu_check: the pool benchmark did not complete (log: $OUT/bench.log)"
+fi
+if want gather || want windows || want priorities || want pool; then
+  grep -E "Traceback|Error" "$OUT/bench.log" 2>/dev/null | cut -c1-300 | tail -n 10
+  python -m gear_jax.bench.summary "$OUT"/*_gpu.json
+fi
+
 echo "gpu_check: done in $((SECONDS - START)) s, status $status"
 exit "$status"

@@ -129,16 +129,20 @@ ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* o
   return TakeEarlierError(out->side->error_host, device);
 }
 
-// Device scratch memory for this call (nullptr for 0 bytes).
+// Device scratch memory for this call (nullptr for 0 bytes), aligned to ScratchCarver::kAlign. XLA's
+// allocator refuses alignments above 16 bytes ("Unsupported alignment"), so the block is asked for with
+// none and kAlign bytes more, and its start is rounded up here.
 ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, size_t bytes, const char* op, void** memory) {
   *memory = nullptr;
   if (bytes == 0) return ffi::Error::Success();
-  std::optional<void*> block = scratch.Allocate(bytes, ScratchCarver::kAlign);
+  std::optional<void*> block = scratch.Allocate(bytes + ScratchCarver::kAlign);
   if (!block.has_value()) {
     return OpError(ffi::ErrorCode::kResourceExhausted, op,
                    "cannot allocate " + std::to_string(bytes) + " bytes of GPU scratch memory");
   }
-  *memory = *block;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(*block);
+  *memory = reinterpret_cast<void*>((start + ScratchCarver::kAlign - 1) / ScratchCarver::kAlign *
+                                    ScratchCarver::kAlign);
   return ffi::Error::Success();
 }
 
