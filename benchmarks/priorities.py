@@ -22,7 +22,7 @@ from gear_jax.bench.systems import Workload
 
 DEFAULTS = {"table_rows": "1000000,10000000,100000000", "item_bytes": "8", "batch_size": "1024"}
 PLOT = {"x": "table_rows", "y": "bytes_per_s", "label": "GB/s of the state column (8 B per row)"}
-SYSTEMS = (GEAR, PRIORITY_READ)
+SYSTEMS = (GEAR, "jnp_take", PRIORITY_READ)  # jnp_take: device-resident cumsum + searchsorted
 PROBE_ROWS = 4096
 
 

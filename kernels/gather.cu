@@ -1,6 +1,7 @@
 #include "gather.cuh"
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "atomics.cuh"
 
@@ -12,8 +13,12 @@ namespace {
 struct GatherPolicy {
   static constexpr int kBlockThreads = 256;
   static constexpr int kWarpThreads = 32;
-  static constexpr int kUnroll = 4;                     // vector loads per thread before their stores
-  static constexpr int64_t kWholeBlockRowBytes = 4096;  // from this many bytes a row gets a whole block
+  static constexpr int kUnroll = 4;  // vector loads per thread before their stores
+  // From this many bytes a row gets a whole block, below it a warp. Measured on an H100 over PCIe
+  // (scripts/gpu_gather_profile.py): a block per 4 KiB row ran two waves of blocks that each wait out
+  // several host round trips; a warp per row keeps every row of a batch in flight at once.
+  // GEAR_JAX_GATHER_BLOCK_ROW_BYTES overrides it, for such measurements.
+  static constexpr int64_t kWholeBlockRowBytes = 16384;
 };
 
 // The threads that copy one output row: a warp (small rows, several rows per block) or the whole block.
@@ -100,8 +105,9 @@ __device__ void ZeroBytes(uint8_t* dst, int64_t bytes, int lane) {
 // on any thread of the group, is zeroed and invalid.
 template <int kThreads>
 __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
-    GatherKernel(TableView t, const int32_t* indices, const uint32_t* generations, const int32_t* starts,
-                 GatherRequest r, GatherOutputs out, DeviceError* error) {
+    GatherKernel(const __grid_constant__ TableView t, const int32_t* indices, const uint32_t* generations,
+                 const int32_t* starts, const __grid_constant__ GatherRequest r,
+                 const __grid_constant__ GatherOutputs out, DeviceError* error) {
   using Group = RowGroup<kThreads>;
   const int64_t i = Group::Row();
   if (i >= r.batch_size) return;
@@ -164,7 +170,11 @@ cudaError_t GatherRowsCuda(const TableView& table, const int32_t* indices, const
     row_bytes += request.window * table.fields[request.field_ids[f]].step_bytes;
   }
   constexpr int kBlock = GatherPolicy::kBlockThreads;
-  if (row_bytes >= GatherPolicy::kWholeBlockRowBytes) {
+  int64_t whole_block_row_bytes = GatherPolicy::kWholeBlockRowBytes;
+  if (const char* env = std::getenv("GEAR_JAX_GATHER_BLOCK_ROW_BYTES"); env != nullptr && *env != '\0') {
+    whole_block_row_bytes = std::strtoll(env, nullptr, 10);
+  }
+  if (row_bytes >= whole_block_row_bytes) {
     GatherKernel<kBlock><<<static_cast<unsigned>(request.batch_size), kBlock, 0, stream>>>(
         table, indices, generations, starts, request, out, error);
   } else {

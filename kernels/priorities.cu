@@ -75,10 +75,11 @@ __global__ void __launch_bounds__(ScatterPolicy::kCheckThreads)
   *failed = bad_row < n || bad_priority < n;
   *updated = 0;
   if (bad_row < n) {
-    ReportError(error, t.read_modify_write_atomics, ErrorSite::kScatterIndex, bad_row, indices[bad_row], t.capacity);
+    ReportError(error, t.read_modify_write_atomics, ErrorSite::kScatterIndex, bad_row, indices[bad_row],
+                t.capacity);
   } else if (bad_priority < n) {
-    ReportError(error, t.read_modify_write_atomics, ErrorSite::kScatterPriority, bad_priority, __float_as_uint(priorities[bad_priority]),
-                0);
+    ReportError(error, t.read_modify_write_atomics, ErrorSite::kScatterPriority, bad_priority,
+                __float_as_uint(priorities[bad_priority]), 0);
   }
 }
 

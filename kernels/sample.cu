@@ -377,8 +377,8 @@ __global__ void OrderedRecordKernel(TableView t, SampleRequest r, const uint32_t
   if (count < r.batch_size) {
     RecordFailed(out, i);
     if (i == 0) {
-      ReportError(error, t.read_modify_write_atomics, count == 0 ? ErrorSite::kSampleEmpty : ErrorSite::kSampleTooFew, 0, count,
-                  r.batch_size);
+      ReportError(error, t.read_modify_write_atomics,
+                  count == 0 ? ErrorSite::kSampleEmpty : ErrorSite::kSampleTooFew, 0, count, r.batch_size);
     }
     return;
   }

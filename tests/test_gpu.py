@@ -198,7 +198,7 @@ def test_prioritized_over_many_rows_on_gpu(make_table, gpu):
     [
         {"a": gj.Field((4,), "float32"), "b": gj.Field((), "int32")},  # 16-byte and 4-byte steps
         {"a": gj.Field((3,), "int16"), "b": gj.Field((), "bool")},  # 6-byte and 1-byte steps
-        {"a": gj.Field((64, 96), "uint8"), "b": gj.Field((5,), "float64")},  # a row per block
+        {"a": gj.Field((128, 160), "uint8"), "b": gj.Field((5,), "float64")},  # a block per row (>= 16 KiB)
     ],
 )
 @pytest.mark.parametrize("max_steps,window", [(1, None), (5, 3)])
