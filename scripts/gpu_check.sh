@@ -11,11 +11,13 @@
 # "build tests gather priorities pool memcheck"); without "build", the installed gear_jax is used, so a
 # later call on the same (warm) machine can run, say, GPU_CHECK_STAGES="priorities memcheck".
 #
-# Files in $OUT (default /tmp/gear_jax_gpu_check), at most 8: build.log, tests.log (GPU tests and
-# memcheck), bench.log (the benchmarks' output), gather_gpu.json/.png, priorities_gpu.json/.png,
-# pool_gpu.json.
-# Exits non-zero when the build, the tests or memcheck fail; a benchmark that fails or runs out of
-# time, and a memcheck that runs out of time, are only logged.
+# Files in $OUT (default /tmp/gear_jax_gpu_check): build.log, tests.log (GPU tests and the sanitizers),
+# quickstart.log, bench.log (the benchmarks' output), gather_gpu.json/.png, windows_gpu.json,
+# priorities_gpu.json/.png, pool_gpu.json. The device tool brings back at most 8 files a call: split
+# the stages over two calls (e.g. "build tests memcheck racecheck synccheck quickstart", then
+# "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
+# Exits non-zero when the build, the tests or a sanitizer fail; a benchmark that fails or runs out of
+# time, and a sanitizer that runs out of time, are only logged.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gear_jax_gpu_check}"
