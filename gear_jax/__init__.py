@@ -23,6 +23,8 @@ from gear_jax.pool import clear_pool, configure_pool, pool_stats
 from gear_jax.ops import METHODS, Sample, gather, sample, update_priorities
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
+from gear_jax.sharded import ShardedSample, ShardedTable
+from gear_jax import sharded
 
 
 def __getattr__(name: str) -> Any:
@@ -57,6 +59,8 @@ __all__ = [
     "METHODS",
     "SUPPORTED_DTYPES",
     "Sample",
+    "ShardedSample",
+    "ShardedTable",
     "SpecError",
     "Table",
     "TableClosedError",
@@ -70,5 +74,6 @@ __all__ = [
     "gather",
     "pool_stats",
     "sample",
+    "sharded",
     "update_priorities",
 ]

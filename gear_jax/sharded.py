@@ -1,0 +1,476 @@
+"""Sharded replay: one table per device along a mesh axis, sampled inside `jax.shard_map`.
+
+A `ShardedTable` has S shards, shard s living in the host memory of the process that owns device s of
+the mesh axis (pinned for CUDA where present). Each shard is an ordinary gear_jax `Table` named
+`<name>.shard<s>`: actors on a host attach to their host's shards by that name and insert as into any
+table. A global row id names the shard and the row: `shard * capacity + row` (int32).
+
+Selection runs inside `jax.shard_map` over the axis (`sample`, `update_priorities`), or through the
+wrappers that build the `shard_map` (`ShardedTable.sampler`, `ShardedTable.updater`). Modes:
+
+- `global`: the law of one table holding every shard's rows (uniform, or prioritized p_i^a / sum p^a).
+  Each shard reduces its weights to one total; the S totals are all-gathered; every device draws the
+  same B uniforms from the common key, finds each pick's shard from the inclusive cumulative sum of the
+  totals (the same arithmetic on every device), and the owning shard finds the row (`gear_jax.ops
+  .sample_at`) and gathers it. Rows reach their consumer (pick j goes to device j // (B / S)) through a
+  fixed-capacity masked `all_to_all` (XLA:CPU has no ragged all-to-all). Selection traffic per step:
+  S totals and S counts; row traffic: a [S, B / S] block of rows per device, of which the picked ones
+  are nonzero.
+- `local`: each device draws B / S picks from its own shard; no row moves. `probabilities` is the true
+  probability that a slot holds the row, (1 / S) * p_i^a / W_s, so importance weights stay unbiased.
+
+`ShardedSample.selectable` is the global count N of selectable rows; `importance_weights` forms
+(N * P)^-beta normalized by the maximum over the global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from gear_jax import ops
+from gear_jax.errors import InvalidArgumentError
+from gear_jax.spec import TableSpec
+from gear_jax.table import Table
+
+MODES = ("global", "local")
+SHARDED_METHODS = ("uniform", "prioritized")
+MAX_GLOBAL_ROWS = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedSample:
+    """The picks one device consumes (B / S of them) of a sharded sample.
+
+    Attributes:
+      indices: int32[b] global row ids (`shard * capacity + row`).
+      generations: uint32[b] each row's generation when it was picked.
+      probabilities: float32[b] probability that the slot holds the row (global: p_i^a / W over every
+        shard; local: p_i^a / (S * W_s)).
+      starts: int32[b] first step of each window (0 without a window).
+      selectable: int32 scalar, the selectable rows of every shard together (N).
+      window: static int, the window length (0 for none).
+    """
+
+    indices: jax.Array
+    generations: jax.Array
+    probabilities: jax.Array
+    starts: jax.Array
+    selectable: jax.Array
+    window: int = 0
+
+
+jax.tree_util.register_dataclass(
+    ShardedSample,
+    data_fields=["indices", "generations", "probabilities", "starts", "selectable"],
+    meta_fields=["window"],
+)
+
+
+def shard_name(name: str, shard: int) -> str:
+    """The shared-memory name of shard `shard` of the sharded table `name`."""
+    return f"{name}.shard{int(shard)}"
+
+
+class ShardedTable:
+    """S tables, one per device along `axis` of `mesh`, each in its owner process's host memory.
+
+    Create it with `ShardedTable.create` on every process of the job (each creates only its own
+    shards). It is static in jitted code (hashable by identity), like `Table`.
+    """
+
+    def __init__(self, spec: TableSpec, mesh: Mesh, axis: str, name: str, devices: Sequence[Any],
+                 shards: dict[int, Table]):
+        self.spec = spec
+        self.mesh = mesh
+        self.axis = axis
+        self.name = name
+        self.devices = list(devices)
+        self._shards = dict(sorted(shards.items()))
+        self._local_ids = np.asarray(list(self._shards), np.int32)
+
+    # -- creating and closing ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, spec: TableSpec, mesh: Mesh, axis: str = "replay", name: str | None = None,
+               pin: bool = True, reuse: bool = True) -> ShardedTable:
+        """Creates this process's shards; call it on every process with the same spec and mesh.
+
+        Args:
+          spec: every shard's `TableSpec` (capacity is per shard); must be equal on every process.
+          mesh: the device mesh; `axis` must be one of its axes, and its other axes must have size 1.
+          axis: the mesh axis the shards lie along (one shard per device).
+          name: the sharded table's name (shards are `<name>.shard<s>`); by default process 0 draws one
+            and every process takes it.
+          pin, reuse: as in `Table.create`, for each shard.
+
+        Raises:
+          InvalidArgumentError: `axis` is not an axis of the mesh, another axis has size > 1, the global
+            row ids would not fit in int32, or the spec or name differ across processes.
+        """
+        if not isinstance(spec, TableSpec):
+            raise InvalidArgumentError(f"ShardedTable.create: spec must be a gear_jax.TableSpec, got "
+                                       f"{type(spec).__name__}")
+        if not isinstance(mesh, Mesh):
+            raise InvalidArgumentError(f"ShardedTable.create: mesh must be a jax.sharding.Mesh, got "
+                                       f"{type(mesh).__name__}")
+        if axis not in mesh.axis_names:
+            raise InvalidArgumentError(
+                f"ShardedTable.create: axis={axis!r} is not an axis of the mesh (its axes: "
+                f"{tuple(mesh.axis_names)}); pass axis= one of them or build the mesh with that axis"
+            )
+        others = {n: mesh.shape[n] for n in mesh.axis_names if n != axis and mesh.shape[n] != 1}
+        if others:
+            raise InvalidArgumentError(
+                f"ShardedTable.create: the mesh's other axes {others} have more than one device; a "
+                f"sharded table needs one shard per device, so its mesh must vary only along {axis!r}"
+            )
+        devices = list(np.moveaxis(mesh.devices, list(mesh.axis_names).index(axis), 0).reshape(-1))
+        if len(devices) * spec.capacity > MAX_GLOBAL_ROWS:
+            raise InvalidArgumentError(
+                f"ShardedTable.create: {len(devices)} shards x capacity {spec.capacity} rows exceed the "
+                f"int32 global row ids ({MAX_GLOBAL_ROWS}); use fewer rows per shard"
+            )
+        name = _agreed_name(spec, name)
+        me = jax.process_index()
+        shards: dict[int, Table] = {}
+        try:
+            for s, device in enumerate(devices):
+                if device.process_index == me:
+                    shards[s] = Table.create(spec, name=shard_name(name, s), pin=pin, reuse=reuse)
+        except BaseException:
+            for table in shards.values():
+                table.close()
+            raise
+        return cls(spec, mesh, axis, name, devices, shards)
+
+    @staticmethod
+    def attach_shard(name: str, shard: int) -> Table:
+        """Attaches to shard `shard` of the sharded table `name` (an actor on the shard's host)."""
+        return Table.attach(shard_name(name, shard))
+
+    def close(self) -> None:
+        """Closes this process's shards."""
+        for table in self._shards.values():
+            table.close()
+
+    def __enter__(self) -> ShardedTable:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- what it holds ----------------------------------------------------------------------------
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.devices)
+
+    @property
+    def capacity(self) -> int:
+        """Rows per shard."""
+        return self.spec.capacity
+
+    @property
+    def local_shards(self) -> dict[int, Table]:
+        """This process's shards, by shard index."""
+        return dict(self._shards)
+
+    def shard(self, s: int) -> Table:
+        """This process's shard `s` (raises for a shard another process owns)."""
+        if s not in self._shards:
+            raise InvalidArgumentError(
+                f"ShardedTable.shard: shard {s} of {self.name!r} lives in process "
+                f"{self.devices[s].process_index}, not in this one ({jax.process_index()}); attach there"
+            )
+        return self._shards[s]
+
+    def global_rows(self, shard: Any, rows: Any) -> np.ndarray:
+        """Global row ids of `rows` of shard `shard`."""
+        return np.asarray(shard, np.int64) * self.capacity + np.asarray(rows, np.int64)
+
+    def split_rows(self, global_rows: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, row) of global row ids."""
+        g = np.asarray(global_rows, np.int64)
+        return g // self.capacity, g % self.capacity
+
+    # -- inside shard_map -------------------------------------------------------------------------
+
+    def _on_my_shard(self, fn: Callable[[Table], Any]) -> Any:
+        """fn(this device's shard), inside shard_map over the axis. A process traces one branch per
+        shard it owns; each device runs the one of its shard."""
+        tables = list(self._shards.values())
+        if not tables:
+            raise InvalidArgumentError(f"{self.name!r}: this process owns no shard of the mesh axis")
+        if len(tables) == 1:
+            return fn(tables[0])
+        me = lax.axis_index(self.axis)
+        branch = jnp.clip(jnp.searchsorted(jnp.asarray(self._local_ids), me), 0, len(tables) - 1)
+        return lax.switch(branch, [lambda t=t: fn(t) for t in tables])
+
+    # -- wrappers that build the shard_map ----------------------------------------------------------
+
+    def sampler(self, batch_size: int, **kwargs: Any) -> Callable[[Any], tuple[ShardedSample, dict]]:
+        """A jitted function key -> (ShardedSample, batch) over the whole mesh: `sample` inside a
+        shard_map. Outputs are global arrays of B picks sharded along the axis; `selectable` is
+        replicated. `kwargs` are `sample`'s (method, mode, priority_exponent, window, fields)."""
+        window = _check_window(self, kwargs.get("window"), "sampler")
+
+        def body(key_data: jax.Array) -> tuple[ShardedSample, dict]:
+            return sample(self, jax.random.wrap_key_data(key_data), batch_size, **kwargs)
+
+        row = P(self.axis)
+        fields = kwargs.get("fields") or list(self.spec.fields)
+        out_specs = (
+            ShardedSample(row, row, row, row, P(), window=window),
+            {f: row for f in [*fields, "valid"]},
+        )
+        mapped = jax.shard_map(body, mesh=self.mesh, in_specs=P(), out_specs=out_specs, check_vma=False)
+        jitted = jax.jit(mapped)
+
+        def call(key: Any) -> tuple[ShardedSample, dict]:
+            return jitted(_key_data(key))
+
+        return call
+
+    def updater(self) -> Callable[[ShardedSample, Any], jax.Array]:
+        """A jitted function (ShardedSample, priorities) -> rows updated on each shard ([S], sharded),
+        for a sample and priorities of B picks sharded along the axis (as `sampler` returns them)."""
+
+        def body(smp: ShardedSample, priorities: jax.Array) -> jax.Array:
+            return update_priorities(self, smp, priorities)[None]
+
+        row = P(self.axis)
+        jitted: dict[int, Callable] = {}  # by window
+
+        def call(smp: ShardedSample, priorities: Any) -> jax.Array:
+            if smp.window not in jitted:
+                specs = (ShardedSample(row, row, row, row, P(), window=smp.window), row)
+                mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=row, check_vma=False)
+                jitted[smp.window] = jax.jit(mapped)
+            return jitted[smp.window](smp, priorities)
+
+        return call
+
+
+def _key_data(key: Any) -> np.ndarray:
+    """Raw key data as a host array (the same on every process), from a typed key, raw key or int."""
+    if isinstance(key, (int, np.integer)):
+        key = jax.random.key(int(key))
+    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    return np.asarray(key)
+
+
+def _agreed_name(spec: TableSpec, name: str | None) -> str:
+    """The name every process uses, after checking that every process has the same spec and name."""
+    from jax.experimental import multihost_utils
+
+    if name is None:
+        drawn = np.frombuffer(secrets.token_bytes(16), np.uint8)
+        drawn = np.asarray(multihost_utils.broadcast_one_to_all(drawn))
+        name = "gear_jax_sharded_" + bytes(drawn.astype(np.uint8)).hex()
+    elif not isinstance(name, str):
+        raise InvalidArgumentError(f"ShardedTable.create: name must be a str, got {type(name).__name__}")
+    digest = hashlib.sha256((spec.to_json() + "\0" + name).encode()).digest()[:16]
+    mine = np.frombuffer(digest, np.uint8)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+    differing = [p for p in range(every.shape[0]) if not np.array_equal(every[p], every[0])]
+    if differing:
+        raise InvalidArgumentError(
+            f"ShardedTable.create: the spec or name differ across processes (processes {differing} "
+            f"differ from process 0): every process must pass the same TableSpec and name"
+        )
+    return name
+
+
+def _check(table: Any, op: str) -> ShardedTable:
+    if not isinstance(table, ShardedTable):
+        raise InvalidArgumentError(f"{op}: table must be a gear_jax.ShardedTable, got {type(table).__name__}")
+    return table
+
+
+def _check_window(table: ShardedTable, window: Any, op: str) -> int:
+    if window is None:
+        return 0
+    if not table.spec.is_trajectory:
+        raise InvalidArgumentError(
+            f"sharded.{op}: window={window!r} needs a trajectory table (max_steps > 1)"
+        )
+    max_steps = table.spec.max_steps
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or not 1 <= window <= max_steps:
+        raise InvalidArgumentError(
+            f"sharded.{op}: window={window!r} must be an int in [1, max_steps={table.spec.max_steps}]"
+        )
+    return int(window)
+
+
+def sample(
+    table: ShardedTable,
+    key: jax.Array,
+    batch_size: int,
+    method: str = "uniform",
+    mode: str = "global",
+    priority_exponent: float = 1.0,
+    window: int | None = None,
+    fields: Sequence[str] | None = None,
+    after: Any = None,
+) -> tuple[ShardedSample, dict[str, jax.Array]]:
+    """Inside `jax.shard_map` over `table.axis`: B picks over every shard, and this device's B / S of
+    them with their rows.
+
+    Args:
+      table: a `ShardedTable` (static).
+      key: a PRNG key, the same on every device (do not fold in the device index).
+      batch_size: B picks in all (static); a multiple of the number of shards S.
+      method: "uniform" or "prioritized".
+      mode: "global" (the law of one table holding every shard's rows) or "local" (each device draws
+        its B / S picks from its own shard).
+      priority_exponent: a >= 0 for "prioritized".
+      window: for trajectory tables, steps per window; None for whole rows.
+      fields: fields to gather; default all.
+      after: an array this sample must run after (e.g. `update_priorities`' result).
+
+    Returns:
+      (ShardedSample, batch): the batch holds [B / S, ...] per field (or [B / S, window, ...]) and
+      `valid`.
+
+    Raises:
+      InvalidArgumentError: bad batch size, method, mode or window (at trace time).
+      gear_jax.EXECUTION_ERRORS: at run time, when every shard is empty (global) or this device's
+        shard is (local).
+    """
+    st = _check(table, "sharded.sample")
+    if method not in SHARDED_METHODS:
+        raise InvalidArgumentError(
+            f"sharded.sample: method={method!r} is not one of {SHARDED_METHODS} (fifo, lifo and topk are "
+            "not sharded yet)"
+        )
+    if mode not in MODES:
+        raise InvalidArgumentError(f"sharded.sample: mode={mode!r} is not one of {MODES}")
+    num_shards = st.num_shards
+    if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1
+            or batch_size % num_shards):
+        raise InvalidArgumentError(
+            f"sharded.sample: batch_size={batch_size!r} must be a positive multiple of the {num_shards} "
+            f"shards (each device consumes batch_size / {num_shards} picks)"
+        )
+    win = _check_window(st, window, "sample")
+    exponent = 0.0 if method == "uniform" else float(priority_exponent)
+    per_device = int(batch_size) // num_shards
+    me = lax.axis_index(st.axis)
+    select_key, window_key = jax.random.split(key)
+    total, count = st._on_my_shard(lambda t: ops.total_weight(t, exponent, after=after))
+    selectable = lax.psum(count, st.axis)
+
+    if mode == "local":
+        shard_key = jax.random.fold_in(select_key, me)
+        smp = st._on_my_shard(lambda t: ops.sample(t, shard_key, per_device, method=method,
+                                                   priority_exponent=exponent, window=window, after=after))
+        batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))
+        result = ShardedSample(
+            me * st.capacity + smp.indices,
+            smp.generations,
+            smp.probabilities / num_shards,
+            smp.starts,
+            selectable,
+            window=win,
+        )
+        return result, batch
+
+    totals = lax.all_gather(total, st.axis)  # [S], the same on every device
+    bounds = jnp.cumsum(totals)  # inclusive; computed identically everywhere
+    whole = bounds[-1]
+    starts_of_shards = jnp.concatenate([jnp.zeros((1,), bounds.dtype), bounds[:-1]])
+    u = jax.random.uniform(select_key, (int(batch_size),), jnp.float32)
+    targets = jnp.minimum(u * whole, jnp.nextafter(whole, jnp.float32(0)))
+    owner = jnp.clip(jnp.searchsorted(bounds, targets, side="right"), 0, num_shards - 1).astype(jnp.int32)
+    mine = (owner == me) & (whole > 0)
+    local_targets = jnp.where(mine, jnp.maximum(targets - starts_of_shards[me], 0.0), -1.0)
+
+    def draw(t: Table) -> ops.Sample:
+        return ops.sample_at(t, window_key, local_targets, priority_exponent=exponent, window=window,
+                             after=after)
+
+    def every_shard_empty(t: Table) -> ops.Sample:
+        # Raises at run time with the single-table error: no shard holds a selectable row.
+        return ops.sample(t, window_key, int(batch_size), method=method, priority_exponent=exponent,
+                          window=window, after=after)
+
+    smp = lax.cond(whole > 0, lambda: st._on_my_shard(draw), lambda: st._on_my_shard(every_shard_empty))
+    batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))
+
+    # Pick j is consumed by device j // per_device; its owner gathered it, every other shard has zeros.
+    my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
+
+    def route(x: jax.Array) -> jax.Array:
+        blocks = lax.all_to_all(x.reshape((num_shards, per_device) + x.shape[1:]), st.axis, 0, 0)
+        picks = jnp.arange(per_device)
+        return blocks[my_owners, picks]
+
+    probabilities = jnp.where(mine, smp.probabilities * (total / jnp.where(whole > 0, whole, 1)), 0.0)
+    result = ShardedSample(
+        my_owners * st.capacity + route(smp.indices),
+        route(smp.generations),
+        route(probabilities.astype(jnp.float32)),
+        route(smp.starts),
+        selectable,
+        window=win,
+    )
+    return result, {name: route(value) for name, value in batch.items()}
+
+
+def update_priorities(table: ShardedTable, sample: ShardedSample, priorities: jax.Array,
+                      after: Any = None) -> jax.Array:
+    """Inside `jax.shard_map` over `table.axis`: each device's B / S priorities reach the shards that
+    own the rows. Stale updates (rows overwritten since the sample) are ignored, as on one table.
+
+    Returns the number of rows this device's shard updated (int32 scalar); pass it as `after=` to the
+    next `sample` to order the two.
+    """
+    st = _check(table, "sharded.update_priorities")
+    if not isinstance(sample, ShardedSample):
+        raise InvalidArgumentError(
+            f"sharded.update_priorities: sample must be a ShardedSample, got {type(sample).__name__}"
+        )
+    priorities = jnp.asarray(priorities)
+    if priorities.shape != sample.indices.shape:
+        raise InvalidArgumentError(
+            f"sharded.update_priorities: priorities has shape {priorities.shape}, the sample has "
+            f"{sample.indices.shape} picks on this device: one priority per pick"
+        )
+    me = lax.axis_index(st.axis)
+    indices = lax.all_gather(sample.indices, st.axis, tiled=True)
+    generations = lax.all_gather(sample.generations, st.axis, tiled=True)
+    values = lax.all_gather(priorities.astype(jnp.float32), st.axis, tiled=True)
+    mine = indices // st.capacity == me
+    local = ops.Sample(
+        jnp.where(mine, indices % st.capacity, 0).astype(jnp.int32),
+        jnp.where(mine, generations, jnp.uint32(1)),  # odd: never applied
+        jnp.zeros(indices.shape, jnp.float32),
+        jnp.zeros(indices.shape, jnp.int32),
+        window=sample.window,
+    )
+    return st._on_my_shard(
+        lambda t: ops.update_priorities(t, local, jnp.where(mine, values, 0.0), after=after)
+    )
+
+
+def importance_weights(table: ShardedTable, sample: ShardedSample, beta: float) -> jax.Array:
+    """Inside `jax.shard_map`: (N * P)^-beta for this device's picks, divided by the maximum over the
+    global batch (a `pmax`); 0 for a pick that holds no row."""
+    st = _check(table, "sharded.importance_weights")
+    n = sample.selectable.astype(jnp.float32)
+    held = sample.probabilities > 0
+    raw = jnp.where(held, (n * jnp.where(held, sample.probabilities, 1.0)) ** -float(beta), 0.0)
+    return raw / jnp.maximum(lax.pmax(jnp.max(raw), st.axis), jnp.finfo(jnp.float32).tiny)
