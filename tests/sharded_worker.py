@@ -204,6 +204,47 @@ def scenario_updates(table):
     return {"indices": indices.tolist(), "status": {str(s): p for s, p in status.items()}}
 
 
+WRITER = """
+import sys, time, numpy as np, gear_jax as gj
+t = gj.ShardedTable.attach_shard(sys.argv[1], int(sys.argv[2]))
+print("attached", flush=True)
+rng = np.random.default_rng(0)
+while True:
+    ids = rng.integers(0, 10**6, 8).astype(np.int32)
+    t.insert({"id": ids, "x": np.stack([ids, 2 * ids, -ids], 1).astype(np.float32)},
+             priorities=rng.uniform(0.5, 2.0, 8))
+    time.sleep(0.002)  # 4,000 rows/s: the 64-row ring turns over every 16 ms, during the learner's calls
+"""
+
+
+def scenario_writer(table):
+    """An actor process attached by name to each local shard inserts without pause while the learner
+    samples: every row marked valid must be whole (x == [id, 2 id, -id])."""
+    import subprocess
+
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, table.name, str(s)], stdout=subprocess.PIPE,
+                                text=True) for s in table.local_shards]
+    try:
+        for w in writers:
+            assert w.stdout.readline().strip() == "attached"
+        multihost_utils.sync_global_devices("writers started")
+        sampler = table.sampler(32 * SHARDS, method="prioritized", mode="global")
+        torn = valid = 0
+        for i in range(60):
+            smp, batch = sampler(jax.random.key(i))
+            ok = gathered(batch["valid"])
+            ids = gathered(batch["id"]).astype(np.float32)
+            x = gathered(batch["x"])
+            whole = (x[:, 0] == ids) & (x[:, 1] == 2 * ids) & (x[:, 2] == -ids)
+            torn += int((ok & ~whole).sum())
+            valid += int(ok.sum())
+        return {"torn": torn, "valid": valid, "alive": [w.poll() is None for w in writers]}
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
+
+
 def scenario_windows(table):
     """Windows of trajectory rows in global mode, moved to their consumers."""
     b = 4 * SHARDS

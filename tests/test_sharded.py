@@ -131,6 +131,14 @@ def test_priority_updates_reach_the_owner_and_stale_ones_are_ignored(processes, 
     assert any(g // capacity != 0 for g in indices)
 
 
+@pytest.mark.parametrize("processes,devices", [(2, 1)])
+def test_writers_inserting_while_the_learner_samples_never_yield_a_torn_valid_row(processes, devices):
+    for r in run_job("writer", processes, devices):
+        assert all(r["alive"])  # the writers were still inserting when sampling ended
+        assert r["valid"] > 0
+        assert r["torn"] == 0
+
+
 def test_windows_of_trajectories_move_to_their_consumers():
     r = run_job("windows", 2, 1)[0]
     for g, start, ids, valid in zip(r["indices"], r["starts"], r["ids"], r["valid"]):
