@@ -7,6 +7,8 @@ from gear_jax import _native
 SAMPLE = "gear_jax_sample"
 GATHER = "gear_jax_gather"
 UPDATE_PRIORITIES = "gear_jax_update_priorities"
+TOTAL_WEIGHT = "gear_jax_total_weight"
+SAMPLE_AT = "gear_jax_sample_at"
 
 REGISTERED_PLATFORMS: list[str] = []
 

@@ -10,6 +10,10 @@ drop a sample whose result is unused. `update_priorities` is declared side-effec
 runs. Side effects inside one jitted function are ordered only by data dependency:
 `update_priorities` returns a count that a later `sample(..., after=count)` takes, which orders the
 update first.
+
+`total_weight` and `sample_at` are the building blocks of sampling across several tables (the sharded
+layer): the total p^a of a table's selectable rows, and the rows at given points of its cumulative
+weight, so that one set of uniform draws can be split among tables by their totals.
 """
 
 from __future__ import annotations
@@ -90,6 +94,16 @@ def _after(after: Any) -> jax.Array:
     if not leaves:
         return jnp.zeros((), jnp.int32)
     return jnp.asarray(leaves[0])
+
+
+def _check_exponent(priority_exponent: Any, op: str) -> float:
+    try:
+        exponent = float(priority_exponent)
+    except (TypeError, ValueError):
+        exponent = math.nan
+    if not math.isfinite(exponent) or exponent < 0:
+        raise InvalidArgumentError(f"{op}: priority_exponent={priority_exponent!r} must be finite and >= 0")
+    return exponent
 
 
 def _check_window(table: Table, window: Any, op: str) -> int:
@@ -261,3 +275,101 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
         _after(after),
         **_attrs(table),
     )
+
+
+def total_weight(
+    table: Table, priority_exponent: float = 1.0, after: Any = None
+) -> tuple[jax.Array, jax.Array]:
+    """The total weight of the rows `sample(..., method="prioritized")` can pick, and their number.
+
+    Args:
+      table: a gear_jax.Table (static).
+      priority_exponent: a >= 0 (static): row i weighs p_i^a.
+      after: any array this call must run after (e.g. the result of `update_priorities`).
+
+    Returns:
+      (total, count): float32[] the sum of p^a over the selectable rows (committed, even generation,
+      priority > 0), accumulated in float64 and rounded once; int32[] the number of selectable rows.
+      With a = 0, total == count. A table with no selectable row gives (0, 0).
+
+    Raises:
+      InvalidArgumentError: a bad exponent (at trace time).
+      gear_jax.EXECUTION_ERRORS: at run time, when the total overflows a float32 or the table was
+        closed since the function was traced.
+    """
+    table = _check_table(table, "total_weight")
+    exponent = _check_exponent(priority_exponent, "total_weight")
+    out_types = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
+    total, count = jax.ffi.ffi_call(_ffi.TOTAL_WEIGHT, out_types, has_side_effect=False)(
+        _after(after), priority_exponent=np.float32(exponent), **_attrs(table)
+    )
+    return total, count
+
+
+def sample_at(
+    table: Table,
+    key: jax.Array,
+    targets: jax.Array,
+    priority_exponent: float = 1.0,
+    window: int | None = None,
+    after: Any = None,
+) -> Sample:
+    """The rows of `table` at given points of its cumulative weight.
+
+    Row i weighs w_i = p_i^a when it is selectable (as in `sample`), else 0. Pick j is the first row, in
+    row order, whose inclusive cumulative weight (in float64) exceeds targets[j]; a target at or past the
+    table's total takes the last row of positive weight. With targets drawn uniformly in [0, total)
+    (`total_weight`), row i is picked with probability w_i / total.
+
+    A negative or NaN target means "not this table's pick": that pick gets the failed-pick marker (index
+    0, generation 1, which `gather` returns invalid and `update_priorities` skips; probability 0, start
+    0). So does every pick of a table with no row of positive weight; that is not an error.
+
+    Args:
+      table: a gear_jax.Table (static).
+      key: a JAX PRNG key, for the window starts only.
+      targets: float32[B].
+      priority_exponent: a >= 0 (static).
+      window: for trajectory tables, the length of a time window placed uniformly inside each picked row
+        (`starts`, drawn as `sample` draws them); None for whole rows.
+      after: any array this call must run after.
+
+    Returns:
+      A `Sample` of B picks; probabilities are w_r / total (0 for the marker).
+
+    Raises:
+      InvalidArgumentError: bad targets, exponent or window (at trace time).
+      gear_jax.EXECUTION_ERRORS: at run time, when the sum of the weights overflows or the table was
+        closed since the function was traced.
+    """
+    table = _check_table(table, "sample_at")
+    if not hasattr(targets, "dtype") or not hasattr(targets, "shape"):
+        raise InvalidArgumentError(
+            f"sample_at: targets must be a float32 array of shape (B,), got {type(targets).__name__}"
+        )
+    if targets.dtype != jnp.float32 or len(targets.shape) != 1:
+        raise InvalidArgumentError(
+            "sample_at: targets must be a float32 array of shape (B,), got "
+            f"{targets.dtype}{list(targets.shape)}"
+        )
+    exponent = _check_exponent(priority_exponent, "sample_at")
+    win = _check_window(table, window, "sample_at")
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    b = int(targets.shape[0])
+    out_types = (
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+        jax.ShapeDtypeStruct((b,), jnp.uint32),
+        jax.ShapeDtypeStruct((b,), jnp.float32),
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+    )
+    indices, generations, probabilities, starts = jax.ffi.ffi_call(
+        _ffi.SAMPLE_AT, out_types, has_side_effect=False
+    )(
+        seed,
+        jnp.asarray(targets),
+        _after(after),
+        priority_exponent=np.float32(exponent),
+        window=np.int32(win),
+        **_attrs(table),
+    )
+    return Sample(indices, generations, probabilities, starts, window=win)

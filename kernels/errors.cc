@@ -14,7 +14,9 @@ KernelCode KernelStatus::code() const {
     case ErrorSite::kScatterIndex: return KernelCode::kOutOfRange;
     case ErrorSite::kScatterPriority:
     case ErrorSite::kSampleWeightOverflow:
-    case ErrorSite::kSampleMethod: break;
+    case ErrorSite::kSampleMethod:
+    case ErrorSite::kTotalWeightOverflow:
+    case ErrorSite::kSampleAtWeightOverflow: break;
   }
   return KernelCode::kInvalidArgument;
 }
@@ -25,6 +27,8 @@ const char* KernelStatus::op() const {
     case ErrorSite::kGatherStart: return "gather";
     case ErrorSite::kScatterIndex:
     case ErrorSite::kScatterPriority: return "update_priorities";
+    case ErrorSite::kTotalWeightOverflow: return "total_weight";
+    case ErrorSite::kSampleAtWeightOverflow: return "sample_at";
     default: return "sample";
   }
 }
@@ -54,6 +58,12 @@ std::string KernelStatus::message() const {
       return "the sum of priority^priority_exponent overflows a double; lower priority_exponent or rescale "
              "the priorities";
     case ErrorSite::kSampleMethod: return "unknown sampling method " + v;
+    case ErrorSite::kTotalWeightOverflow:
+      return "the sum of priority^priority_exponent over the selectable rows overflows a float32; lower "
+             "priority_exponent or rescale the priorities";
+    case ErrorSite::kSampleAtWeightOverflow:
+      return "the sum of priority^priority_exponent overflows a double; lower priority_exponent or rescale "
+             "the priorities";
   }
   return "unknown error site " + std::to_string(static_cast<int32_t>(site));
 }

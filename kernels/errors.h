@@ -14,14 +14,16 @@ namespace gear {
 // Where an error was found, and what the numbers of its record mean there.
 enum class ErrorSite : int32_t {
   kNone = 0,
-  kSampleEmpty = 1,           // no selectable row
-  kSampleTooFew = 2,          // fifo/lifo/topk: value = selectable rows, limit = batch_size
-  kGatherIndex = 3,           // element = pick, value = row id, limit = capacity
-  kGatherStart = 4,           // element = pick, value = window start, limit = max_steps
-  kScatterIndex = 5,          // element = entry, value = row id, limit = capacity
-  kScatterPriority = 6,       // element = entry, value = bits of the float32 priority
-  kSampleWeightOverflow = 7,  // prioritized: the sum of p^a is not finite
-  kSampleMethod = 8,          // value = the method number
+  kSampleEmpty = 1,              // no selectable row
+  kSampleTooFew = 2,             // fifo/lifo/topk: value = selectable rows, limit = batch_size
+  kGatherIndex = 3,              // element = pick, value = row id, limit = capacity
+  kGatherStart = 4,              // element = pick, value = window start, limit = max_steps
+  kScatterIndex = 5,             // element = entry, value = row id, limit = capacity
+  kScatterPriority = 6,          // element = entry, value = bits of the float32 priority
+  kSampleWeightOverflow = 7,     // prioritized: the sum of p^a is not finite
+  kSampleMethod = 8,             // value = the method number
+  kTotalWeightOverflow = 9,      // total_weight: the sum of p^a is not finite in float32
+  kSampleAtWeightOverflow = 10,  // sample_at: the sum of p^a is not finite
 };
 
 // The kind of an error, which the FFI layer maps to a status code.
@@ -36,7 +38,8 @@ struct KernelStatus {
 
   bool ok() const { return site == ErrorSite::kNone; }
   KernelCode code() const;
-  // The operation that reports the error: "sample", "gather" or "update_priorities".
+  // The operation that reports the error: "sample", "gather", "update_priorities", "total_weight" or
+  // "sample_at".
   const char* op() const;
   // What went wrong and what to do, for the user.
   std::string message() const;

@@ -48,6 +48,34 @@ def raw_sample(table, device, seed_words=2, method=0, exponent=1.0, window=0, ba
     return jax.block_until_ready(jax.jit(call)(seed))
 
 
+def raw_total_weight(table, device, exponent=1.0, count_shape=()):
+    def call(after):
+        types = [jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct(count_shape, jnp.int32)]
+        return jax.ffi.ffi_call(_ffi.TOTAL_WEIGHT, types)(
+            after, priority_exponent=np.float32(exponent), **attrs(table)
+        )
+
+    return jax.block_until_ready(jax.jit(call)(jax.device_put(np.zeros((), np.int32), device)))
+
+
+def raw_sample_at(table, device, seed_words=2, exponent=1.0, window=0, batch=4, result_batch=None):
+    def call(seed, targets):
+        n = batch if result_batch is None else result_batch
+        types = [jax.ShapeDtypeStruct((n,), d) for d in (jnp.int32, jnp.uint32, jnp.float32, jnp.int32)]
+        return jax.ffi.ffi_call(_ffi.SAMPLE_AT, types)(
+            seed,
+            targets,
+            jnp.zeros((), jnp.int32),
+            priority_exponent=np.float32(exponent),
+            window=np.int32(window),
+            **attrs(table),
+        )
+
+    seed = jax.device_put(np.arange(seed_words, dtype=np.uint32), device)
+    targets = jax.device_put(np.arange(batch, dtype=np.float32) - 1.0, device)
+    return jax.block_until_ready(jax.jit(call)(seed, targets))
+
+
 def raw_gather(table, device, batch=2, starts=None, field_bytes=None, fields=(0,)):
     def call(indices, generations, starts):
         shapes = [jax.ShapeDtypeStruct((batch,), jnp.bool_)]
@@ -104,6 +132,43 @@ def test_gather_checks(make_table, device):
         raw_gather(table, device, field_bytes=16)
 
 
+def test_total_weight_checks(make_table, device):
+    table = make_table()
+    table.insert(transitions(4), priorities=np.array([1.0, 2.0, 0.0, 4.0], np.float32))
+    total, count = raw_total_weight(table, device)  # the call as the wrapper makes it works
+    assert (float(total), int(count)) == (7.0, 3)
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match=r"gear_jax.total_weight: priority_exponent = -1\.0+ must be finite"
+    ):
+        raw_total_weight(table, device, exponent=-1.0)
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match="gear_jax.total_weight: the total and the count must be scalars"
+    ):
+        raw_total_weight(table, device, count_shape=(2,))
+
+
+def test_sample_at_checks(make_table, device):
+    table = make_table()
+    table.insert(transitions(4))
+    indices, generations, _, _ = raw_sample_at(table, device)  # targets -1, 0, 1, 2
+    np.testing.assert_array_equal(np.asarray(indices), [0, 0, 1, 2])
+    assert np.asarray(generations)[0] == 1  # the failed-pick marker
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match="gear_jax.sample_at: the seed must hold 2 uint32 words, got 3"
+    ):
+        raw_sample_at(table, device, seed_words=3)
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match=r"gear_jax.sample_at: priority_exponent = nan must be finite"
+    ):
+        raw_sample_at(table, device, exponent=float("nan"))
+    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.sample_at: window = -2 must be >= 0"):
+        raw_sample_at(table, device, window=-2)
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match="gear_jax.sample_at: indices, generations, probabilities and starts must"
+    ):
+        raw_sample_at(table, device, result_batch=3)
+
+
 def test_update_checks(make_table, device):
     table = make_table()
     table.insert(transitions(4))
@@ -133,6 +198,10 @@ def test_closed_table_is_refused_by_every_handler(make_table, device):
         raw_sample(stale, device)
     with pytest.raises(gj.EXECUTION_ERRORS, match="is closed"):
         raw_gather(stale, device)
+    with pytest.raises(gj.EXECUTION_ERRORS, match="is closed"):
+        raw_total_weight(stale, device)
+    with pytest.raises(gj.EXECUTION_ERRORS, match="is closed"):
+        raw_sample_at(stale, device)
 
 
 def test_method_numbers_come_from_the_native_module():

@@ -8,6 +8,7 @@
 #include "kernels/gather.h"
 #include "kernels/priorities.h"
 #include "kernels/sample.h"
+#include "kernels/sample_at.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/handler_checks.h"
 
@@ -85,6 +86,39 @@ ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::
       static_cast<int64_t>(indices.element_count()), updated->typed_data()));
 }
 
+ffi::Error TotalWeightImpl(ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32> total,
+                           ffi::ResultBuffer<ffi::S32> count, int64_t handle, int64_t spec_hash,
+                           float priority_exponent) {
+  std::shared_ptr<SharedTable> table;
+  if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
+  if (ffi::Error error = CheckTotalWeight(priority_exponent, total->element_count(), count->element_count());
+      error.failure()) {
+    return error;
+  }
+  return KernelFailure(
+      TotalWeightCpu(table->view(), priority_exponent, total->typed_data(), count->typed_data()));
+}
+
+ffi::Error SampleAtImpl(ffi::Buffer<ffi::U32> seed, ffi::Buffer<ffi::F32> targets, ffi::AnyBuffer /*after*/,
+                        ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
+                        ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
+                        int64_t handle, int64_t spec_hash, float priority_exponent, int32_t window) {
+  std::shared_ptr<SharedTable> table;
+  if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
+  SampleAtRequest request;
+  if (ffi::Error error = PrepareSampleAt(seed.element_count(), targets.element_count(), priority_exponent,
+                                         window, indices->element_count(), generations->element_count(),
+                                         probabilities->element_count(), starts->element_count(), &request);
+      error.failure()) {
+    return error;
+  }
+  request.seed0 = seed.typed_data()[0];
+  request.seed1 = seed.typed_data()[1];
+  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
+                   starts->typed_data()};
+  return KernelFailure(SampleAtCpu(table->view(), request, targets.typed_data(), out));
+}
+
 }  // namespace
 }  // namespace gear
 
@@ -123,3 +157,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxUpdatePrioritiesCpu, gear::UpdatePriorities
                                   .Ret<ffi::Buffer<ffi::S32>>()  // updated: int32[] rows written
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxTotalWeightCpu, gear::TotalWeightImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()         // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // total: float32[] sum of p^a
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // count: int32[] selectable rows
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<float>("priority_exponent"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleAtCpu, gear::SampleAtImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // seed: uint32[2] from the key (windows)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // targets: float32[B]
+                                  .Arg<ffi::AnyBuffer>()         // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // indices: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()  // generations: uint32[B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // probabilities: float32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // starts: int32[B]
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window"));

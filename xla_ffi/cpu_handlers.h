@@ -7,4 +7,6 @@ extern "C" {
 XLA_FFI_Error* GearJaxSampleCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxGatherCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxUpdatePrioritiesCpu(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GearJaxTotalWeightCpu(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GearJaxSampleAtCpu(XLA_FFI_CallFrame* call_frame);
 }

@@ -56,6 +56,7 @@
 #include "kernels/gather.cuh"
 #include "kernels/priorities.cuh"
 #include "kernels/sample.cuh"
+#include "kernels/sample_at.cuh"
 #include "kernels/scratch.cuh"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/cuda_runtime.h"
@@ -352,6 +353,60 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
       kOp);
 }
 
+ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                           ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32> total,
+                           ffi::ResultBuffer<ffi::S32> count, int64_t handle, int64_t spec_hash,
+                           float priority_exponent) {
+  constexpr const char* kOp = "total_weight";
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  if (ffi::Error error = CheckTotalWeight(priority_exponent, total->element_count(), count->element_count());
+      error.failure()) {
+    return error;
+  }
+  const int64_t rows = ClaimedRows(t.table->view());
+  void* memory;
+  if (ffi::Error error = AllocateScratch(scratch, TotalWeightScratchBytes(rows), kOp, &memory);
+      error.failure()) {
+    return error;
+  }
+  return Launched(TotalWeightCuda(t.side->view, priority_exponent, rows, memory, total->typed_data(),
+                                  count->typed_data(), t.side->error_device, stream),
+                  kOp);
+}
+
+ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                        ffi::Buffer<ffi::U32> seed, ffi::Buffer<ffi::F32> targets, ffi::AnyBuffer /*after*/,
+                        ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
+                        ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
+                        int64_t handle, int64_t spec_hash, float priority_exponent, int32_t window) {
+  constexpr const char* kOp = "sample_at";
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  SampleAtRequest request;
+  if (ffi::Error error = PrepareSampleAt(seed.element_count(), targets.element_count(), priority_exponent,
+                                         window, indices->element_count(), generations->element_count(),
+                                         probabilities->element_count(), starts->element_count(), &request);
+      error.failure()) {
+    return error;
+  }
+  const int64_t rows = ClaimedRows(t.table->view());
+  void* memory;
+  if (ffi::Error error = AllocateScratch(scratch, SampleAtScratchBytes(request, rows), kOp, &memory);
+      error.failure()) {
+    return error;
+  }
+  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
+                   starts->typed_data()};
+  return Launched(SampleAtCuda(t.side->view, request, rows, seed.typed_data(), targets.typed_data(), memory,
+                               out, t.side->error_device, stream),
+                  kOp);
+}
+
 }  // namespace
 
 void DropTablesLeftByHostCallbacks() { RetiredTables::Get().DropAll(); }
@@ -401,3 +456,32 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxUpdatePrioritiesCuda, gear::UpdatePrioritie
                                   .Ret<ffi::Buffer<ffi::S32>>()              // updated: int32[] rows written
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxTotalWeightCuda, gear::TotalWeightImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Ctx<ffi::ScratchAllocator>()              // scratch: device memory
+                                  .Arg<ffi::AnyBuffer>()                     // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::F32>>()              // total: float32[] sum of p^a
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // count: int32[] selectable rows
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<float>("priority_exponent"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleAtCuda, gear::SampleAtImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Ctx<ffi::ScratchAllocator>()              // scratch: device memory
+                                  .Arg<ffi::Buffer<ffi::U32>>()              // seed: uint32[2] (windows)
+                                  .Arg<ffi::Buffer<ffi::F32>>()              // targets: float32[B]
+                                  .Arg<ffi::AnyBuffer>()                     // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // indices: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()              // probabilities: float32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window"));

@@ -30,27 +30,73 @@ ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<Share
   return ffi::Error::Success();
 }
 
-ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
-                         size_t batch_size, SampleRequest* request) {
+namespace {
+
+// The checks sample and sample_at share, in the words of `op`.
+ffi::Error CheckSeedExponentWindow(const char* op, size_t seed_words, float priority_exponent,
+                                   int32_t window) {
   if (seed_words != 2) {
-    return OpError(ffi::ErrorCode::kInvalidArgument, "sample",
+    return OpError(ffi::ErrorCode::kInvalidArgument, op,
                    "the seed must hold 2 uint32 words, got " + std::to_string(seed_words));
   }
-  if (!IsSampleMethod(method)) {
-    return KernelFailure(KernelError(ErrorSite::kSampleMethod, 0, method));
-  }
   if (!std::isfinite(priority_exponent) || priority_exponent < 0.0f) {
-    return OpError(ffi::ErrorCode::kInvalidArgument, "sample",
+    return OpError(ffi::ErrorCode::kInvalidArgument, op,
                    "priority_exponent = " + std::to_string(priority_exponent) + " must be finite and >= 0");
   }
   if (window < 0) {
-    return OpError(ffi::ErrorCode::kInvalidArgument, "sample",
+    return OpError(ffi::ErrorCode::kInvalidArgument, op,
                    "window = " + std::to_string(window) + " must be >= 0 (0: no window)");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
+                         size_t batch_size, SampleRequest* request) {
+  if (seed_words != 2) return CheckSeedExponentWindow("sample", seed_words, priority_exponent, window);
+  if (!IsSampleMethod(method)) {
+    return KernelFailure(KernelError(ErrorSite::kSampleMethod, 0, method));
+  }
+  if (ffi::Error error = CheckSeedExponentWindow("sample", seed_words, priority_exponent, window);
+      error.failure()) {
+    return error;
   }
   request->method = static_cast<SampleMethod>(method);
   request->priority_exponent = priority_exponent;
   request->window = window;
   request->batch_size = static_cast<int64_t>(batch_size);
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckTotalWeight(float priority_exponent, size_t total, size_t count) {
+  if (!std::isfinite(priority_exponent) || priority_exponent < 0.0f) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "total_weight",
+                   "priority_exponent = " + std::to_string(priority_exponent) + " must be finite and >= 0");
+  }
+  if (total != 1 || count != 1) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "total_weight",
+                   "the total and the count must be scalars, got " + std::to_string(total) + " and " +
+                       std::to_string(count) + " entries");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error PrepareSampleAt(size_t seed_words, size_t targets, float priority_exponent, int32_t window,
+                           size_t indices, size_t generations, size_t probabilities, size_t starts,
+                           SampleAtRequest* request) {
+  if (ffi::Error error = CheckSeedExponentWindow("sample_at", seed_words, priority_exponent, window);
+      error.failure()) {
+    return error;
+  }
+  if (indices != targets || generations != targets || probabilities != targets || starts != targets) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "sample_at",
+                   "indices, generations, probabilities and starts must have one entry per target (" +
+                       std::to_string(targets) + ")");
+  }
+  request->priority_exponent = priority_exponent;
+  request->window = window;
+  request->batch_size = static_cast<int64_t>(targets);
   return ffi::Error::Success();
 }
 

@@ -13,6 +13,7 @@
 #include "kernels/errors.h"
 #include "kernels/gather.h"
 #include "kernels/sample.h"
+#include "kernels/sample_at.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/shared_table.h"
 
@@ -33,6 +34,15 @@ ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<Share
 // sample: checks the seed, the method and the window, and fills *request (all but the seed words).
 ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
                          size_t batch_size, SampleRequest* request);
+
+// total_weight: checks the exponent and that both results are scalars.
+ffi::Error CheckTotalWeight(float priority_exponent, size_t total, size_t count);
+
+// sample_at: checks the seed, the exponent, the window and one result entry per target, and fills
+// *request (all but the seed words).
+ffi::Error PrepareSampleAt(size_t seed_words, size_t targets, float priority_exponent, int32_t window,
+                           size_t indices, size_t generations, size_t probabilities, size_t starts,
+                           SampleAtRequest* request);
 
 // gather: checks the picks, the window and one result per field of the right size, and fills *request
 // and *out (the valid mask and the field results' addresses).

@@ -138,6 +138,8 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_sample"] = gear::Capsule(GearJaxSampleCpu);
     cpu["gear_jax_gather"] = gear::Capsule(GearJaxGatherCpu);
     cpu["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCpu);
+    cpu["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCpu);
+    cpu["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCpu);
     py::dict out;
     out["cpu"] = cpu;
 #if GEAR_JAX_WITH_CUDA
@@ -145,6 +147,8 @@ PYBIND11_MODULE(_native, m) {
     cuda["gear_jax_sample"] = gear::Capsule(GearJaxSampleCuda);
     cuda["gear_jax_gather"] = gear::Capsule(GearJaxGatherCuda);
     cuda["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCuda);
+    cuda["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCuda);
+    cuda["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCuda);
     out["CUDA"] = cuda;
 #endif
     return out;
