@@ -371,3 +371,104 @@ def test_closed_table_raises_on_gpu(make_table, gpu):
     table.close()
     with pytest.raises(gj.EXECUTION_ERRORS, match="closed"):
         jax.block_until_ready(fn(key))
+
+
+# ---- total_weight and sample_at (the sharded layer's building blocks) ---------------------------------
+
+
+def weighted_table(make_table, rows=5000, capacity=6000):
+    """Integer priorities (exact cumulative weights) over several 1024-row tiles of the CUDA kernel, some
+    rows of priority 0, a row being written (the returned writer holds it)."""
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=capacity)
+    priorities = np.random.default_rng(11).integers(0, 5, rows).astype(np.float32)
+    priorities[1024:2048] = 0.0  # a whole tile without weight
+    table.insert({"x": np.arange(rows, dtype=np.int32)}, priorities=priorities)
+    writer = table.writer()
+    writer.append({"x": np.int32(0)})  # holds row `rows`, unselectable
+    return table, writer
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 2.0])
+def test_total_weight_matches_cpu(make_table, gpu, exponent):
+    from gear_jax.ops import total_weight
+
+    empty = make_table(capacity=8)
+    table, writer = weighted_table(make_table)
+    with writer:
+        for t in (empty, table):
+            got = run_on(gpu, lambda a: total_weight(t, exponent, after=a), jnp.zeros((), jnp.int32))
+            expected = run_on(CPU, lambda a: total_weight(t, exponent, after=a), jnp.zeros((), jnp.int32))
+            assert int(got[1]) == int(expected[1])
+            np.testing.assert_allclose(float(got[0]), float(expected[0]), rtol=1e-6)
+        assert int(got[1]) > 0 and (exponent != 0.0 or float(got[0]) == int(got[1]))
+
+
+@pytest.mark.gpu
+def test_sample_at_matches_cpu(make_table, gpu):
+    from gear_jax.ops import sample_at, total_weight
+
+    table, writer = weighted_table(make_table)
+    with writer:
+        total = float(run_on(CPU, lambda a: total_weight(table, after=a), jnp.zeros((), jnp.int32))[0])
+        priorities = table.row_status()["priority"].astype(np.float64)
+        cumulative = np.cumsum(priorities[priorities > 0])
+        rng = np.random.default_rng(12)
+        targets = np.concatenate(
+            [
+                rng.choice(cumulative, 300),  # exact boundaries, tile boundaries among them
+                rng.choice(cumulative, 300) - 0.5,
+                rng.uniform(0, total, 2000),
+                [0.0, total, total + 1, 1e30, np.inf, -1.0, np.nan],
+            ]
+        ).astype(np.float32)
+        key = jax.random.key(3)
+        got = run_on(gpu, lambda k, x: sample_at(table, k, x), key, jnp.asarray(targets))
+        expected = run_on(CPU, lambda k, x: sample_at(table, k, x), key, jnp.asarray(targets))
+        for name in ("indices", "generations", "starts"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(got, name)), np.asarray(getattr(expected, name)), err_msg=name
+            )
+        np.testing.assert_allclose(
+            np.asarray(got.probabilities), np.asarray(expected.probabilities), rtol=1e-6
+        )
+        assert (np.asarray(got.generations)[-2:] == 1).all()
+
+
+@pytest.mark.gpu
+def test_sample_at_windows_and_empty_tables_match_cpu(make_table, gpu):
+    from gear_jax.ops import sample_at
+
+    table = make_table(fields={"t": gj.Field((), "int32")}, capacity=16, max_steps=9)
+    targets = jnp.asarray(np.random.default_rng(13).uniform(-2, 14, 100).astype(np.float32))
+    key = jax.random.key(4)
+    for step in range(2):
+        got = run_on(gpu, lambda k, x: sample_at(table, k, x, window=4), key, targets)
+        expected = run_on(CPU, lambda k, x: sample_at(table, k, x, window=4), key, targets)
+        assert_same_sample(got, expected)
+        if step == 0:  # empty: every pick is the marker
+            np.testing.assert_array_equal(np.asarray(got.generations), 1)
+            lengths = np.random.default_rng(14).integers(1, 10, 12).astype(np.int32)
+            steps = np.arange(9, dtype=np.int32)
+            table.insert({"t": np.stack([steps + 100 * r for r in range(12)])}, lengths=lengths)
+    batch = gather_on(gpu, table, got)
+    reference = gather_on(CPU, table, expected)
+    for name in ("t", "valid"):
+        np.testing.assert_array_equal(np.asarray(batch[name]), np.asarray(reference[name]), err_msg=name)
+
+
+@pytest.mark.gpu
+def test_weight_overflows_surface_at_the_next_call(make_table, gpu):
+    from gear_jax.ops import sample_at, total_weight
+
+    table = make_table(capacity=4)
+    table.insert(transitions(2), priorities=np.full(2, 1e30, np.float32))
+    s = run_on(
+        gpu, lambda k, x: sample_at(table, k, x, priority_exponent=20.0), jax.random.key(0), jnp.zeros(3)
+    )
+    np.testing.assert_array_equal(np.asarray(s.generations), 1)
+    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.sample_at: the sum .* overflows a double"):
+        gather_on(gpu, table, s)
+    run_on(gpu, lambda a: total_weight(table, 2.0, after=a), jnp.zeros((), jnp.int32))
+    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.total_weight: the sum .* overflows a float32"):
+        gather_on(gpu, table, s)
