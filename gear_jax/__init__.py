@@ -20,7 +20,7 @@ from gear_jax.errors import (
     TableNotFoundError,
 )
 from gear_jax.pool import clear_pool, configure_pool, pool_stats
-from gear_jax.ops import METHODS, Sample, gather, sample, update_priorities
+from gear_jax.ops import METHODS, Sample, gather, sample, sample_at, total_weight, update_priorities
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
 from gear_jax.sharded import ShardedSample, ShardedTable
@@ -74,6 +74,8 @@ __all__ = [
     "gather",
     "pool_stats",
     "sample",
+    "sample_at",
     "sharded",
+    "total_weight",
     "update_priorities",
 ]

@@ -17,11 +17,7 @@ from scipy import stats
 
 from conftest import P_THRESHOLD
 
-import gear_jax as gj
-
 pytestmark = pytest.mark.multiprocess
-if not hasattr(gj.ops, "sample_at"):  # the native shard-level ops land with the sharded layer
-    pytest.skip("gear_jax.ops.sample_at is not built yet", allow_module_level=True)
 WORKER = pathlib.Path(__file__).with_name("sharded_worker.py")
 TIMEOUT = 180
 LAYOUTS = [(1, 4), (2, 1), (2, 2), (4, 1)]  # (processes, CPU devices per process)
