@@ -11,7 +11,17 @@ import signal
 import sys
 from types import ModuleType
 
-from gear_jax.bench import actor_learner, gather, insert, pool, priorities, sample, selection, torch_handoff
+from gear_jax.bench import (
+    actor_learner,
+    gather,
+    insert,
+    pool,
+    priorities,
+    sample,
+    selection,
+    sharded,
+    torch_handoff,
+)
 from gear_jax.bench.common import GEAR, machine_info, make_report, parse_names, write_json
 from gear_jax.bench.display import note, print_header, print_table
 from gear_jax.bench.plot import plot_report
@@ -24,6 +34,7 @@ SUITES: dict[str, ModuleType] = {
     "actor_learner": actor_learner,
     "torch": torch_handoff,
     "pool": pool,
+    "sharded": sharded,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
@@ -33,6 +44,7 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "actor_learner": (GEAR,),
     "torch": torch_handoff.SYSTEMS,
     "pool": pool.SYSTEMS,
+    "sharded": sharded.SYSTEMS,
 }
 BUSY_LOAD = 0.5
 ITEM_UNITS = {
@@ -43,6 +55,7 @@ ITEM_UNITS = {
     "actor_learner": "rows",
     "torch": "rows",
     "pool": "tables",
+    "sharded": "rows",
 }
 
 
@@ -58,12 +71,16 @@ def parser() -> argparse.ArgumentParser:
         "--max_steps", type=int, default=0, help="gather with --window: steps per row (default 4 x window)"
     )
     p.add_argument(
-        "--methods", default="uniform,prioritized,fifo,lifo,topk", help="sample: selection methods"
+        "--methods", default="uniform,prioritized,fifo,lifo,topk", help="sample, sharded: selection methods"
     )
     p.add_argument("--priority_exponent", type=float, default=0.6, help="exponent of prioritized sampling")
     p.add_argument("--writers", default="1,2", help="insert: writer processes")
     p.add_argument("--world_size", default="1,2,4", help="actor_learner: actor processes")
     p.add_argument("--insert_batch", type=int, default=32, help="actor_learner: rows per actor insert")
+    p.add_argument("--layouts", help="sharded: PROCESSESxDEVICES per process, e.g. 1x1,1x2,2x1,2x2,4x1,4x2")
+    p.add_argument(
+        "--layout_timeout", type=float, default=1800.0, help="sharded: seconds allowed per layout's processes"
+    )
     p.add_argument("--iters", type=int, default=100, help="timed iterations per point and system")
     p.add_argument("--warmup", type=int, default=10, help="untimed iterations first (after compiling)")
     p.add_argument("--systems", help="comma-separated systems to run (default: all of the suite's)")
