@@ -500,3 +500,70 @@ def test_diff_of_two_hand_made_reports(tmp_path: Path) -> None:
         (16, "gear_jax"): ("-", "-"),
         (32, "gear_jax"): ("-", "-"),
     }, done.stdout
+
+
+@pytest.mark.multiprocess
+def test_sharded_layouts_modes_and_bytes_moved(tmp_path: Path) -> None:
+    from gear_jax import sharded
+    from gear_jax.bench import sharded as suite
+
+    # Uniform and prioritized, and one decentralized method once gear_jax.sharded has them: the others
+    # compile the same way and would only lengthen the test (each system compiles in every process).
+    methods = ["uniform", "prioritized", *(["topk"] if "topk" in sharded.SHARDED_METHODS else [])]
+    report = run_bench(
+        tmp_path,
+        "sharded",
+        "--layouts=1x2,2x1",
+        "--table_rows=64",
+        "--item_bytes=32",
+        "--batch_size=8",
+        f"--methods={','.join(methods)}",
+    )
+    systems = [f"{mode}_{method}" for mode in ("global", "local") for method in methods]
+    points = [
+        {"shards": 2, "devices_per_process": d, "table_rows": 64, "item_bytes": 32, "batch_size": 8}
+        for d in (2, 1)
+    ]
+    check_report(report, "sharded", points, always=systems)
+    records = report["records"]
+    assert sorted((r["layout"], r["system"]) for r in records) == sorted(
+        itertools.product(["1x2", "2x1"], systems)
+    )
+    for r in records:
+        assert r["processes"] * r["point"]["devices_per_process"] == r["point"]["shards"]
+        assert len(r["per_process_p50_s"]) == r["processes"]
+        assert 0 < r["latency_s"]["p50"] <= r["latency_s"]["max"]
+        assert r["throughput"]["bytes_per_s"] == pytest.approx(32 * r["throughput"]["items_per_s"])
+        # S = 2 shards of C = 64 rows, B = 8 picks of R = 32 bytes, by hand: counts 4 S^2 = 16;
+        # global selection 4 S^2 + 16 = 32, rows S B (R + 17) = 784; naive 4 S C + 4 S B = 576.
+        moved = r["bytes_moved"]
+        assert moved["naive"] == {
+            "select": 576,
+            "rows": moved["gear_jax"]["rows"],
+            "total": 576 + moved["gear_jax"]["rows"],
+        }
+        if r["mode"] == "local":
+            assert moved["gear_jax"] == {"select": 16, "rows": 0, "total": 16}
+        elif r["method"] == "topk":
+            assert moved["gear_jax"] == {"select": 8 * 4 * 8 + 16, "rows": 784, "total": 256 + 16 + 784}
+        else:
+            assert moved["gear_jax"] == {"select": 32, "rows": 784, "total": 816}
+            assert moved["select_ratio"] == 18.0 and moved["total_ratio"] == pytest.approx(1360 / 816)
+
+    # A known shape: S = 4, C = 1000, B = 64, R = 100 (slots of 117 bytes).
+    g = suite.bytes_moved("global", "prioritized", 4, 1000, 64, 100)
+    assert g["gear_jax"] == {"select": 128, "rows": 4 * 64 * 117, "total": 128 + 29952}
+    assert g["naive"] == {"select": 17024, "rows": 29952, "total": 17024 + 29952}
+    assert g["picked_row_bytes"] == 64 * 117
+    assert suite.bytes_moved("global", "fifo", 4, 1000, 64, 100)["gear_jax"]["select"] == 8 * 16 * 64 + 64
+    assert suite.bytes_moved("local", "uniform", 4, 1000, 64, 100)["gear_jax"] == {
+        "select": 64,
+        "rows": 0,
+        "total": 64,
+    }
+    # With many rows per shard, every design of gear_jax selects with fewer bytes than one rank would.
+    for mode, method in itertools.product(("global", "local"), suite.METHODS):
+        for shards in (2, 4, 8, 16):
+            m = suite.bytes_moved(mode, method, shards, 1_000_000, 1024, 1024)
+            assert m["gear_jax"]["select"] < m["naive"]["select"], (mode, method, shards)
+            assert m["select_ratio"] > 1 and m["total_ratio"] >= 1
