@@ -1,0 +1,714 @@
+"""A multi-host DQN: one sharded replay table over every device of a `jax.distributed` job, actor
+processes on each host writing into that host's shards, a data-parallel learner over the mesh.
+
+What this shows:
+  * `gj.ShardedTable.create(spec, mesh, axis="replay", name=...)` on every process of the job: one shard
+    per device, each in the host memory of the process that owns the device;
+  * actor processes (multiprocessing, "spawn") that attach to their host's shards by name
+    (`gj.ShardedTable.attach_shard(name, s)`) and insert CartPole transitions (gymnax) into them, acting
+    epsilon-greedily with the learner's recent parameters, which the learner publishes in a small
+    shared-memory array on each host;
+  * one jitted learner step, a `jax.shard_map` over the mesh: a global prioritized sample
+    (`gj.sharded.sample`, `mode="global"`: the law of one table holding every shard's rows, the rows
+    moved to the devices that consume them), importance weights (`gj.sharded.importance_weights`), a
+    double-DQN loss whose gradients are summed over the axis (data parallelism: every device applies the
+    same update to its replica), and the priority update (`gj.sharded.update_priorities`: each priority
+    reaches the shard that owns its row).
+
+A rate limiter on each host keeps its actors' transitions at `--transitions_per_update` per learner
+update (actors wait when they are ahead, the learner when they are behind), so that the run learns
+the same way however fast the machine is.
+
+Run:
+
+    python examples/multihost.py --num_processes=2          # 2 processes on this machine, 1 CPU device each
+    python examples/multihost.py --num_processes=2 --smoke  # a few seconds of training, for tests
+
+With --num_processes=N and no --process_id, the script is the launcher: it picks a free port on
+127.0.0.1 and re-executes itself N times with --process_id=i --coordinator_address=127.0.0.1:PORT,
+bounds each process by --timeout, and kills them all if one fails. On a cluster, start one process per
+host (or per GPU) yourself:
+
+    python examples/multihost.py --coordinator_address=HOST0:1234 --num_processes=N --process_id=i
+    python examples/multihost.py --cluster_detection        # SLURM, Open MPI, ...: jax detects them
+
+Every log line starts with `[process i/N]`; process 0 evaluates the greedy policy and prints a
+`summary: ` line last. On this project's 2-core CPU machine, `--num_processes=2` (default flags)
+printed:
+    summary: see the README ("Running on several machines")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging as std_logging
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags, logging
+from jax import lax
+from jax.flatten_util import ravel_pytree
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import gear_jax as gj
+
+ENV_NAME = "CartPole-v1"
+OBS_SHAPE = (4,)
+AXIS = "replay"
+
+FLAGS = flags.FLAGS
+# -- the job --
+flags.DEFINE_integer("num_processes", None,
+                     "jax.distributed processes; without --process_id this script launches them here")
+flags.DEFINE_integer("process_id", None, "this process's index in the job (with --coordinator_address)")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0's coordinator")
+flags.DEFINE_bool("cluster_detection", False,
+                  "let jax.distributed.initialize() detect the cluster (SLURM, Open MPI, ...)")
+flags.DEFINE_integer("devices_per_process", 1, "CPU devices (shards) per process (--platform=cpu)")
+flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where the learner runs (actors use the CPU)")
+flags.DEFINE_integer("timeout", 600, "launcher: seconds each process may run before all are killed")
+flags.DEFINE_integer("init_timeout", 120, "seconds jax.distributed.initialize waits for every process")
+# -- actors --
+flags.DEFINE_integer("actors_per_process", 1, "actor processes per process of the job")
+flags.DEFINE_integer("envs_per_actor", 4, "environments each actor steps in parallel")
+flags.DEFINE_integer("chunk", 8, "environment steps an actor runs per jitted call before inserting them")
+flags.DEFINE_integer("transitions_per_update", 4,
+                     "transitions each process's actors write per learner update (the rate limiter)")
+# -- learner --
+flags.DEFINE_integer("steps", 3000, "learner updates")
+flags.DEFINE_integer("seed", 0, "seed of the network, the actors, the sampler and the evaluations")
+flags.DEFINE_integer("batch_size", 64, "rows per device per update (the global batch is this x devices)")
+flags.DEFINE_integer("capacity", 50_000, "rows per shard")
+flags.DEFINE_integer("learning_starts", 500, "transitions in each process's shards before the first update")
+flags.DEFINE_integer("hidden", 256, "units in each of the two hidden layers")
+flags.DEFINE_float("lr", 1e-3, "Adam learning rate at the start (decays linearly to 1e-5)")
+flags.DEFINE_float("gamma", 0.99, "discount")
+flags.DEFINE_float("tau", 0.005, "Polyak averaging of the target network per update")
+flags.DEFINE_float("priority_exponent", 0.6, "alpha of prioritized replay")
+flags.DEFINE_float("beta_start", 0.4, "importance-weight exponent, annealed to 1")
+flags.DEFINE_float("priority_eps", 1e-3, "added to |TD error| for priorities")
+flags.DEFINE_float("eps_start", 1.0, "exploration epsilon at the start")
+flags.DEFINE_float("eps_end", 0.04, "exploration epsilon after the annealing")
+flags.DEFINE_float("eps_fraction", 0.16, "fraction of the updates over which epsilon anneals")
+flags.DEFINE_integer("publish_every", 10, "updates between publications of the parameters to the actors")
+flags.DEFINE_integer("eval_every", 1000, "updates between greedy evaluations (process 0)")
+flags.DEFINE_integer("eval_episodes", 20, "episodes of each greedy evaluation (run in parallel)")
+flags.DEFINE_float("actor_timeout", 120.0, "seconds to wait for the actors to write, and to stop")
+flags.DEFINE_bool("smoke", False, "a tiny run for tests: a few seconds of training")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The flags the learner and the actors read, with --smoke applied."""
+
+    devices_per_process: int
+    platform: str
+    actors_per_process: int
+    envs_per_actor: int
+    chunk: int
+    transitions_per_update: int
+    steps: int
+    seed: int
+    batch_size: int
+    capacity: int
+    learning_starts: int
+    hidden: int
+    lr: float
+    gamma: float
+    tau: float
+    priority_exponent: float
+    beta_start: float
+    priority_eps: float
+    eps_start: float
+    eps_end: float
+    eps_fraction: float
+    publish_every: int
+    eval_every: int
+    eval_episodes: int
+    actor_timeout: float
+    smoke: bool
+
+
+def config_from_flags() -> Config:
+    config = Config(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)})
+    if config.smoke:
+        config = dataclasses.replace(config, steps=50, capacity=2_000, learning_starts=64, eval_every=50,
+                                     eval_episodes=4, publish_every=10)
+    return config
+
+
+def linear(start: float, end: float, fraction: float) -> float:
+    return start + (end - start) * min(max(fraction, 0.0), 1.0)
+
+
+def epsilon_at(config: Config, step: int) -> float:
+    return linear(config.eps_start, config.eps_end, step / (config.steps * config.eps_fraction))
+
+
+class PrefixFilter(std_logging.Filter):
+    """Puts `prefix` before every message of the absl logger."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        record.msg = f"{self.prefix} {record.msg}"
+        return True
+
+
+def set_log_prefix(prefix: str) -> None:
+    logger = logging.get_absl_logger()
+    for f in list(logger.filters):
+        if isinstance(f, PrefixFilter):
+            logger.removeFilter(f)
+    logger.addFilter(PrefixFilter(prefix))
+
+
+def die_with_parent(parent: int) -> None:
+    """Linux: asks for SIGTERM when the parent process ends; exits if it already has."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        sys.exit(f"parent process {parent} has exited")
+
+
+# -- the network and the environment ---------------------------------------------------------------------
+
+
+class QNetwork(nn.Module):
+    """MLP from observations float32[B, 4] to action values float32[B, num_actions]."""
+
+    num_actions: int
+    hidden: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Dense(self.hidden)(obs))
+        x = nn.relu(nn.Dense(self.hidden)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+def make_spec(capacity: int) -> gj.TableSpec:
+    """One transition per row: (obs, action, reward, next_obs, discount)."""
+    return gj.TableSpec(
+        fields={
+            "obs": gj.Field(OBS_SHAPE, "float32"),
+            "action": gj.Field((), "int32"),
+            "reward": gj.Field((), "float32"),
+            "next_obs": gj.Field(OBS_SHAPE, "float32"),
+            "discount": gj.Field((), "float32"),  # gamma, or 0 where the episode terminated
+        },
+        capacity=capacity,
+        max_steps=1,
+    )
+
+
+def make_evaluate(env: Any, env_params: Any, network: QNetwork, num_episodes: int):
+    """The jitted greedy evaluation: `(params, key) -> float32[num_episodes]` episode returns."""
+    reset = jax.vmap(env.reset, in_axes=(0, None))
+    step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    @jax.jit
+    def evaluate(params, key):
+        key_reset, key_steps = jax.random.split(key)
+        obs, env_state = reset(jax.random.split(key_reset, num_episodes), env_params)
+
+        def body(carry, key):
+            obs, env_state, returns, alive = carry
+            action = jnp.argmax(network.apply(params, obs), axis=1)
+            obs, env_state, reward, terminated, truncated, _ = step(
+                jax.random.split(key, num_episodes), env_state, action, env_params
+            )
+            returns = returns + jnp.where(alive, reward, 0.0)
+            return (obs, env_state, returns, alive & ~(terminated | truncated)), None
+
+        init = (obs, env_state, jnp.zeros(num_episodes), jnp.ones(num_episodes, bool))
+        keys = jax.random.split(key_steps, env_params.max_steps_in_episode)
+        (_, _, returns, _), _ = jax.lax.scan(body, init, keys)
+        return returns
+
+    return evaluate
+
+
+# -- what the learner shares with its host's actors ------------------------------------------------------
+
+
+class Published:
+    """The learner's parameters and counters, in shared memory on one host (one lock for all).
+
+    `control` holds [version of the parameters, learner updates so far, priority for new rows]; each
+    actor adds its transitions to `transitions` and its finished episodes to `episodes`/`returns`.
+    """
+
+    def __init__(self, context: Any, num_params: int, num_actors: int):
+        self.params = context.Array("f", num_params)
+        self.control = context.Array("d", 3, lock=self.params.get_lock())
+        self.transitions = context.Array("q", num_actors)  # per actor
+        self.episodes = context.Array("d", 2)  # finished episodes, sum of their returns
+        self.stop = context.Event()
+
+    def publish(self, flat_params: np.ndarray | None, updates: int, max_priority: float) -> None:
+        with self.params.get_lock():
+            if flat_params is not None:
+                np.frombuffer(self.params.get_obj(), np.float32)[:] = flat_params
+                self.control[0] += 1
+            self.control[1] = updates
+            self.control[2] = max_priority
+
+    def read(self, version: float) -> tuple[np.ndarray | None, float, int, float]:
+        """(parameters if newer than `version`, else None; their version; updates; max priority)."""
+        with self.params.get_lock():
+            current, updates, priority = self.control[:]
+            flat = None
+            if current != version:
+                flat = np.frombuffer(self.params.get_obj(), np.float32).copy()
+        return flat, current, int(updates), priority
+
+    def total_transitions(self) -> int:
+        return int(sum(self.transitions[:]))
+
+
+# -- actors -----------------------------------------------------------------------------------------------
+
+
+def make_rollout(env: Any, env_params: Any, network: QNetwork, num_envs: int, chunk: int):
+    """The actor's jitted `(params, obs, env_state, returns, key, epsilon) -> (obs, env_state, returns,
+    transitions, finished)`: `chunk` epsilon-greedy steps of `num_envs` environments; `transitions` holds
+    [chunk, num_envs, ...] arrays, `finished` the return of each episode that ended (NaN elsewhere)."""
+    step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def body(carry, key, params, epsilon, gamma):
+        obs, env_state, returns = carry
+        k_explore, k_action, k_env = jax.random.split(key, 3)
+        greedy = jnp.argmax(network.apply(params, obs), axis=1)
+        explore = jax.random.uniform(k_explore, (num_envs,)) < epsilon
+        random_action = jax.random.randint(k_action, (num_envs,), 0, env.num_actions)
+        action = jnp.where(explore, random_action, greedy).astype(jnp.int32)
+        next_obs, env_state, reward, terminated, truncated, info = step(
+            jax.random.split(k_env, num_envs), env_state, action, env_params
+        )
+        # gymnax resets an ended environment inside step; the true next observation is final_observation.
+        out = {"obs": obs, "action": action, "reward": reward, "next_obs": info["final_observation"],
+               "discount": jnp.where(terminated, 0.0, gamma).astype(jnp.float32)}
+        returns = returns + reward
+        ended = terminated | truncated
+        finished = jnp.where(ended, returns, jnp.nan)
+        return (next_obs, env_state, jnp.where(ended, 0.0, returns)), (out, finished)
+
+    @jax.jit
+    def rollout(params, obs, env_state, returns, key, epsilon, gamma):
+        (obs, env_state, returns), (out, finished) = jax.lax.scan(
+            lambda c, k: body(c, k, params, epsilon, gamma), (obs, env_state, returns),
+            jax.random.split(key, chunk),
+        )
+        return obs, env_state, returns, out, finished
+
+    return rollout
+
+
+def run_actor(table_name: str, shard: int, actor: int, local_actors: int, prefix: str, config: Config,
+              published: Published, parent: int) -> None:
+    """An actor process: attaches to shard `shard` of the sharded table by name and inserts transitions
+    into it, acting with the parameters the learner last published, until `published.stop` is set.
+
+    Rate limit: it writes its chunk only while its transitions stay below its share of
+    `learning_starts + updates * transitions_per_update` plus one chunk.
+    """
+    die_with_parent(parent)
+    jax.config.update("jax_platforms", "cpu")  # the actors never take the learner's accelerator
+    import gymnax  # importing it starts jax's backends: after the configuration
+    FLAGS.mark_as_parsed()  # the actor's settings come in `config`; absl logs without a warning
+    logging.use_absl_handler()
+    logging.set_verbosity(logging.INFO)
+    set_log_prefix(f"{prefix} actor {actor}:")
+    env, env_params = gymnax.make(ENV_NAME)
+    network = QNetwork(env.num_actions, config.hidden)
+    _, unravel = ravel_pytree(network.init(jax.random.key(0), jnp.zeros((1, *OBS_SHAPE))))
+    rollout = make_rollout(env, env_params, network, config.envs_per_actor, config.chunk)
+    key, reset_key = jax.random.split(jax.random.key(config.seed * 1000 + 17 * actor + 1 + shard * 7919))
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, config.envs_per_actor), env_params
+    )
+    returns = jnp.zeros(config.envs_per_actor)
+    per_chunk = config.chunk * config.envs_per_actor
+    table = gj.ShardedTable.attach_shard(table_name, shard)
+    logging.info("attached to shard %d (%s)", shard, gj.sharded.shard_name(table_name, shard))
+    version, params, written = -1.0, None, 0
+    try:
+        while not published.stop.is_set():
+            if os.getppid() != parent:
+                raise RuntimeError("the learner process has exited")
+            flat, version_now, updates, priority = published.read(version)
+            if flat is not None:
+                params, version = unravel(jnp.asarray(flat)), version_now
+            allowed = (config.learning_starts + updates * config.transitions_per_update) / local_actors
+            if params is None or written >= allowed + per_chunk:
+                published.stop.wait(0.002)
+                continue
+            key, rollout_key = jax.random.split(key)
+            obs, env_state, returns, out, finished = rollout(
+                params, obs, env_state, returns, rollout_key, epsilon_at(config, updates), config.gamma
+            )
+            out, finished = jax.device_get((out, finished))
+            rows = {name: value.reshape(per_chunk, *value.shape[2:]) for name, value in out.items()}
+            table.insert(rows, priorities=priority)  # new rows: the largest priority so far
+            written += per_chunk
+            done = finished[~np.isnan(finished)]
+            with published.params.get_lock():
+                published.transitions[actor] = written
+                published.episodes[0] += done.size
+                published.episodes[1] += float(done.sum())
+    finally:
+        table.close()
+
+
+class Actors:
+    """This process's actor processes ("spawn"), one shared `Published` block; `with Actors(...)`."""
+
+    def __init__(self, table: gj.ShardedTable, config: Config, num_params: int, prefix: str):
+        context = multiprocessing.get_context("spawn")
+        self.config = config
+        self.published = Published(context, num_params, config.actors_per_process)
+        shards = sorted(table.local_shards)
+        self.shard_of = [shards[i % len(shards)] for i in range(config.actors_per_process)]
+        self.processes = [
+            context.Process(
+                target=run_actor, name=f"actor-{i}", daemon=True,
+                args=(table.name, self.shard_of[i], i, config.actors_per_process, prefix, config,
+                      self.published, os.getpid()),
+            )
+            for i in range(config.actors_per_process)
+        ]
+
+    def __enter__(self) -> Actors:
+        for process in self.processes:
+            process.start()
+        return self
+
+    def check(self) -> None:
+        """Raises if an actor ended before it was asked to."""
+        for process in self.processes:
+            if process.exitcode is not None:
+                raise RuntimeError(f"{process.name} exited with code {process.exitcode}")
+
+    def wait_for(self, transitions: int) -> None:
+        """Waits until the actors wrote `transitions` (an actor failing or the timeout raises)."""
+        deadline = time.monotonic() + self.config.actor_timeout
+        while self.published.total_transitions() < transitions:
+            self.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the actors wrote {self.published.total_transitions()} of "
+                                   f"{transitions} transitions in {self.config.actor_timeout} s")
+            time.sleep(0.001)
+
+    def __exit__(self, *exc: object) -> None:
+        self.published.stop.set()
+        for process in self.processes:
+            process.join(self.config.actor_timeout)
+        for process in self.processes:
+            if process.is_alive():
+                logging.warning("%s did not stop; terminating it", process.name)
+                process.terminate()
+                process.join(5)
+        failed = [f"{p.name}: {p.exitcode}" for p in self.processes if p.exitcode != 0]
+        if failed and exc[0] is None:
+            raise RuntimeError(f"actors failed (exit codes): {', '.join(failed)}")
+
+
+# -- the learner ------------------------------------------------------------------------------------------
+
+
+class TrainState(NamedTuple):
+    """Replicated: every device holds the same values."""
+
+    params: Any
+    target_params: Any
+    opt_state: Any
+
+
+class DeviceState(NamedTuple):
+    """Sharded along the axis: one value per device."""
+
+    updated: jax.Array  # int32[S]: rows the last priority update changed on each shard (orders the next
+    # sample after it)
+    max_priority: jax.Array  # float32[S]: largest priority each device has computed (new rows get it)
+
+
+def make_learner_step(table: gj.ShardedTable, network: QNetwork, optimizer: optax.GradientTransformation,
+                      config: Config):
+    """The jitted learner step over the mesh: `(state, device_state, key_data, step, beta) -> (state,
+    device_state, loss)`.
+
+    Cross-process collectives cost milliseconds each (gloo on CPUs), so the step keeps them few: the
+    sample's (an all-gather of the S totals, an all-to-all per field), one pmax for the importance
+    weights, one psum for the gradients and the loss together, and the priority update's all-gathers.
+    """
+    global_batch = config.batch_size * table.num_shards
+
+    def body(state: TrainState, device: DeviceState, key_data: jax.Array, step: jax.Array,
+             beta: jax.Array):
+        key = jax.random.fold_in(jax.random.wrap_key_data(key_data), step)  # the same on every device
+        smp, batch = gj.sharded.sample(table, key, global_batch, method="prioritized", mode="global",
+                                       priority_exponent=config.priority_exponent, after=device.updated[0])
+        valid = batch["valid"]  # False for rows overwritten between sample and gather
+        # (N P)^-beta over its maximum is ((N P)^-1 over its maximum)^beta: importance_weights takes a
+        # Python float for beta (a traced one fails), so the annealed beta is applied here.
+        weights = gj.sharded.importance_weights(table, smp, 1.0) ** beta * valid
+
+        def loss_fn(params):
+            q = network.apply(params, batch["obs"])
+            q_taken = jnp.take_along_axis(q, batch["action"][:, None], axis=1)[:, 0]
+            next_action = jnp.argmax(network.apply(params, batch["next_obs"]), axis=1)  # double DQN
+            next_q = network.apply(state.target_params, batch["next_obs"])
+            next_q = jnp.take_along_axis(next_q, next_action[:, None], axis=1)[:, 0]
+            target = lax.stop_gradient(batch["reward"] + batch["discount"] * next_q)
+            td = q_taken - target
+            # This device's part of the global batch's mean loss.
+            return jnp.sum(weights * optax.huber_loss(td)) / global_batch, td
+
+        (loss, td), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        flat, unravel = ravel_pytree((grads, loss))
+        grads, loss = unravel(lax.psum(flat, AXIS))  # the global batch's gradient, on every device
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        target_params = optax.incremental_update(params, state.target_params, config.tau)
+        priorities = jnp.abs(td) + config.priority_eps
+        updated = gj.sharded.update_priorities(table, smp, priorities)  # to the shards that own the rows
+        max_priority = jnp.maximum(device.max_priority, jnp.max(jnp.where(valid, priorities, 0.0)))
+        return TrainState(params, target_params, opt_state), DeviceState(updated[None], max_priority), loss
+
+    replicated, sharded = P(), P(AXIS)
+    device_specs = DeviceState(sharded, sharded)
+    mapped = jax.shard_map(
+        body, mesh=table.mesh, in_specs=(replicated, device_specs, replicated, replicated, replicated),
+        out_specs=(replicated, device_specs, replicated), check_vma=False,
+    )
+    return jax.jit(mapped, donate_argnums=(0, 1))
+
+
+def global_array(mesh: Any, spec: P, value: Any) -> jax.Array:
+    """A global array from a host value that every process holds alike."""
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, NamedSharding(mesh, spec), lambda index: value[index])
+
+
+def local(x: Any) -> Any:
+    """This process's copy of a replicated global array (or tree of them)."""
+    return jax.tree.map(lambda a: a.addressable_data(0), x)
+
+
+def gather_ints(values: dict[int, int], size: int) -> np.ndarray:
+    """Every process's {index: value} entries in one int64[size] array (a collective)."""
+    from jax.experimental import multihost_utils
+
+    mine = np.zeros(size, np.int64)
+    for i, v in values.items():
+        mine[i] = v
+    return np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, size).sum(0)
+
+
+def train(config: Config, prefix: str, started: float) -> None:
+    import gymnax
+    from jax.experimental import multihost_utils
+
+    process, num_processes = jax.process_index(), jax.process_count()
+    mesh = jax.make_mesh((jax.device_count(),), (AXIS,))
+    env, env_params = gymnax.make(ENV_NAME)
+    network = QNetwork(env.num_actions, config.hidden)
+    learning_rate = optax.linear_schedule(config.lr, 1e-5, config.steps)
+    optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(learning_rate))
+    key_init, key_eval, key_learn = jax.random.split(jax.random.key(config.seed), 3)
+    params = jax.device_get(network.init(key_init, jnp.zeros((1, *OBS_SHAPE))))  # alike on every process
+    state = jax.tree.map(lambda x: global_array(mesh, P(), x),
+                         TrainState(params, params, jax.device_get(optimizer.init(params))))
+    evals: list[tuple[int, float]] = []  # (update, mean greedy return), on process 0
+
+    # Every process creates its own shards; the name (drawn by process 0) is how actors find them.
+    with gj.ShardedTable.create(make_spec(config.capacity), mesh, axis=AXIS) as table:
+        logging.info("%d devices, %d shards of %d rows; this process owns shards %s", jax.device_count(),
+                     table.num_shards, config.capacity, sorted(table.local_shards))
+        flat_params = np.asarray(ravel_pytree(params)[0])
+        with Actors(table, config, flat_params.size, prefix) as actors:
+            published = actors.published
+            published.publish(flat_params, 0, 1.0)
+            logging.info("started %d actor processes writing into shards %s of %s", config.actors_per_process,
+                         sorted(set(actors.shard_of)), table.name)
+            # While the actors start: compile the learner step, evaluate the untrained policy.
+            device_state = DeviceState(global_array(mesh, P(AXIS), np.zeros(table.num_shards, np.int32)),
+                                       global_array(mesh, P(AXIS), np.ones(table.num_shards, np.float32)))
+            key_data = np.asarray(jax.random.key_data(key_learn))
+            learner_step = make_learner_step(table, network, optimizer, config).lower(
+                state, device_state, key_data, np.int32(0), np.float32(0)).compile()
+            evaluate = make_evaluate(env, env_params, network, config.eval_episodes) if process == 0 else None
+            if evaluate is not None:  # host copies of the parameters: the same compiled program every time
+                evals.append((0, float(jnp.mean(evaluate(params, key_eval)))))
+                logging.info("untrained policy: eval_return=%.1f", evals[-1][1])
+            actors.wait_for(config.learning_starts)
+            multihost_utils.sync_global_devices("learning starts")
+            logging.info("every process's shards hold %d transitions: training starts",
+                         config.learning_starts)
+            start = time.perf_counter()
+            waited = 0.0  # seconds the learner waited for its actors
+            episodes_seen = (0.0, 0.0)
+            slack = config.chunk * config.envs_per_actor * config.actors_per_process  # a chunk per actor
+            for step in range(1, config.steps + 1):
+                # The rate limiter: update `step` needs this process's share of its transitions.
+                before = time.perf_counter()
+                actors.wait_for(config.learning_starts + (step - 1) * config.transitions_per_update - slack)
+                waited += time.perf_counter() - before
+                beta = np.float32(linear(config.beta_start, 1.0, step / config.steps))
+                state, device_state, loss = learner_step(state, device_state, key_data, np.int32(step), beta)
+                # The largest priority of this process's devices, for its actors' new rows (waits for the
+                # step: the loop never runs ahead of the device).
+                max_priority = max(float(x.data[0]) for x in device_state.max_priority.addressable_shards)
+                publish = step % config.publish_every == 0 or step == config.steps
+                flat = np.asarray(ravel_pytree(local(state.params))[0]) if publish else None
+                published.publish(flat, step, max_priority)
+                if step % config.eval_every == 0 or step == config.steps:
+                    actors.check()
+                    episodes = tuple(published.episodes[:])
+                    finished = episodes[0] - episodes_seen[0]
+                    train_return = (episodes[1] - episodes_seen[1]) / finished if finished else float("nan")
+                    episodes_seen = episodes
+                    if evaluate is not None:
+                        params = jax.device_get(local(state.params))
+                        evals.append((step, float(jnp.mean(evaluate(params, key_eval)))))
+                    logging.info(
+                        "update %d: loss=%.4f, %d transitions written here, training return %.1f%s", step,
+                        float(local(loss)), published.total_transitions(), train_return,
+                        f", eval_return={evals[-1][1]:.1f}" if evaluate is not None else "",
+                    )
+            seconds = time.perf_counter() - start
+            loss = float(local(loss))
+        # The actors have stopped: what they wrote into each shard, and each shard's rows.
+        written: dict[int, int] = {}
+        for i, s in enumerate(actors.shard_of):
+            written[s] = written.get(s, 0) + int(published.transitions[i])
+        inserted = gather_ints(written, table.num_shards)
+        sizes = gather_ints({s: t.size for s, t in table.local_shards.items()}, table.num_shards)
+        multihost_utils.sync_global_devices("done")
+    if process == 0:
+        logging.info("evaluations (update: mean greedy return): %s",
+                     ", ".join(f"{s}: {r:.1f}" for s, r in evals))
+        print(
+            f"summary: eval_return={evals[-1][1]:.1f} initial_eval_return={evals[0][1]:.1f} "
+            f"eval_episodes={config.eval_episodes} processes={num_processes} shards={table.num_shards} "
+            f"actors={num_processes * config.actors_per_process} steps={config.steps} "
+            f"global_batch={config.batch_size * table.num_shards} transitions={int(inserted.sum())} "
+            f"shard_inserts={','.join(map(str, inserted))} shard_sizes={','.join(map(str, sizes))} "
+            f"capacity={config.capacity} final_loss={loss:.5f} steps_per_s={config.steps / seconds:.1f} "
+            f"learner_wait_s={waited:.1f} wall_s={seconds:.1f} process_s={time.perf_counter() - started:.1f}",
+            flush=True,
+        )
+
+
+# -- starting the processes -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(num_processes: int, timeout: float) -> int:
+    """Runs `num_processes` copies of this script as one jax.distributed job on 127.0.0.1; returns the
+    exit status (0 when every process succeeded). All are ended when one fails or time runs out."""
+    set_log_prefix("[launcher]")
+    port = free_port()
+    argv = [a for a in sys.argv[1:] if not a.startswith(("--process_id", "--coordinator_address"))]
+    env = dict(os.environ, MULTIHOST_LAUNCHER_PID=str(os.getpid()))
+    logging.info("starting %d processes, coordinator 127.0.0.1:%d", num_processes, port)
+    procs = [
+        subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv,
+                          f"--num_processes={num_processes}", f"--process_id={i}",
+                          f"--coordinator_address=127.0.0.1:{port}"], env=env)
+        for i in range(num_processes)
+    ]
+    deadline = time.monotonic() + timeout
+    status = 0
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                logging.error("process %d exited with code %d; ending the others", failed[0],
+                              procs[failed[0]].returncode)
+                status = 1
+                break
+            if time.monotonic() > deadline:
+                logging.error("the job ran past --timeout=%d s; ending it", timeout)
+                status = 1
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()  # SIGTERM: the process closes its actors and shards
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    if any(p.returncode != 0 for p in procs):
+        status = 1
+        logging.error("exit codes: %s", [p.returncode for p in procs])
+    return status
+
+
+def main(argv: list[str]) -> None:
+    started = time.perf_counter()
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    num_processes = FLAGS.num_processes
+    joining = FLAGS.coordinator_address is not None or FLAGS.cluster_detection
+    if not joining and FLAGS.process_id is None and num_processes is not None and num_processes > 1:
+        sys.exit(launch(num_processes, FLAGS.timeout))
+    if FLAGS.coordinator_address is not None and (num_processes is None or FLAGS.process_id is None):
+        raise app.UsageError("--coordinator_address needs --num_processes and --process_id")
+
+    config = config_from_flags()
+    if config.steps < 1 or config.actors_per_process < 1 or config.envs_per_actor < 1 or config.chunk < 1:
+        raise app.UsageError("--steps, --actors_per_process, --envs_per_actor and --chunk must be positive")
+    if "MULTIHOST_LAUNCHER_PID" in os.environ:
+        die_with_parent(int(os.environ["MULTIHOST_LAUNCHER_PID"]))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # ends actors and shards cleanly
+    jax.config.update("jax_platforms", config.platform)
+    if config.platform == "cpu":
+        jax.config.update("jax_num_cpu_devices", config.devices_per_process)
+    if FLAGS.cluster_detection:
+        jax.distributed.initialize(initialization_timeout=FLAGS.init_timeout)
+    elif FLAGS.coordinator_address is not None:
+        host = FLAGS.coordinator_address.rsplit(":", 1)[0]
+        local_job = host in ("127.0.0.1", "localhost")
+        jax.distributed.initialize(
+            FLAGS.coordinator_address, num_processes=num_processes, process_id=FLAGS.process_id,
+            cluster_detection_method="deactivate", initialization_timeout=FLAGS.init_timeout,
+            coordinator_bind_address=FLAGS.coordinator_address if local_job else None,
+        )
+    prefix = f"[process {jax.process_index()}/{jax.process_count()}]"
+    set_log_prefix(prefix)
+    logging.info("%d local devices of %d: %s", jax.local_device_count(), jax.device_count(),
+                 jax.local_devices())
+    train(config, prefix, started)
+
+
+if __name__ == "__main__":
+    app.run(main)
