@@ -20,7 +20,16 @@ from gear_jax.errors import (
     TableNotFoundError,
 )
 from gear_jax.pool import clear_pool, configure_pool, pool_stats
-from gear_jax.ops import METHODS, Sample, gather, sample, sample_at, total_weight, update_priorities
+from gear_jax.ops import (
+    METHODS,
+    Sample,
+    gather,
+    ordered_candidates,
+    sample,
+    sample_at,
+    total_weight,
+    update_priorities,
+)
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
 from gear_jax.sharded import ShardedSample, ShardedTable
@@ -72,6 +81,7 @@ __all__ = [
     "clear_pool",
     "configure_pool",
     "gather",
+    "ordered_candidates",
     "pool_stats",
     "sample",
     "sample_at",

@@ -9,6 +9,7 @@ GATHER = "gear_jax_gather"
 UPDATE_PRIORITIES = "gear_jax_update_priorities"
 TOTAL_WEIGHT = "gear_jax_total_weight"
 SAMPLE_AT = "gear_jax_sample_at"
+ORDERED_CANDIDATES = "gear_jax_ordered_candidates"
 
 REGISTERED_PLATFORMS: list[str] = []
 

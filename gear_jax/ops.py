@@ -47,6 +47,9 @@ class Sample:
       probabilities: float32[B] probability of picking the row (uniform: 1/V for V selectable rows;
         prioritized: p^a / sum p^a; fifo, lifo, topk: 1).
       starts: int32[B] first step of each window (0 without a window).
+      selectable: int32 scalar, the count N of selectable rows when the sample ran (uniform: the N of
+        its probabilities 1/N), so that importance weights (N * P)^-beta need nothing else; None for
+        samples that `sample` did not make (`sample_at`, `ordered_candidates`, hand-built ones).
       window: static int, the window length given to `sample` (0 for none).
     """
 
@@ -54,11 +57,13 @@ class Sample:
     generations: jax.Array
     probabilities: jax.Array
     starts: jax.Array
+    selectable: Any = None
     window: int = 0
 
 
 jax.tree_util.register_dataclass(
-    Sample, data_fields=["indices", "generations", "probabilities", "starts"], meta_fields=["window"]
+    Sample, data_fields=["indices", "generations", "probabilities", "starts", "selectable"],
+    meta_fields=["window"]
 )
 
 
@@ -169,8 +174,9 @@ def sample(
         jax.ShapeDtypeStruct((b,), jnp.uint32),
         jax.ShapeDtypeStruct((b,), jnp.float32),
         jax.ShapeDtypeStruct((b,), jnp.int32),
+        jax.ShapeDtypeStruct((), jnp.int32),
     )
-    indices, generations, probabilities, starts = jax.ffi.ffi_call(
+    indices, generations, probabilities, starts, selectable = jax.ffi.ffi_call(
         _ffi.SAMPLE, out_types, has_side_effect=False
     )(
         seed,
@@ -180,7 +186,7 @@ def sample(
         window=np.int32(win),
         **_attrs(table),
     )
-    return Sample(indices, generations, probabilities, starts, window=win)
+    return Sample(indices, generations, probabilities, starts, selectable, window=win)
 
 
 def gather(
@@ -373,3 +379,53 @@ def sample_at(
         **_attrs(table),
     )
     return Sample(indices, generations, probabilities, starts, window=win)
+
+
+ORDERED_METHODS = ("fifo", "lifo", "topk")
+
+
+def ordered_candidates(
+    table: Table,
+    key: jax.Array,
+    batch_size: int,
+    method: str,
+    window: int | None = None,
+    after: Any = None,
+) -> tuple[Sample, jax.Array]:
+    """The `batch_size` best rows of `table` for fifo, lifo or topk, with their order keys.
+
+    As `sample` with the same method, except that a table holding fewer than `batch_size` selectable rows
+    is not an error: its rows come first, in answer order, and the other picks get the failed-pick marker
+    (index 0, generation 1, probability 0). Each pick's order key is a uint64 ascending in answer order,
+    unique within the table: fifo the row's commit order, lifo its bitwise complement, topk the complement
+    of the priority's float32 bits in the high word and the row id in the low word; a failed pick has
+    2**64 - 1. The sharded layer merges the shards' candidates by these keys.
+
+    Returns:
+      (Sample, order_keys): order_keys is uint32[B, 2], the low and the high word of each key.
+    """
+    table = _check_table(table, "ordered_candidates")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InvalidArgumentError(f"ordered_candidates: batch_size={batch_size!r} must be an int >= 1")
+    if method not in ORDERED_METHODS:
+        raise InvalidArgumentError(f"ordered_candidates: method={method!r} is not one of {ORDERED_METHODS}")
+    win = _check_window(table, window, "ordered_candidates")
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    b = int(batch_size)
+    out_types = (
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+        jax.ShapeDtypeStruct((b,), jnp.uint32),
+        jax.ShapeDtypeStruct((b,), jnp.float32),
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+        jax.ShapeDtypeStruct((b, 2), jnp.uint32),
+    )
+    indices, generations, probabilities, starts, order_keys = jax.ffi.ffi_call(
+        _ffi.ORDERED_CANDIDATES, out_types, has_side_effect=False
+    )(
+        seed,
+        _after(after),
+        method=np.int32(METHODS[method]),
+        window=np.int32(win),
+        **_attrs(table),
+    )
+    return Sample(indices, generations, probabilities, starts, window=win), order_keys

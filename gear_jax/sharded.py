@@ -16,8 +16,23 @@ wrappers that build the `shard_map` (`ShardedTable.sampler`, `ShardedTable.updat
   fixed-capacity masked `all_to_all` (XLA:CPU has no ragged all-to-all). Selection traffic per step:
   S totals and S counts; row traffic: a [S, B / S] block of rows per device, of which the picked ones
   are nonzero.
+  fifo, lifo and topk in `global` mode are decentralized: each shard's B best rows are its candidates
+  (`gear_jax.ops.ordered_candidates`), their 8-byte order keys are all-gathered (S x B keys), every
+  device sorts them the same way and keeps the B best, and only the winners' rows move, through the same
+  all_to_all. topk equals one table holding every shard's rows in shard-major order (priority
+  descending, ties to the lower global row id). Shards have no common clock, so fifo orders by each
+  shard's commit count, ties to the lower shard: the k-th row committed to any shard comes before the
+  (k+1)-th row of any shard (time order when shards fill at the same rate); lifo is fifo's reverse.
 - `local`: each device draws B / S picks from its own shard; no row moves. `probabilities` is the true
-  probability that a slot holds the row, (1 / S) * p_i^a / W_s, so importance weights stay unbiased.
+  probability that a slot holds the row, (1 / S) * p_i^a / W_s, so importance weights stay unbiased
+  (fifo, lifo, topk: each shard's own B / S best, probability 1).
+
+Bytes per step on each device (b = B / S picks per device, R bytes per gathered row):
+- global uniform / prioritized: all_gather of S float32 totals and a psum of one int32 count (8 S bytes
+  of selection traffic), then the all_to_all of the [S, b] block of rows and pick fields (B (R + 16)
+  bytes sent, of which b (R + 16) per destination);
+- global fifo / lifo / topk: the same plus the all_gather of S x B order keys (8 S B bytes);
+- local: the psum of one count; no rows move.
 
 `ShardedSample.selectable` is the global count N of selectable rows; `importance_weights` forms
 (N * P)^-beta normalized by the maximum over the global batch.
@@ -44,7 +59,7 @@ from gear_jax.spec import TableSpec
 from gear_jax.table import Table
 
 MODES = ("global", "local")
-SHARDED_METHODS = ("uniform", "prioritized")
+SHARDED_METHODS = ("uniform", "prioritized", *ops.ORDERED_METHODS)
 MAX_GLOBAL_ROWS = 2**31 - 1
 
 
@@ -333,9 +348,10 @@ def sample(
       table: a `ShardedTable` (static).
       key: a PRNG key, the same on every device (do not fold in the device index).
       batch_size: B picks in all (static); a multiple of the number of shards S.
-      method: "uniform" or "prioritized".
-      mode: "global" (the law of one table holding every shard's rows) or "local" (each device draws
-        its B / S picks from its own shard).
+      method: "uniform", "prioritized", "fifo", "lifo" or "topk".
+      mode: "global" (the law, or the answer, of one table holding every shard's rows; see the module
+        docstring for fifo's order across shards) or "local" (each device draws its B / S picks from
+        its own shard).
       priority_exponent: a >= 0 for "prioritized".
       window: for trajectory tables, steps per window; None for whole rows.
       fields: fields to gather; default all.
@@ -348,14 +364,13 @@ def sample(
     Raises:
       InvalidArgumentError: bad batch size, method, mode or window (at trace time).
       gear_jax.EXECUTION_ERRORS: at run time, when every shard is empty (global) or this device's
-        shard is (local).
+        shard is (local); for fifo, lifo and topk, when the shards together hold fewer than B selectable
+        rows (global: every shard's table raises the single-table error) or this device's shard holds
+        fewer than B / S (local).
     """
     st = _check(table, "sharded.sample")
     if method not in SHARDED_METHODS:
-        raise InvalidArgumentError(
-            f"sharded.sample: method={method!r} is not one of {SHARDED_METHODS} (fifo, lifo and topk are "
-            "not sharded yet)"
-        )
+        raise InvalidArgumentError(f"sharded.sample: method={method!r} is not one of {SHARDED_METHODS}")
     if mode not in MODES:
         raise InvalidArgumentError(f"sharded.sample: mode={mode!r} is not one of {MODES}")
     num_shards = st.num_shards
@@ -381,18 +396,53 @@ def sample(
         result = ShardedSample(
             me * st.capacity + smp.indices,
             smp.generations,
-            smp.probabilities / num_shards,
+            smp.probabilities if method in ops.ORDERED_METHODS else smp.probabilities / num_shards,
             smp.starts,
             selectable,
             window=win,
         )
         return result, batch
 
+    if method in ops.ORDERED_METHODS:
+        owner, smp = _merge_ordered(st, window_key, int(batch_size), method, window, selectable, after)
+    else:
+        owner, smp = _draw_global(st, select_key, window_key, int(batch_size), exponent, total, method,
+                                  window, after)
+    mine = owner == me
+    batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))
+
+    # Pick j is consumed by device j // per_device; its owner gathered it, every other shard has zeros.
+    my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
+
+    def route(x: jax.Array) -> jax.Array:
+        blocks = lax.all_to_all(x.reshape((num_shards, per_device) + x.shape[1:]), st.axis, 0, 0)
+        picks = jnp.arange(per_device)
+        return blocks[my_owners, picks]
+
+    result = ShardedSample(
+        my_owners * st.capacity + route(smp.indices),
+        route(smp.generations),
+        route(jnp.where(mine, smp.probabilities, 0.0).astype(jnp.float32)),
+        route(smp.starts),
+        selectable,
+        window=win,
+    )
+    return result, {name: route(value) for name, value in batch.items()}
+
+
+def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array, batch_size: int,
+                 exponent: float, total: jax.Array, method: str, window: int | None,
+                 after: Any) -> tuple[jax.Array, ops.Sample]:
+    """Uniform and prioritized picks over every shard: (owner shard of each of the B picks, this
+    shard's Sample of B slots, the failed-pick marker where another shard owns the pick). Probabilities
+    are p_i^a / W over every shard."""
+    num_shards = st.num_shards
+    me = lax.axis_index(st.axis)
     totals = lax.all_gather(total, st.axis)  # [S], the same on every device
     bounds = jnp.cumsum(totals)  # inclusive; computed identically everywhere
     whole = bounds[-1]
     starts_of_shards = jnp.concatenate([jnp.zeros((1,), bounds.dtype), bounds[:-1]])
-    u = jax.random.uniform(select_key, (int(batch_size),), jnp.float32)
+    u = jax.random.uniform(select_key, (batch_size,), jnp.float32)
     targets = jnp.minimum(u * whole, jnp.nextafter(whole, jnp.float32(0)))
     owner = jnp.clip(jnp.searchsorted(bounds, targets, side="right"), 0, num_shards - 1).astype(jnp.int32)
     mine = (owner == me) & (whole > 0)
@@ -404,30 +454,60 @@ def sample(
 
     def every_shard_empty(t: Table) -> ops.Sample:
         # Raises at run time with the single-table error: no shard holds a selectable row.
-        return ops.sample(t, window_key, int(batch_size), method=method, priority_exponent=exponent,
-                          window=window, after=after)
+        smp = ops.sample(t, window_key, batch_size, method=method, priority_exponent=exponent,
+                         window=window, after=after)
+        return dataclasses.replace(smp, selectable=None)
 
     smp = lax.cond(whole > 0, lambda: st._on_my_shard(draw), lambda: st._on_my_shard(every_shard_empty))
-    batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))
+    scale = total / jnp.where(whole > 0, whole, 1)
+    return owner, dataclasses.replace(smp, probabilities=smp.probabilities * scale)
 
-    # Pick j is consumed by device j // per_device; its owner gathered it, every other shard has zeros.
-    my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
 
-    def route(x: jax.Array) -> jax.Array:
-        blocks = lax.all_to_all(x.reshape((num_shards, per_device) + x.shape[1:]), st.axis, 0, 0)
-        picks = jnp.arange(per_device)
-        return blocks[my_owners, picks]
+def _merge_ordered(st: ShardedTable, window_key: jax.Array, batch_size: int, method: str,
+                   window: int | None, selectable: jax.Array, after: Any) -> tuple[jax.Array, ops.Sample]:
+    """fifo, lifo and topk over every shard, decentralized: each shard's B best rows are its candidates;
+    their order keys (8 bytes each) are all-gathered, and every device sorts the S x B keys the same way
+    and keeps the B best. (owner shard of each pick, this shard's Sample of B slots as in _draw_global;
+    probabilities 1.)
 
-    probabilities = jnp.where(mine, smp.probabilities * (total / jnp.where(whole > 0, whole, 1)), 0.0)
-    result = ShardedSample(
-        my_owners * st.capacity + route(smp.indices),
-        route(smp.generations),
-        route(probabilities.astype(jnp.float32)),
-        route(smp.starts),
-        selectable,
-        window=win,
+    The answer is the one-table answer for a table holding every shard's rows: topk by priority, ties to
+    the lower global row id; fifo by each shard's commit order with ties to the lower shard (the k-th row
+    committed to any shard comes before the (k+1)-th of any shard), lifo the reverse of fifo.
+    """
+    num_shards = st.num_shards
+    me = lax.axis_index(st.axis)
+
+    def candidates(t: Table) -> tuple[ops.Sample, jax.Array]:
+        return ops.ordered_candidates(t, window_key, batch_size, method, window=window, after=after)
+
+    def too_few(t: Table) -> tuple[ops.Sample, jax.Array]:
+        # Raises at run time with the single-table error: every shard has fewer than B rows.
+        smp = ops.sample(t, window_key, batch_size, method=method, window=window, after=after)
+        return dataclasses.replace(smp, selectable=None), jnp.full((batch_size, 2), 0xFFFFFFFF, jnp.uint32)
+
+    local, keys = lax.cond(selectable >= batch_size, lambda: st._on_my_shard(candidates),
+                           lambda: st._on_my_shard(too_few))
+    every = lax.all_gather(keys, st.axis)  # [S, B, 2]: low and high words, the same on every device
+    low, high = every[..., 0].reshape(-1), every[..., 1].reshape(-1)
+    shard = jnp.repeat(jnp.arange(num_shards, dtype=jnp.uint32), batch_size)
+    if method == "topk":  # (priority descending, shard, row): the global row id breaks ties
+        order = jnp.lexsort((low, shard, high))
+    elif method == "fifo":  # (commit order, shard)
+        order = jnp.lexsort((shard, low, high))
+    else:  # lifo: the reverse of fifo
+        order = jnp.lexsort((jnp.uint32(num_shards - 1) - shard, low, high))
+    winners = order[:batch_size]
+    owner = (winners // batch_size).astype(jnp.int32)
+    slot = winners % batch_size
+    mine = owner == me
+    smp = ops.Sample(
+        jnp.where(mine, local.indices[slot], 0),
+        jnp.where(mine, local.generations[slot], jnp.uint32(1)),
+        jnp.where(mine, local.probabilities[slot], 0.0),
+        jnp.where(mine, local.starts[slot], 0),
+        window=local.window,
     )
-    return result, {name: route(value) for name, value in batch.items()}
+    return owner, smp
 
 
 def update_priorities(table: ShardedTable, sample: ShardedSample, priorities: jax.Array,

@@ -327,7 +327,7 @@ class Sampler:
         self._key = jax.device_put(jax.random.key(seed), self._device)
         self._after = jax.device_put(jnp.zeros((), jnp.int32), self._device)
         self._last: ops.Sample | None = None
-        self._pending: tuple[dict[str, jax.Array], ops.Sample, int] | None = None
+        self._pending: tuple[dict[str, jax.Array], ops.Sample] | None = None
 
         def draw(key: jax.Array, after: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], ops.Sample]:
             key, sub = jax.random.split(key)
@@ -343,6 +343,7 @@ class Sampler:
             out = ops.gather(table, s, fields=fields)
             out["indices"] = s.indices
             out["probabilities"] = s.probabilities
+            out["selectable"] = s.selectable
             return key, out, s
 
         def update(s: ops.Sample, priorities: jax.Array) -> jax.Array:
@@ -353,20 +354,19 @@ class Sampler:
         self._draw = jax.jit(draw)
         self._update = jax.jit(update)
 
-    def _enqueue(self) -> tuple[dict[str, jax.Array], ops.Sample, int]:
-        selectable = int(self._table._live().selectable)
+    def _enqueue(self) -> tuple[dict[str, jax.Array], ops.Sample]:
         self._key, out, s = self._draw(self._key, self._after)
-        return out, s, selectable
+        return out, s
 
     def __iter__(self) -> Sampler:
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        out, s, selectable = self._pending if self._pending is not None else self._enqueue()
+        out, s = self._pending if self._pending is not None else self._enqueue()
         self._pending = self._enqueue() if self._prefetch else None
         self._last = s
         batch = to_torch(out)
-        batch["selectable"] = torch.tensor(selectable, dtype=torch.int64)
+        batch["selectable"] = batch["selectable"].to(torch.int64)  # the N of the sample, as before
         return batch
 
     def update_priorities(self, priorities: torch.Tensor) -> torch.Tensor:

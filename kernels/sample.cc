@@ -71,6 +71,7 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
   int64_t count = scanned ? static_cast<int64_t>(selectable.size()) : LoadRelaxed(t.selectable);
   float probability = 1.0f / static_cast<float>(std::max<int64_t>(count, 1));
   for (int64_t i = 0; i < r.batch_size; ++i) out.probabilities[i] = probability;
+  if (out.selectable != nullptr) *out.selectable = SelectableCount(count);
   return {};
 }
 
@@ -165,7 +166,7 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
 }
 
 struct Candidate {
-  uint64_t key;  // insert_seq (fifo, lifo) or priority bits (topk)
+  uint64_t key;  // OrderKey (selection.h): ascending in answer order
   int64_t row;
   uint64_t state;
 };
@@ -173,17 +174,7 @@ struct Candidate {
 KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleResult out) {
   const int64_t claimed = ClaimedRows(t);
   const SampleMethod method = r.method;
-  // better(a, b): a comes before b in the answer.
-  auto better = [method](const Candidate& a, const Candidate& b) {
-    switch (method) {
-      case SampleMethod::kFifo: return a.key < b.key;
-      case SampleMethod::kLifo: return a.key > b.key;
-      default: {
-        float pa = StatePriority(a.state), pb = StatePriority(b.state);
-        return pa > pb || (pa == pb && a.row < b.row);
-      }
-    }
-  };
+  auto better = [](const Candidate& a, const Candidate& b) { return a.key < b.key; };
   // The best batch_size candidates in O(rows) time and O(batch_size) memory: collect up to 4 x
   // batch_size, then keep the best batch_size; the worst kept one becomes a threshold that most later
   // rows fail with a single comparison.
@@ -203,19 +194,26 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
     uint64_t s = LoadAcquire(&t.state[k]);
     if (!StateSelectable(s)) continue;
     ++count;
-    Candidate c{method == SampleMethod::kTopK ? 0 : LoadRelaxed(&t.insert_seq[k]), k, s};
+    const uint64_t seq = method == SampleMethod::kTopK ? 0 : LoadRelaxed(&t.insert_seq[k]);
+    Candidate c{OrderKey(method, seq, k, s), k, s};
     if (have_threshold && !better(c, threshold)) continue;
     best.push_back(c);
     if (best.size() == 4 * keep) prune();
   }
-  if (count == 0) return Empty();
-  if (count < r.batch_size) {
-    return KernelError(ErrorSite::kSampleTooFew, 0, count, r.batch_size);
+  if (!r.partial) {
+    if (count == 0) return Empty();
+    if (count < r.batch_size) return KernelError(ErrorSite::kSampleTooFew, 0, count, r.batch_size);
   }
   if (best.size() > keep) prune();
   std::sort(best.begin(), best.end(), better);
   for (int64_t i = 0; i < r.batch_size; ++i) {
-    Record(t, r, out, i, best[i].row, best[i].state, 1.0f);
+    const bool found = i < static_cast<int64_t>(best.size());
+    if (found) {
+      Record(t, r, out, i, best[i].row, best[i].state, 1.0f);
+    } else {
+      RecordFailed(out, i);
+    }
+    if (out.order_keys != nullptr) out.order_keys[i] = found ? best[i].key : kNoCandidate;
   }
   return {};
 }
@@ -224,12 +222,14 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
 
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out) {
   if (request.batch_size <= 0) return {};
+  if (request.method == SampleMethod::kUniform) return SampleUniform(table, request, out);
+  if (out.selectable != nullptr) *out.selectable = SelectableCount(LoadRelaxed(table.selectable));
   switch (request.method) {
-    case SampleMethod::kUniform: return SampleUniform(table, request, out);
     case SampleMethod::kPrioritized: return SamplePrioritized(table, request, out);
     case SampleMethod::kFifo:
     case SampleMethod::kLifo:
     case SampleMethod::kTopK: return SampleOrdered(table, request, out);
+    case SampleMethod::kUniform: break;
   }
   return KernelError(ErrorSite::kSampleMethod, 0, static_cast<int32_t>(request.method));
 }

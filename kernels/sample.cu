@@ -25,9 +25,6 @@ struct SamplePolicy {
   static constexpr int64_t kOrderedTile = int64_t{kOrderedThreads} * kOrderedItems;
 };
 
-// Sort key of a row that is not selectable: after every real key (see OrderKey).
-constexpr uint64_t kNoCandidate = ~uint64_t{0};
-
 unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 __device__ int64_t ThreadIndex() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
@@ -49,14 +46,6 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
   // A count, not part of the consistency model: without system-scope atomics an increment that races
   // with the CPU's or another GPU's can be lost.
   device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);
-}
-
-// A pick that could not be made: row 0 with an odd generation, which no gather or update accepts.
-__device__ void RecordFailed(SampleResult out, int64_t pick) {
-  out.indices[pick] = 0;
-  out.generations[pick] = 1;
-  out.probabilities[pick] = 0.0f;
-  out.starts[pick] = 0;
 }
 
 // ---- uniform ---------------------------------------------------------------------------------------
@@ -120,6 +109,7 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
         if (out.indices[i] < 0) RecordFailed(out, i);
       }
       if (tid == 0) ReportError(error, t.read_modify_write_atomics, ErrorSite::kSampleEmpty, 0, 0, 0);
+      if (tid == 0 && out.selectable != nullptr) *out.selectable = 0;
       return;
     }
     for (int64_t i = tid; i < r.batch_size; i += kThreads) {
@@ -167,12 +157,19 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     }
     if (last_row < 0) {
       if (tid == 0) ReportError(error, t.read_modify_write_atomics, ErrorSite::kSampleEmpty, 0, 0, 0);
+      if (tid == 0 && out.selectable != nullptr) *out.selectable = 0;
       return;
     }
   }
   const int64_t count = selectable_rows;
   const float probability = 1.0f / static_cast<float>(count > 1 ? count : 1);
   for (int64_t i = tid; i < r.batch_size; i += kThreads) out.probabilities[i] = probability;
+  if (tid == 0 && out.selectable != nullptr) *out.selectable = SelectableCount(count);
+}
+
+// prioritized, fifo, lifo, topk: the table's count of selectable rows into the result.
+__global__ void StoreSelectableKernel(TableView t, int32_t* selectable) {
+  *selectable = SelectableCount(device::LoadRelaxed(t.selectable));
 }
 
 struct UniformScratch {
@@ -311,18 +308,10 @@ cudaError_t SamplePrioritized(const TableView& t, const SampleRequest& r, int64_
 
 // ---- fifo, lifo, topk ------------------------------------------------------------------------------
 
-// A key per selectable row, unique among them, ascending in answer order: fifo the insert order, lifo
-// its reverse, topk priority descending then row id ascending (float32 bits of positive priorities
-// order as the priorities do).
-__device__ uint64_t OrderKey(const TableView& t, SampleMethod method, int64_t row, uint64_t state) {
-  switch (method) {
-    case SampleMethod::kFifo: return device::LoadRelaxed(&t.insert_seq[row]);
-    case SampleMethod::kLifo: return ~device::LoadRelaxed(&t.insert_seq[row]);
-    default: {
-      const uint32_t priority_bits = static_cast<uint32_t>(state);
-      return (static_cast<uint64_t>(~priority_bits) << 32) | static_cast<uint64_t>(row);
-    }
-  }
+// A key per selectable row (selection.h OrderKey); topk needs no insert order.
+__device__ uint64_t RowOrderKey(const TableView& t, SampleMethod method, int64_t row, uint64_t state) {
+  const uint64_t seq = method == SampleMethod::kTopK ? 0 : device::LoadRelaxed(&t.insert_seq[row]);
+  return OrderKey(method, seq, row, state);
 }
 
 // One block per tile of rows: counts the tile's selectable rows, sorts the tile by key and keeps its
@@ -349,7 +338,7 @@ __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
     value[j] = 0;
     if (row < rows && StateSelectable(s)) {
       ++selectable;
-      key[j] = OrderKey(t, method, row, s);
+      key[j] = RowOrderKey(t, method, row, s);
       value[j] = (static_cast<uint64_t>(row) << 32) | StateGeneration(s);
     }
   }
@@ -367,24 +356,32 @@ __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
   }
 }
 
-// One thread per pick: the pick-th best candidate, once the table is known to hold batch_size rows.
-__global__ void OrderedRecordKernel(TableView t, SampleRequest r, const uint32_t* seed,
+// One thread per pick: the pick-th best candidate. With fewer selectable rows than batch_size, every
+// pick fails and the error is recorded; a partial request instead fails only the picks past them.
+__global__ void OrderedRecordKernel(TableView t, SampleRequest r, const uint32_t* seed, const uint64_t* keys,
                                     const uint64_t* values, const unsigned long long* selectable_rows,
                                     SampleResult out, DeviceError* error) {
   const int64_t i = ThreadIndex();
   if (i >= r.batch_size) return;
   const int64_t count = static_cast<int64_t>(*selectable_rows);
-  if (count < r.batch_size) {
+  if (count < r.batch_size && !r.partial) {
     RecordFailed(out, i);
+    if (out.order_keys != nullptr) out.order_keys[i] = kNoCandidate;
     if (i == 0) {
       ReportError(error, t.read_modify_write_atomics,
                   count == 0 ? ErrorSite::kSampleEmpty : ErrorSite::kSampleTooFew, 0, count, r.batch_size);
     }
     return;
   }
+  if (i >= count) {  // partial: past the selectable rows (the candidates may end before batch_size)
+    RecordFailed(out, i);
+    if (out.order_keys != nullptr) out.order_keys[i] = kNoCandidate;
+    return;
+  }
   r = Seeded(r, seed);
   const uint64_t v = values[i];
   Record(t, r, out, i, static_cast<int64_t>(v >> 32), static_cast<uint32_t>(v), 1.0f);
+  if (out.order_keys != nullptr) out.order_keys[i] = keys[i];
 }
 
 struct OrderedScratch {
@@ -419,7 +416,8 @@ cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, int64_t ro
   if (scratch.status != cudaSuccess) return scratch.status;
   cudaError_t status = cudaMemsetAsync(scratch.selectable_rows, 0, sizeof(unsigned long long), stream);
   if (status != cudaSuccess) return status;
-  const uint64_t* sorted = scratch.values[0];  // one tile: the block sort is the answer's order already
+  // One tile: the block sort is the answer's order already.
+  const uint64_t *sorted_keys = scratch.keys[0], *sorted = scratch.values[0];
   if (scratch.tiles > 0) {
     OrderedCandidatesKernel<<<static_cast<unsigned>(scratch.tiles), SamplePolicy::kOrderedThreads, 0,
                               stream>>>(t, r.method, rows, scratch.keep, scratch.keys[0], scratch.values[0],
@@ -433,10 +431,11 @@ cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, int64_t ro
                                              scratch.candidates, 0, 64, stream);
     if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) return status;
+    sorted_keys = keys.Current();
     sorted = values.Current();
   }
   OrderedRecordKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
-                        stream>>>(t, r, seed, sorted, scratch.selectable_rows, out, error);
+                        stream>>>(t, r, seed, sorted_keys, sorted, scratch.selectable_rows, out, error);
   return cudaGetLastError();
 }
 
@@ -467,6 +466,10 @@ cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request,
                            const uint32_t* seed, void* scratch, SampleResult out, DeviceError* error,
                            cudaStream_t stream) {
   if (request.batch_size == 0) return cudaSuccess;
+  if (request.method != SampleMethod::kUniform && out.selectable != nullptr) {
+    StoreSelectableKernel<<<1, 1, 0, stream>>>(table, out.selectable);
+    if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  }
   ScratchCarver carver(scratch);
   switch (request.method) {
     case SampleMethod::kUniform: {

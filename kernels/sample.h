@@ -9,6 +9,10 @@
 //    sorted pick);
 //  - fifo / lifo: the batch_size oldest / newest committed rows, oldest / newest first;
 //  - topk: the batch_size highest priorities, highest first, ties to the lower row id.
+// With fewer selectable rows than batch_size, fifo/lifo/topk fail (kSampleTooFew), unless the request
+// is `partial`: then the selectable rows come first and the other picks get the failed-pick marker.
+// Where `order_keys` is given, each pick's OrderKey (selection.h) is written there, kNoCandidate for a
+// failed pick: the sharded layer merges the shards' candidates by these keys.
 // `window` > 0 places a window of that many steps inside each picked row, its start uniform over the
 // max(length - window, 0) + 1 possible starts.
 #pragma once
@@ -42,6 +46,7 @@ struct SampleRequest {
   int32_t window = 0;
   uint32_t seed0 = 0, seed1 = 0;
   int64_t batch_size = 0;
+  bool partial = false;  // fifo/lifo/topk: markers for the picks past the selectable rows, no error
 };
 
 struct SampleResult {
@@ -49,7 +54,24 @@ struct SampleResult {
   uint32_t* generations;
   float* probabilities;
   int32_t* starts;
+  uint64_t* order_keys = nullptr;  // fifo/lifo/topk: [batch_size] each pick's OrderKey, where non-null
+  int32_t* selectable = nullptr;   // where non-null: the count N of selectable rows (uniform: the N of
+                                   // its probabilities 1/N; the others: the table's counter)
 };
+
+// A count of rows as the int32 that `selectable` holds (clamped; tables have < 2^31 rows).
+GEAR_HD int32_t SelectableCount(int64_t rows) {
+  return static_cast<int32_t>(rows < 0 ? 0 : (rows > 0x7fffffff ? 0x7fffffff : rows));
+}
+
+// A pick that could not be made: row 0 with the odd generation 1, which no gather or update accepts,
+// probability 0 and start 0.
+GEAR_HD void RecordFailed(SampleResult out, int64_t pick) {
+  out.indices[pick] = 0;
+  out.generations[pick] = 1;
+  out.probabilities[pick] = 0.0f;
+  out.starts[pick] = 0;
+}
 
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out);
 

@@ -18,13 +18,6 @@ struct PendingPick {
   double weight = 0.0;
 };
 
-void RecordFailed(SampleResult out, int64_t pick) {
-  out.indices[pick] = 0;
-  out.generations[pick] = 1;
-  out.probabilities[pick] = 0.0f;
-  out.starts[pick] = 0;
-}
-
 }  // namespace
 
 KernelStatus TotalWeightCpu(const TableView& t, float priority_exponent, float* total, int32_t* count) {

@@ -24,6 +24,23 @@ GEAR_HD double PriorityWeight(uint64_t state, float exponent) {
   return pow(p, static_cast<double>(exponent));
 }
 
+// Sort key of fifo, lifo and topk, unique among a table's selectable rows and ascending in answer
+// order: fifo the commit order, lifo its reverse, topk priority descending then row ascending (the
+// float32 bits of positive priorities order as the priorities do).
+GEAR_HD uint64_t OrderKey(SampleMethod method, uint64_t insert_seq, int64_t row, uint64_t state) {
+  switch (method) {
+    case SampleMethod::kFifo: return insert_seq;
+    case SampleMethod::kLifo: return ~insert_seq;
+    default: {
+      const uint32_t priority_bits = static_cast<uint32_t>(state);
+      return (static_cast<uint64_t>(~priority_bits) << 32) | static_cast<uint64_t>(row);
+    }
+  }
+}
+
+// Sort key of a row that is not selectable, or of a failed pick: after every real key.
+inline constexpr uint64_t kNoCandidate = ~uint64_t{0};
+
 // First step of a window of `window` steps (0: none) in a row of `length` steps, uniform over the
 // max(length - window, 0) + 1 possible starts.
 GEAR_HD int32_t WindowStart(int32_t length, int32_t window, uint32_t seed0, uint32_t seed1, uint32_t pick) {

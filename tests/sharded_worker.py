@@ -183,6 +183,60 @@ def fill_empty_shard(table):
     multihost_utils.sync_global_devices("refilled")
 
 
+def refilled_rows():
+    """Every shard's rows after fill_empty_shard, as (global id, priority) in row order."""
+    rows = []
+    for s in range(SHARDS):
+        if s == 1 and ROWS[1] == 0:
+            rows.append([(CAPACITY + r, p) for r, p in enumerate([2.0, 3.0, 5.0])])
+        else:
+            rows.append([(s * CAPACITY + r, priority(s, r)) for r in range(ROWS[s])])
+    return rows
+
+
+def one_table_answer(method, b, order):
+    """The ids `method` picks from one table into which `order` (a list of (id, priority)) was inserted
+    one row at a time."""
+    one = gj.Table.create(spec())
+    try:
+        for gid, p in order:
+            one.insert({"id": np.asarray([gid], np.int32), "x": np.zeros((1, 3), np.float32)}, priorities=[p])
+        smp = gj.sample(one, jax.random.key(0), b, method=method)
+        return np.asarray(gj.gather(one, smp)["id"]).tolist()
+    finally:
+        one.close()
+
+
+def scenario_ordered(table):
+    """Decentralized fifo, lifo and topk against one table holding every shard's rows: topk's rows in
+    shard-major order (ties go to the lower global id), fifo's and lifo's committed round-robin (the k-th
+    row of every shard, in shard order, before the (k+1)-th). Also local fifo, and too few rows."""
+    fill_empty_shard(table)
+    rows = refilled_rows()
+    total = sum(len(r) for r in rows)
+    shard_major = [row for shard in rows for row in shard]
+    round_robin = [shard[k] for k in range(max(len(r) for r in rows)) for shard in rows if k < len(shard)]
+    out = {}
+    for b in (2 * SHARDS, total // SHARDS * SHARDS):
+        for method in ("fifo", "lifo", "topk"):
+            smp, batch = table.sampler(b, method=method, mode="global")(jax.random.key(2))
+            out[f"{method}_{b}"] = {
+                "indices": gathered(smp.indices).tolist(),
+                "ids": gathered(batch["id"]).tolist(),
+                "valid": gathered(batch["valid"]).tolist(),
+                "reference": one_table_answer(method, b, shard_major if method == "topk" else round_robin),
+            }
+    smp, _ = table.sampler(2 * SHARDS, method="fifo", mode="local")(jax.random.key(2))
+    out["local_fifo"] = gathered(smp.indices).tolist()
+    try:
+        too_many = (total // SHARDS + 1) * SHARDS
+        jax.block_until_ready(table.sampler(too_many, method="fifo", mode="global")(jax.random.key(2)))
+        out["too_few"] = None
+    except gj.EXECUTION_ERRORS as e:
+        out["too_few"] = str(e)
+    return out
+
+
 def scenario_updates(table):
     """Priorities written through a sharded sample reach the owning shard; stale ones are ignored."""
     b = 8 * SHARDS

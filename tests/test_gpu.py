@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
+from gear_jax.ops import ordered_candidates
 from conftest import (
     assert_mass_in_tail,
     assert_prioritized,
@@ -69,7 +70,7 @@ def update_on(device, table, s, priorities):
 
 
 def assert_same_sample(got, expected):
-    for name in ("indices", "generations", "probabilities", "starts"):
+    for name in ("indices", "generations", "probabilities", "starts", "selectable"):
         np.testing.assert_array_equal(
             np.asarray(getattr(got, name)), np.asarray(getattr(expected, name)), err_msg=name
         )
@@ -134,6 +135,28 @@ def test_ordered_selection_over_many_tiles_matches_cpu(make_table, gpu, method):
         assert_same_sample(
             sample_on(gpu, table, key, batch, method=method), sample_on(CPU, table, key, batch, method=method)
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["fifo", "lifo", "topk"])
+def test_ordered_candidates_match_cpu(make_table, gpu, method):
+    # Several candidate tiles, a wrapped ring, ties; then fewer selectable rows than the batch (markers).
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=5000)
+    rng = np.random.default_rng(2)
+    for start in range(0, 6500, 1300):
+        table.insert(
+            {"x": np.arange(start, start + 1300, dtype=np.int32)},
+            priorities=rng.choice([0.0, 1.0, 2.0, 3.5], 1300).astype(np.float32),
+        )
+    small = make_table(capacity=64)
+    small.insert(transitions(10), priorities=np.array([1, 0, 2, 2, 0, 3, 1, 1, 0, 5], np.float32))
+    for t, batch in ((table, 1), (table, 300), (table, 2500), (small, 4), (small, 20)):
+        key = jax.random.key(batch)
+        got = run_on(gpu, lambda k: ordered_candidates(t, k, batch, method), key)
+        expected = run_on(CPU, lambda k: ordered_candidates(t, k, batch, method), key)
+        assert_same_sample(got[0], expected[0])
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(expected[1]))
+    assert np.asarray(got[0].generations)[7:].tolist() == [1] * 13  # small: 7 selectable rows, 13 markers
 
 
 @pytest.mark.gpu

@@ -35,6 +35,7 @@ def attrs(table):
 def raw_sample(table, device, seed_words=2, method=0, exponent=1.0, window=0, batch=4):
     def call(seed):
         types = [jax.ShapeDtypeStruct((batch,), d) for d in (jnp.int32, jnp.uint32, jnp.float32, jnp.int32)]
+        types.append(jax.ShapeDtypeStruct((), jnp.int32))  # selectable
         return jax.ffi.ffi_call(_ffi.SAMPLE, types)(
             seed,
             jnp.zeros((), jnp.int32),
@@ -74,6 +75,18 @@ def raw_sample_at(table, device, seed_words=2, exponent=1.0, window=0, batch=4, 
     seed = jax.device_put(np.arange(seed_words, dtype=np.uint32), device)
     targets = jax.device_put(np.arange(batch, dtype=np.float32) - 1.0, device)
     return jax.block_until_ready(jax.jit(call)(seed, targets))
+
+
+def raw_ordered_candidates(table, device, seed_words=2, method=2, window=0, batch=4, key_words=None):
+    def call(seed):
+        types = [jax.ShapeDtypeStruct((batch,), d) for d in (jnp.int32, jnp.uint32, jnp.float32, jnp.int32)]
+        types.append(jax.ShapeDtypeStruct((2 * batch if key_words is None else key_words,), jnp.uint32))
+        return jax.ffi.ffi_call(_ffi.ORDERED_CANDIDATES, types)(
+            seed, jnp.zeros((), jnp.int32), method=np.int32(method), window=np.int32(window), **attrs(table)
+        )
+
+    seed = jax.device_put(np.arange(seed_words, dtype=np.uint32), device)
+    return jax.block_until_ready(jax.jit(call)(seed))
 
 
 def raw_gather(table, device, batch=2, starts=None, field_bytes=None, fields=(0,)):
@@ -167,6 +180,27 @@ def test_sample_at_checks(make_table, device):
         gj.EXECUTION_ERRORS, match="gear_jax.sample_at: indices, generations, probabilities and starts must"
     ):
         raw_sample_at(table, device, result_batch=3)
+
+
+def test_ordered_candidates_checks(make_table, device):
+    table = make_table()
+    table.insert(transitions(3))
+    indices, generations, _, _, keys = raw_ordered_candidates(table, device)  # 3 rows, 4 picks: fifo
+    np.testing.assert_array_equal(np.asarray(indices), [0, 1, 2, 0])
+    assert np.asarray(generations)[3] == 1  # the failed-pick marker, not an error
+    assert np.asarray(keys)[6:].tolist() == [0xFFFFFFFF, 0xFFFFFFFF]
+    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.ordered_candidates: method 1 is not fifo, lifo"):
+        raw_ordered_candidates(table, device, method=1)
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match="gear_jax.ordered_candidates: the seed must hold 2 uint32 words, got 1"
+    ):
+        raw_ordered_candidates(table, device, seed_words=1)
+    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.ordered_candidates: window = -1 must be >= 0"):
+        raw_ordered_candidates(table, device, window=-1)
+    with pytest.raises(
+        gj.EXECUTION_ERRORS, match=r"gear_jax.ordered_candidates: the order keys must hold 2 uint32 words per"
+    ):
+        raw_ordered_candidates(table, device, key_words=5)
 
 
 def test_update_checks(make_table, device):

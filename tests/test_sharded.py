@@ -110,6 +110,28 @@ def test_local_mode_probabilities_and_weights(processes, devices):
     np.testing.assert_allclose(r["weights"], raw / raw.max(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("processes,devices", [(1, 4), (2, 1), (4, 1)])
+def test_decentralized_fifo_lifo_topk_equal_the_one_table_answer(processes, devices):
+    results = run_job("ordered", processes, devices)
+    first = results[0]
+    shards = processes * devices
+    for r in results[1:]:  # every process sees the same selection
+        assert {k: v for k, v in r.items() if k != "too_few"} == {
+            k: v for k, v in first.items() if k != "too_few"}
+    checked = 0
+    for name, r in first.items():
+        if not isinstance(r, dict):
+            continue
+        assert r["indices"] == r["reference"], name
+        assert r["ids"] == r["indices"] and all(r["valid"]), name
+        checked += 1
+    assert checked == 6
+    # Local fifo: each device's two picks are its own shard's two oldest rows.
+    assert first["local_fifo"] == [s * 64 + k for s in range(shards) for k in range(2)]
+    for r in results:  # each process's shards refuse with the single-table error
+        assert r["too_few"] is not None and "fewer than batch_size" in r["too_few"]
+
+
 @pytest.mark.parametrize("processes,devices", [(2, 1), (1, 2)])
 def test_priority_updates_reach_the_owner_and_stale_ones_are_ignored(processes, devices):
     results = run_job("updates", processes, devices)

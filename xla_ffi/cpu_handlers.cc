@@ -31,8 +31,8 @@ void AdviseHugePages(void* data, size_t bytes) {
 ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                       ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
-                      int64_t handle, int64_t spec_hash, int32_t method, float priority_exponent,
-                      int32_t window) {
+                      ffi::ResultBuffer<ffi::S32> selectable, int64_t handle, int64_t spec_hash,
+                      int32_t method, float priority_exponent, int32_t window) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
   SampleRequest request;
@@ -43,8 +43,33 @@ ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
   }
   request.seed0 = seed.typed_data()[0];
   request.seed1 = seed.typed_data()[1];
+  SampleResult out{indices->typed_data(),
+                   generations->typed_data(),
+                   probabilities->typed_data(),
+                   starts->typed_data(),
+                   nullptr,
+                   selectable->typed_data()};
+  return KernelFailure(SampleRowsCpu(table->view(), request, out));
+}
+
+ffi::Error OrderedCandidatesImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
+                                 ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
+                                 ffi::ResultBuffer<ffi::F32> probabilities,
+                                 ffi::ResultBuffer<ffi::S32> starts, ffi::ResultBuffer<ffi::U32> order_keys,
+                                 int64_t handle, int64_t spec_hash, int32_t method, int32_t window) {
+  std::shared_ptr<SharedTable> table;
+  if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
+  SampleRequest request;
+  if (ffi::Error error =
+          PrepareOrderedCandidates(seed.element_count(), method, window, indices->element_count(),
+                                   order_keys->element_count(), &request);
+      error.failure()) {
+    return error;
+  }
+  request.seed0 = seed.typed_data()[0];
+  request.seed1 = seed.typed_data()[1];
   SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
-                   starts->typed_data()};
+                   starts->typed_data(), reinterpret_cast<uint64_t*>(order_keys->typed_data())};
   return KernelFailure(SampleRowsCpu(table->view(), request, out));
 }
 
@@ -130,10 +155,25 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleCpu, gear::SampleImpl,
                                   .Ret<ffi::Buffer<ffi::U32>>()  // generations: uint32[B]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // probabilities: float32[B]
                                   .Ret<ffi::Buffer<ffi::S32>>()  // starts: int32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // selectable: int32[] count N
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<int32_t>("method")
                                   .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxOrderedCandidatesCpu, gear::OrderedCandidatesImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // seed: uint32[2] from the key (windows)
+                                  .Arg<ffi::AnyBuffer>()         // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // indices: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()  // generations: uint32[B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // probabilities: float32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // starts: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()  // order_keys: uint32[B, 2] (low, high)
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<int32_t>("method")
                                   .Attr<int32_t>("window"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxGatherCpu, gear::GatherImpl,

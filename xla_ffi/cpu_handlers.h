@@ -9,4 +9,5 @@ XLA_FFI_Error* GearJaxGatherCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxUpdatePrioritiesCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxTotalWeightCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxSampleAtCpu(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GearJaxOrderedCandidatesCpu(XLA_FFI_CallFrame* call_frame);
 }

@@ -155,8 +155,8 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                       ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                       ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
-                      int64_t handle, int64_t spec_hash, int32_t method, float priority_exponent,
-                      int32_t window) {
+                      ffi::ResultBuffer<ffi::S32> selectable, int64_t handle, int64_t spec_hash,
+                      int32_t method, float priority_exponent, int32_t window) {
   ScopedDevice scope(device);
   if (scope.status() != cudaSuccess)
     return CudaFailure("sample", "cannot select the CUDA device", scope.status());
@@ -174,11 +174,46 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
       error.failure()) {
     return error;
   }
-  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
-                   starts->typed_data()};
+  SampleResult out{indices->typed_data(),
+                   generations->typed_data(),
+                   probabilities->typed_data(),
+                   starts->typed_data(),
+                   nullptr,
+                   selectable->typed_data()};
   return Launched(SampleRowsCuda(t.side->view, request, rows, seed.typed_data(), memory, out,
                                  t.side->error_device, stream),
                   "sample");
+}
+
+ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                                 ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
+                                 ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
+                                 ffi::ResultBuffer<ffi::F32> probabilities,
+                                 ffi::ResultBuffer<ffi::S32> starts, ffi::ResultBuffer<ffi::U32> order_keys,
+                                 int64_t handle, int64_t spec_hash, int32_t method, int32_t window) {
+  constexpr const char* kOp = "ordered_candidates";
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  SampleRequest request;
+  if (ffi::Error error =
+          PrepareOrderedCandidates(seed.element_count(), method, window, indices->element_count(),
+                                   order_keys->element_count(), &request);
+      error.failure()) {
+    return error;
+  }
+  const int64_t rows = ClaimedRows(t.table->view());
+  void* memory;
+  if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), kOp, &memory);
+      error.failure()) {
+    return error;
+  }
+  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
+                   starts->typed_data(), reinterpret_cast<uint64_t*>(order_keys->typed_data())};
+  return Launched(SampleRowsCuda(t.side->view, request, rows, seed.typed_data(), memory, out,
+                                 t.side->error_device, stream),
+                  kOp);
 }
 
 ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> indices,
@@ -424,10 +459,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleCuda, gear::SampleImpl,
                                   .Ret<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
                                   .Ret<ffi::Buffer<ffi::F32>>()              // probabilities: float32[B]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // selectable: int32[] count N
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<int32_t>("method")
                                   .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxOrderedCandidatesCuda, gear::OrderedCandidatesImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Ctx<ffi::ScratchAllocator>()              // scratch: device memory
+                                  .Arg<ffi::Buffer<ffi::U32>>()              // seed: uint32[2] (windows)
+                                  .Arg<ffi::AnyBuffer>()                     // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // indices: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()              // probabilities: float32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()              // order_keys: uint32[B, 2]
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<int32_t>("method")
                                   .Attr<int32_t>("window"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxGatherCuda, gear::GatherImpl,

@@ -69,6 +69,29 @@ ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_expon
   return ffi::Error::Success();
 }
 
+ffi::Error PrepareOrderedCandidates(size_t seed_words, int32_t method, int32_t window, size_t batch_size,
+                                    size_t order_key_words, SampleRequest* request) {
+  constexpr const char* kOp = "ordered_candidates";
+  if (method != static_cast<int32_t>(SampleMethod::kFifo) &&
+      method != static_cast<int32_t>(SampleMethod::kLifo) &&
+      method != static_cast<int32_t>(SampleMethod::kTopK)) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "method " + std::to_string(method) + " is not fifo, lifo or topk");
+  }
+  if (ffi::Error error = CheckSeedExponentWindow(kOp, seed_words, 1.0f, window); error.failure())
+    return error;
+  if (order_key_words != 2 * batch_size) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "the order keys must hold 2 uint32 words per pick (" + std::to_string(2 * batch_size) +
+                       "), got " + std::to_string(order_key_words));
+  }
+  request->method = static_cast<SampleMethod>(method);
+  request->window = window;
+  request->batch_size = static_cast<int64_t>(batch_size);
+  request->partial = true;
+  return ffi::Error::Success();
+}
+
 ffi::Error CheckTotalWeight(float priority_exponent, size_t total, size_t count) {
   if (!std::isfinite(priority_exponent) || priority_exponent < 0.0f) {
     return OpError(ffi::ErrorCode::kInvalidArgument, "total_weight",

@@ -35,6 +35,11 @@ ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<Share
 ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
                          size_t batch_size, SampleRequest* request);
 
+// ordered_candidates: sample's checks, a fifo, lifo or topk method and two uint32 words of order key
+// per pick; fills *request as a partial sample (markers past the selectable rows, no error).
+ffi::Error PrepareOrderedCandidates(size_t seed_words, int32_t method, int32_t window, size_t batch_size,
+                                    size_t order_key_words, SampleRequest* request);
+
 // total_weight: checks the exponent and that both results are scalars.
 ffi::Error CheckTotalWeight(float priority_exponent, size_t total, size_t count);
 

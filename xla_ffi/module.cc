@@ -140,6 +140,7 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCpu);
     cpu["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCpu);
     cpu["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCpu);
+    cpu["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCpu);
     py::dict out;
     out["cpu"] = cpu;
 #if GEAR_JAX_WITH_CUDA
@@ -149,6 +150,7 @@ PYBIND11_MODULE(_native, m) {
     cuda["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCuda);
     cuda["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCuda);
     cuda["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCuda);
+    cuda["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCuda);
     out["CUDA"] = cuda;
 #endif
     return out;
