@@ -300,12 +300,24 @@ def scenario_writer(table):
 
 
 def scenario_windows(table):
-    """Windows of trajectory rows in global mode, moved to their consumers."""
-    b = 4 * SHARDS
-    sampler = table.sampler(b, method="uniform", mode="global", window=2)
-    smp, batch = sampler(jax.random.key(5))
-    return {"indices": gathered(smp.indices).tolist(), "starts": gathered(smp.starts).tolist(),
+    """Windows of trajectory rows in every mode, moved to their consumers (shard 1 gets three rows first,
+    so that local mode finds every shard non-empty)."""
+    if 1 in table.local_shards and ROWS[1] == 0:
+        id_steps = table.global_rows(1, np.arange(3))[:, None] * 100 + np.arange(4)[None, :]
+        table.shard(1).insert({"id": id_steps.astype(np.int32),
+                               "x": np.zeros((3, 4, 3), np.float32)}, priorities=[2.0, 3.0, 5.0],
+                              lengths=np.full(3, 4))
+    multihost_utils.sync_global_devices("refilled")
+    b = 2 * SHARDS  # local lifo takes B / S distinct rows from each shard; shard 1 has 3
+    out = {}
+    for method, mode in (("uniform", "global"), ("prioritized", "local"), ("fifo", "global"),
+                         ("topk", "global"), ("lifo", "local")):
+        sampler = table.sampler(b, method=method, mode=mode, window=2)
+        smp, batch = sampler(jax.random.key(5))
+        out[f"{method}_{mode}"] = {
+            "indices": gathered(smp.indices).tolist(), "starts": gathered(smp.starts).tolist(),
             "ids": gathered(batch["id"]).tolist(), "valid": gathered(batch["valid"]).tolist()}
+    return out
 
 
 def errors(mesh):

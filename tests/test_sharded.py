@@ -157,12 +157,15 @@ def test_writers_inserting_while_the_learner_samples_never_yield_a_torn_valid_ro
         assert r["torn"] == 0
 
 
-def test_windows_of_trajectories_move_to_their_consumers():
-    r = run_job("windows", 2, 1)[0]
-    for g, start, ids, valid in zip(r["indices"], r["starts"], r["ids"], r["valid"]):
-        assert all(valid)
-        assert 0 <= start <= 2
-        assert ids == [g * 100 + start, g * 100 + start + 1]
+def test_windows_of_trajectories_move_to_their_consumers_in_every_mode():
+    results = run_job("windows", 2, 1)
+    assert results[0] == results[1]
+    assert len(results[0]) == 5
+    for name, r in results[0].items():
+        for g, start, ids, valid in zip(r["indices"], r["starts"], r["ids"], r["valid"]):
+            assert all(valid), name
+            assert 0 <= start <= 2, name
+            assert ids == [g * 100 + start, g * 100 + start + 1], name
 
 
 def test_errors_name_the_argument():
