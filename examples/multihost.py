@@ -40,10 +40,13 @@ printed:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
 import logging as std_logging
 import multiprocessing
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -79,6 +82,8 @@ flags.DEFINE_bool("cluster_detection", False,
 flags.DEFINE_integer("devices_per_process", 1, "CPU devices (shards) per process (--platform=cpu)")
 flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where the learner runs (actors use the CPU)")
 flags.DEFINE_integer("timeout", 600, "launcher: seconds each process may run before all are killed")
+flags.DEFINE_string("table_name", None,
+                    "name of the sharded table (its shards: NAME.shard<s>); default: drawn by process 0")
 flags.DEFINE_integer("init_timeout", 120, "seconds jax.distributed.initialize waits for every process")
 # -- actors --
 flags.DEFINE_integer("actors_per_process", 1, "actor processes per process of the job")
@@ -144,7 +149,7 @@ class Config:
 def config_from_flags() -> Config:
     config = Config(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)})
     if config.smoke:
-        config = dataclasses.replace(config, steps=50, capacity=2_000, learning_starts=64, eval_every=50,
+        config = dataclasses.replace(config, steps=50, learning_starts=64, eval_every=50,
                                      eval_episodes=4, publish_every=10)
     return config
 
@@ -524,7 +529,7 @@ def gather_ints(values: dict[int, int], size: int) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, size).sum(0)
 
 
-def train(config: Config, prefix: str, started: float) -> None:
+def train(config: Config, prefix: str, table_name: str | None, started: float) -> None:
     import gymnax
     from jax.experimental import multihost_utils
 
@@ -540,8 +545,8 @@ def train(config: Config, prefix: str, started: float) -> None:
                          TrainState(params, params, jax.device_get(optimizer.init(params))))
     evals: list[tuple[int, float]] = []  # (update, mean greedy return), on process 0
 
-    # Every process creates its own shards; the name (drawn by process 0) is how actors find them.
-    with gj.ShardedTable.create(make_spec(config.capacity), mesh, axis=AXIS) as table:
+    # Every process creates its own shards; actors find them by the table's name.
+    with gj.ShardedTable.create(make_spec(config.capacity), mesh, axis=AXIS, name=table_name) as table:
         logging.info("%d devices, %d shards of %d rows; this process owns shards %s", jax.device_count(),
                      table.num_shards, config.capacity, sorted(table.local_shards))
         flat_params = np.asarray(ravel_pytree(params)[0])
@@ -633,13 +638,14 @@ def launch(num_processes: int, timeout: float) -> int:
     exit status (0 when every process succeeded). All are ended when one fails or time runs out."""
     set_log_prefix("[launcher]")
     port = free_port()
+    table_name = FLAGS.table_name or f"gear_jax_multihost_{secrets.token_hex(8)}"
     argv = [a for a in sys.argv[1:] if not a.startswith(("--process_id", "--coordinator_address"))]
     env = dict(os.environ, MULTIHOST_LAUNCHER_PID=str(os.getpid()))
-    logging.info("starting %d processes, coordinator 127.0.0.1:%d", num_processes, port)
+    logging.info("starting %d processes, coordinator 127.0.0.1:%d, table %s", num_processes, port, table_name)
     procs = [
         subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv,
                           f"--num_processes={num_processes}", f"--process_id={i}",
-                          f"--coordinator_address=127.0.0.1:{port}"], env=env)
+                          f"--coordinator_address=127.0.0.1:{port}", f"--table_name={table_name}"], env=env)
         for i in range(num_processes)
     ]
     deadline = time.monotonic() + timeout
@@ -670,6 +676,11 @@ def launch(num_processes: int, timeout: float) -> int:
     if any(p.returncode != 0 for p in procs):
         status = 1
         logging.error("exit codes: %s", [p.returncode for p in procs])
+    # A killed process leaves its shards' shared memory behind (Linux keeps it in /dev/shm).
+    for path in glob.glob(os.path.join("/dev/shm", glob.escape(table_name) + ".shard*")):
+        logging.warning("removing %s, left by a killed process", path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
     return status
 
 
@@ -689,7 +700,6 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("--steps, --actors_per_process, --envs_per_actor and --chunk must be positive")
     if "MULTIHOST_LAUNCHER_PID" in os.environ:
         die_with_parent(int(os.environ["MULTIHOST_LAUNCHER_PID"]))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))  # ends actors and shards cleanly
     jax.config.update("jax_platforms", config.platform)
     if config.platform == "cpu":
         jax.config.update("jax_num_cpu_devices", config.devices_per_process)
@@ -703,11 +713,14 @@ def main(argv: list[str]) -> None:
             cluster_detection_method="deactivate", initialization_timeout=FLAGS.init_timeout,
             coordinator_bind_address=FLAGS.coordinator_address if local_job else None,
         )
+    # SIGTERM (from the launcher) ends actors and shards cleanly; installed after initialize(), whose
+    # preemption notifier takes SIGTERM otherwise.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
     prefix = f"[process {jax.process_index()}/{jax.process_count()}]"
     set_log_prefix(prefix)
     logging.info("%d local devices of %d: %s", jax.local_device_count(), jax.device_count(),
                  jax.local_devices())
-    train(config, prefix, started)
+    train(config, prefix, FLAGS.table_name, started)
 
 
 if __name__ == "__main__":
