@@ -84,7 +84,7 @@ flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where the learner runs (a
 flags.DEFINE_integer("timeout", 600, "launcher: seconds each process may run before all are killed")
 flags.DEFINE_string("table_name", None,
                     "name of the sharded table (its shards: NAME.shard<s>); default: drawn by process 0")
-flags.DEFINE_integer("init_timeout", 120, "seconds jax.distributed.initialize waits for every process")
+flags.DEFINE_integer("init_timeout", 300, "seconds jax.distributed.initialize waits for every process")
 # -- actors --
 flags.DEFINE_integer("actors_per_process", 1, "actor processes per process of the job")
 flags.DEFINE_integer("envs_per_actor", 4, "environments each actor steps in parallel")
@@ -163,7 +163,7 @@ def epsilon_at(config: Config, step: int) -> float:
 
 
 class PrefixFilter(std_logging.Filter):
-    """Puts `prefix` before every message of the absl logger."""
+    """Puts `prefix` before every message that absl's handler writes (jax's own included)."""
 
     def __init__(self, prefix: str):
         super().__init__()
@@ -175,11 +175,11 @@ class PrefixFilter(std_logging.Filter):
 
 
 def set_log_prefix(prefix: str) -> None:
-    logger = logging.get_absl_logger()
-    for f in list(logger.filters):
+    handler = logging.get_absl_handler()
+    for f in list(handler.filters):
         if isinstance(f, PrefixFilter):
-            logger.removeFilter(f)
-    logger.addFilter(PrefixFilter(prefix))
+            handler.removeFilter(f)
+    handler.addFilter(PrefixFilter(prefix))
 
 
 def die_with_parent(parent: int) -> None:
@@ -256,17 +256,21 @@ def make_evaluate(env: Any, env_params: Any, network: QNetwork, num_episodes: in
 
 
 class Published:
-    """The learner's parameters and counters, in shared memory on one host (one lock for all).
+    """What the learner and its host's actors share, in shared memory (one lock for all).
 
-    `control` holds [version of the parameters, learner updates so far, priority for new rows]; each
-    actor adds its transitions to `transitions` and its finished episodes to `episodes`/`returns`.
+    `params`: the learner's flat parameters; `control`: [their version, learner updates so far, priority
+    for new rows]. The actors count what they wrote: `transitions` per actor (the rate limiter's
+    measure), `shard_inserts` per local shard, and their finished episodes in `episodes` (count, sum of
+    returns).
     """
 
-    def __init__(self, context: Any, num_params: int, num_actors: int):
+    def __init__(self, context: Any, num_params: int, num_actors: int, num_shards: int):
         self.params = context.Array("f", num_params)
-        self.control = context.Array("d", 3, lock=self.params.get_lock())
-        self.transitions = context.Array("q", num_actors)  # per actor
-        self.episodes = context.Array("d", 2)  # finished episodes, sum of their returns
+        lock = self.params.get_lock()
+        self.control = context.Array("d", 3, lock=lock)
+        self.transitions = context.Array("q", num_actors, lock=lock)
+        self.shard_inserts = context.Array("q", num_shards, lock=lock)
+        self.episodes = context.Array("d", 2, lock=lock)
         self.stop = context.Event()
 
     def publish(self, flat_params: np.ndarray | None, updates: int, max_priority: float) -> None:
@@ -328,12 +332,13 @@ def make_rollout(env: Any, env_params: Any, network: QNetwork, num_envs: int, ch
     return rollout
 
 
-def run_actor(table_name: str, shard: int, actor: int, local_actors: int, prefix: str, config: Config,
-              published: Published, parent: int) -> None:
-    """An actor process: attaches to shard `shard` of the sharded table by name and inserts transitions
-    into it, acting with the parameters the learner last published, until `published.stop` is set.
+def run_actor(table_name: str, shards: dict[int, int], actor: int, local_actors: int, prefix: str,
+              config: Config, published: Published, parent: int) -> None:
+    """An actor process: attaches by name to its shards of the sharded table (`shards`: shard index ->
+    position among this host's shards) and inserts its chunks of transitions into them in turn, acting
+    with the parameters the learner last published, until `published.stop` is set.
 
-    Rate limit: it writes its chunk only while its transitions stay below its share of
+    Rate limit: it writes a chunk only while its transitions stay below its share of
     `learning_starts + updates * transitions_per_update` plus one chunk.
     """
     die_with_parent(parent)
@@ -347,15 +352,16 @@ def run_actor(table_name: str, shard: int, actor: int, local_actors: int, prefix
     network = QNetwork(env.num_actions, config.hidden)
     _, unravel = ravel_pytree(network.init(jax.random.key(0), jnp.zeros((1, *OBS_SHAPE))))
     rollout = make_rollout(env, env_params, network, config.envs_per_actor, config.chunk)
-    key, reset_key = jax.random.split(jax.random.key(config.seed * 1000 + 17 * actor + 1 + shard * 7919))
+    seed_key = jax.random.fold_in(jax.random.key(config.seed), 1 + min(shards) * local_actors + actor)
+    key, reset_key = jax.random.split(seed_key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
         jax.random.split(reset_key, config.envs_per_actor), env_params
     )
     returns = jnp.zeros(config.envs_per_actor)
     per_chunk = config.chunk * config.envs_per_actor
-    table = gj.ShardedTable.attach_shard(table_name, shard)
-    logging.info("attached to shard %d (%s)", shard, gj.sharded.shard_name(table_name, shard))
-    version, params, written = -1.0, None, 0
+    tables = {s: gj.ShardedTable.attach_shard(table_name, s) for s in shards}  # gj.Table each
+    logging.info("attached to %s", ", ".join(gj.sharded.shard_name(table_name, s) for s in shards))
+    version, params, written, turn = -1.0, None, 0, 0
     try:
         while not published.stop.is_set():
             if os.getppid() != parent:
@@ -373,15 +379,19 @@ def run_actor(table_name: str, shard: int, actor: int, local_actors: int, prefix
             )
             out, finished = jax.device_get((out, finished))
             rows = {name: value.reshape(per_chunk, *value.shape[2:]) for name, value in out.items()}
-            table.insert(rows, priorities=priority)  # new rows: the largest priority so far
+            shard = list(shards)[turn % len(shards)]
+            turn += 1
+            tables[shard].insert(rows, priorities=priority)  # new rows: the largest priority so far
             written += per_chunk
             done = finished[~np.isnan(finished)]
             with published.params.get_lock():
-                published.transitions[actor] = written
-                published.episodes[0] += done.size
-                published.episodes[1] += float(done.sum())
+                published.transitions.get_obj()[actor] = written
+                published.shard_inserts.get_obj()[shards[shard]] += per_chunk
+                published.episodes.get_obj()[0] += done.size
+                published.episodes.get_obj()[1] += float(done.sum())
     finally:
-        table.close()
+        for table in tables.values():
+            table.close()
 
 
 class Actors:
@@ -390,16 +400,21 @@ class Actors:
     def __init__(self, table: gj.ShardedTable, config: Config, num_params: int, prefix: str):
         context = multiprocessing.get_context("spawn")
         self.config = config
-        self.published = Published(context, num_params, config.actors_per_process)
-        shards = sorted(table.local_shards)
-        self.shard_of = [shards[i % len(shards)] for i in range(config.actors_per_process)]
+        self.shards = sorted(table.local_shards)  # this host's shards
+        actors = config.actors_per_process
+        self.published = Published(context, num_params, actors, len(self.shards))
+        # Every local shard gets an actor: with fewer actors than shards, actor i writes into shards
+        # i, i + actors, ... in turn; with more, actors i, i + shards, ... share shard i.
+        n = len(self.shards)
+        self.shards_of = [{self.shards[j]: j for j in (range(i, n, actors) if actors < n else [i % n])}
+                          for i in range(actors)]
         self.processes = [
             context.Process(
                 target=run_actor, name=f"actor-{i}", daemon=True,
-                args=(table.name, self.shard_of[i], i, config.actors_per_process, prefix, config,
-                      self.published, os.getpid()),
+                args=(table.name, self.shards_of[i], i, actors, prefix, config, self.published,
+                      os.getpid()),
             )
-            for i in range(config.actors_per_process)
+            for i in range(actors)
         ]
 
     def __enter__(self) -> Actors:
@@ -554,7 +569,7 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
             published = actors.published
             published.publish(flat_params, 0, 1.0)
             logging.info("started %d actor processes writing into shards %s of %s", config.actors_per_process,
-                         sorted(set(actors.shard_of)), table.name)
+                         actors.shards, table.name)
             # While the actors start: compile the learner step, evaluate the untrained policy.
             device_state = DeviceState(global_array(mesh, P(AXIS), np.zeros(table.num_shards, np.int32)),
                                        global_array(mesh, P(AXIS), np.ones(table.num_shards, np.float32)))
@@ -603,10 +618,7 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
             seconds = time.perf_counter() - start
             loss = float(local(loss))
         # The actors have stopped: what they wrote into each shard, and each shard's rows.
-        written: dict[int, int] = {}
-        for i, s in enumerate(actors.shard_of):
-            written[s] = written.get(s, 0) + int(published.transitions[i])
-        inserted = gather_ints(written, table.num_shards)
+        inserted = gather_ints(dict(zip(actors.shards, published.shard_inserts[:])), table.num_shards)
         sizes = gather_ints({s: t.size for s, t in table.local_shards.items()}, table.num_shards)
         multihost_utils.sync_global_devices("done")
     if process == 0:
@@ -692,19 +704,29 @@ def main(argv: list[str]) -> None:
     joining = FLAGS.coordinator_address is not None or FLAGS.cluster_detection
     if not joining and FLAGS.process_id is None and num_processes is not None and num_processes > 1:
         sys.exit(launch(num_processes, FLAGS.timeout))
-    if FLAGS.coordinator_address is not None and (num_processes is None or FLAGS.process_id is None):
-        raise app.UsageError("--coordinator_address needs --num_processes and --process_id")
+    if not FLAGS.cluster_detection and (FLAGS.coordinator_address is None) != (FLAGS.process_id is None):
+        raise app.UsageError("--coordinator_address and --process_id go together (with --num_processes), "
+                             "or pass --cluster_detection")
+    if FLAGS.coordinator_address is not None and num_processes is None and not FLAGS.cluster_detection:
+        raise app.UsageError("--coordinator_address needs --num_processes")
 
     config = config_from_flags()
     if config.steps < 1 or config.actors_per_process < 1 or config.envs_per_actor < 1 or config.chunk < 1:
         raise app.UsageError("--steps, --actors_per_process, --envs_per_actor and --chunk must be positive")
     if "MULTIHOST_LAUNCHER_PID" in os.environ:
         die_with_parent(int(os.environ["MULTIHOST_LAUNCHER_PID"]))
+    if FLAGS.process_id is not None and num_processes is not None:  # jax's own lines below get it too
+        set_log_prefix(f"[process {FLAGS.process_id}/{num_processes}]")
     jax.config.update("jax_platforms", config.platform)
     if config.platform == "cpu":
         jax.config.update("jax_num_cpu_devices", config.devices_per_process)
-    if FLAGS.cluster_detection:
-        jax.distributed.initialize(initialization_timeout=FLAGS.init_timeout)
+    if FLAGS.cluster_detection:  # what is given overrides what is detected
+        try:
+            jax.distributed.initialize(FLAGS.coordinator_address, num_processes=num_processes,
+                                       process_id=FLAGS.process_id, initialization_timeout=FLAGS.init_timeout)
+        except ValueError as e:  # not inside a cluster jax knows
+            raise app.UsageError(f"--cluster_detection: jax.distributed.initialize() found no cluster ({e}); "
+                                 "pass --coordinator_address, --num_processes and --process_id") from None
     elif FLAGS.coordinator_address is not None:
         host = FLAGS.coordinator_address.rsplit(":", 1)[0]
         local_job = host in ("127.0.0.1", "localhost")
