@@ -22,7 +22,7 @@ the same way however fast the machine is.
 Run:
 
     python examples/multihost.py --num_processes=2          # 2 processes on this machine, 1 CPU device each
-    python examples/multihost.py --num_processes=2 --smoke  # a few seconds of training, for tests
+    python examples/multihost.py --num_processes=2 --smoke  # 50 updates (a few seconds), for tests
 
 With --num_processes=N and no --process_id, the script is the launcher: it picks a free port on
 127.0.0.1 and re-executes itself N times with --process_id=i --coordinator_address=127.0.0.1:PORT,
@@ -32,10 +32,17 @@ host (or per GPU) yourself:
     python examples/multihost.py --coordinator_address=HOST0:1234 --num_processes=N --process_id=i
     python examples/multihost.py --cluster_detection        # SLURM, Open MPI, ...: jax detects them
 
-Every log line starts with `[process i/N]`; process 0 evaluates the greedy policy and prints a
-`summary: ` line last. On this project's 2-core CPU machine, `--num_processes=2` (default flags)
-printed:
-    summary: see the README ("Running on several machines")
+Every process of a job must get the same flags. Every log line starts with `[process i/N]`; process 0
+evaluates the greedy policy and prints a `summary: ` line last (`shard_inserts`: transitions each shard
+received; `shard_sizes`: rows each holds; `wall_s`: the training loop; `process_s`: process 0 in all).
+On this project's 2-core CPU machine, `--num_processes=2` with the default flags took 75 s in all
+(compilation included; a cold JAX compilation cache) and printed:
+    evaluations (update: mean greedy return): 0: 10.8, 1000: 259.5, 2000: 257.8, 3000: 255.3
+    summary: eval_return=255.3 initial_eval_return=10.8 eval_episodes=20 processes=2 shards=2 actors=2
+        steps=3000 global_batch=128 transitions=25088 shard_inserts=12544,12544 shard_sizes=12544,12544
+        capacity=50000 final_loss=0.01722 steps_per_s=58.2 learner_wait_s=0.1 wall_s=51.5 process_s=71.7
+With --steps=1500, seeds 0-3 ended at eval_return 204.8-253.6 (the maximum is 500; an untrained
+policy scores about 10).
 """
 
 from __future__ import annotations
