@@ -476,6 +476,7 @@ class DeviceState(NamedTuple):
     updated: jax.Array  # int32[S]: rows the last priority update changed on each shard (orders the next
     # sample after it)
     max_priority: jax.Array  # float32[S]: largest priority each device has computed (new rows get it)
+    priority_updates: jax.Array  # int32[S]: rows each shard's priority updates changed, over the run
 
 
 def make_learner_step(table: gj.ShardedTable, network: QNetwork, optimizer: optax.GradientTransformation,
@@ -519,10 +520,11 @@ def make_learner_step(table: gj.ShardedTable, network: QNetwork, optimizer: opta
         priorities = jnp.abs(td) + config.priority_eps
         updated = gj.sharded.update_priorities(table, smp, priorities)  # to the shards that own the rows
         max_priority = jnp.maximum(device.max_priority, jnp.max(jnp.where(valid, priorities, 0.0)))
-        return TrainState(params, target_params, opt_state), DeviceState(updated[None], max_priority), loss
+        device = DeviceState(updated[None], max_priority, device.priority_updates + updated)
+        return TrainState(params, target_params, opt_state), device, loss
 
     replicated, sharded = P(), P(AXIS)
-    device_specs = DeviceState(sharded, sharded)
+    device_specs = DeviceState(sharded, sharded, sharded)
     mapped = jax.shard_map(
         body, mesh=table.mesh, in_specs=(replicated, device_specs, replicated, replicated, replicated),
         out_specs=(replicated, device_specs, replicated), check_vma=False,
@@ -541,14 +543,17 @@ def local(x: Any) -> Any:
     return jax.tree.map(lambda a: a.addressable_data(0), x)
 
 
-def gather_ints(values: dict[int, int], size: int) -> np.ndarray:
-    """Every process's {index: value} entries in one int64[size] array (a collective)."""
+def gather_per_shard(num_shards: int, *values: dict[int, int]) -> list[np.ndarray]:
+    """Each {shard: count} of this process's shards, completed with every other process's: int64[S]
+    arrays (one collective)."""
     from jax.experimental import multihost_utils
 
-    mine = np.zeros(size, np.int64)
-    for i, v in values.items():
-        mine[i] = v
-    return np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, size).sum(0)
+    mine = np.zeros((len(values), num_shards), np.int64)
+    for row, entries in zip(mine, values):
+        for s, v in entries.items():
+            row[s] = v
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, len(values), num_shards)
+    return list(every.sum(0))
 
 
 def train(config: Config, prefix: str, table_name: str | None, started: float) -> None:
@@ -578,8 +583,8 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
             logging.info("started %d actor processes writing into shards %s of %s", config.actors_per_process,
                          actors.shards, table.name)
             # While the actors start: compile the learner step, evaluate the untrained policy.
-            device_state = DeviceState(global_array(mesh, P(AXIS), np.zeros(table.num_shards, np.int32)),
-                                       global_array(mesh, P(AXIS), np.ones(table.num_shards, np.float32)))
+            zeros, ones = np.zeros(table.num_shards, np.int32), np.ones(table.num_shards, np.float32)
+            device_state = DeviceState(*(global_array(mesh, P(AXIS), x) for x in (zeros, ones, zeros)))
             key_data = np.asarray(jax.random.key_data(key_learn))
             learner_step = make_learner_step(table, network, optimizer, config).lower(
                 state, device_state, key_data, np.int32(0), np.float32(0)).compile()
@@ -624,9 +629,17 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
                     )
             seconds = time.perf_counter() - start
             loss = float(local(loss))
-        # The actors have stopped: what they wrote into each shard, and each shard's rows.
-        inserted = gather_ints(dict(zip(actors.shards, published.shard_inserts[:])), table.num_shards)
-        sizes = gather_ints({s: t.size for s, t in table.local_shards.items()}, table.num_shards)
+            # Updates the devices applied: Adam's count (the state of chain(clip, adam) is (clip's, (Adam's,
+            # the schedule's))).
+            applied = int(local(state.opt_state[1][0].count))
+        # The actors have stopped: what they wrote into each shard, each shard's rows, and the rows whose
+        # priorities the learner's updates changed in each shard.
+        inserted, sizes, prioritized = gather_per_shard(
+            table.num_shards,
+            dict(zip(actors.shards, published.shard_inserts[:])),
+            {s: t.size for s, t in table.local_shards.items()},
+            {x.index[0].start: int(x.data[0]) for x in device_state.priority_updates.addressable_shards},
+        )
         multihost_utils.sync_global_devices("done")
     if process == 0:
         logging.info("evaluations (update: mean greedy return): %s",
@@ -634,9 +647,10 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
         print(
             f"summary: eval_return={evals[-1][1]:.1f} initial_eval_return={evals[0][1]:.1f} "
             f"eval_episodes={config.eval_episodes} processes={num_processes} shards={table.num_shards} "
-            f"actors={num_processes * config.actors_per_process} steps={config.steps} "
+            f"actors={num_processes * config.actors_per_process} steps={applied} "
             f"global_batch={config.batch_size * table.num_shards} transitions={int(inserted.sum())} "
             f"shard_inserts={','.join(map(str, inserted))} shard_sizes={','.join(map(str, sizes))} "
+            f"shard_priority_updates={','.join(map(str, prioritized))} "
             f"capacity={config.capacity} final_loss={loss:.5f} steps_per_s={config.steps / seconds:.1f} "
             f"learner_wait_s={waited:.1f} wall_s={seconds:.1f} process_s={time.perf_counter() - started:.1f}",
             flush=True,

@@ -46,8 +46,8 @@ def run_example(cache: pathlib.Path, *args: str, timeout: int) -> dict:
 def test_smoke_every_shard_receives_transitions_and_the_learner_takes_its_steps(compilation_cache):
     s = run_example(compilation_cache, "--smoke", timeout=240)
     assert s["processes"] == 2 and s["shards"] == 2 and s["actors"] == 2
-    assert s["steps"] == 50 and s["global_batch"] == 128
-    assert len(s["shard_sizes"]) == len(s["shard_inserts"]) == 2
+    assert s["steps"] == 50 and s["global_batch"] == 128  # steps: the updates Adam applied
+    assert len(s["shard_sizes"]) == len(s["shard_inserts"]) == len(s["shard_priority_updates"]) == 2
     # The rate limiter: each host's actor wrote its learning_starts (64) and 4 transitions per update,
     # give or take its chunks of 8 steps x 4 environments (the learner's last update waits for 64 + 4 * 49
     # less a chunk; the actor writes at most two chunks past 64 + 4 * 50).
@@ -55,6 +55,9 @@ def test_smoke_every_shard_receives_transitions_and_the_learner_takes_its_steps(
         assert 64 + 4 * 49 - 32 <= inserted <= 64 + 4 * 50 + 64
         assert size == min(inserted, s["capacity"])
     assert s["transitions"] == sum(s["shard_inserts"])
+    # Priority updates reached both shards: most of the 50 x 128 picks (none was overwritten meanwhile).
+    assert all(n > 0 for n in s["shard_priority_updates"])
+    assert 50 * 128 / 2 <= sum(s["shard_priority_updates"]) <= 50 * 128
     assert s["eval_episodes"] == 4 and s["eval_return"] >= 1 and s["initial_eval_return"] >= 1
     assert s["final_loss"] >= 0 and s["steps_per_s"] > 0 and 0 < s["wall_s"] <= s["process_s"]
 
