@@ -40,6 +40,10 @@ def run_example(cache: pathlib.Path, *args: str, timeout: int) -> dict:
     # Every process prefixes its log lines with its index.
     for i in range(2):
         assert f"[process {i}/2]" in done.stderr
+    # The processes closed their shards: nothing of the table is left in shared memory.
+    name = re.search(r"\[launcher\] starting 2 processes, .*, table (\S+)", done.stderr).group(1)
+    if os.path.isdir("/dev/shm"):
+        assert not [f for f in os.listdir("/dev/shm") if f.startswith(name + ".shard")]
     return summary
 
 
