@@ -501,9 +501,7 @@ def make_learner_step(table: gj.ShardedTable, network: QNetwork, optimizer: opta
         smp, batch = gj.sharded.sample(table, key, global_batch, method="prioritized", mode="global",
                                        priority_exponent=config.priority_exponent, after=device.updated[0])
         valid = batch["valid"]  # False for rows overwritten between sample and gather
-        # (N P)^-beta over its maximum is ((N P)^-1 over its maximum)^beta: importance_weights takes a
-        # Python float for beta (a traced one fails), so the annealed beta is applied here.
-        weights = gj.sharded.importance_weights(table, smp, 1.0) ** beta * valid
+        weights = gj.sharded.importance_weights(table, smp, beta) * valid  # beta annealed, traced
 
         def loss_fn(params):
             q = network.apply(params, batch["obs"])

@@ -414,20 +414,56 @@ def sample(
     # Pick j is consumed by device j // per_device; its owner gathered it, every other shard has zeros.
     my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
 
-    def route(x: jax.Array) -> jax.Array:
-        blocks = lax.all_to_all(x.reshape((num_shards, per_device) + x.shape[1:]), st.axis, 0, 0)
-        picks = jnp.arange(per_device)
-        return blocks[my_owners, picks]
-
+    routed = {
+        "indices": smp.indices,
+        "generations": smp.generations,
+        "probabilities": jnp.where(mine, smp.probabilities, 0.0).astype(jnp.float32),
+        "starts": smp.starts,
+        **{f"field:{name}": value for name, value in batch.items()},
+    }
+    moved = _route(routed, my_owners, st.axis, num_shards, per_device)
     result = ShardedSample(
-        my_owners * st.capacity + route(smp.indices),
-        route(smp.generations),
-        route(jnp.where(mine, smp.probabilities, 0.0).astype(jnp.float32)),
-        route(smp.starts),
+        my_owners * st.capacity + moved["indices"],
+        moved["generations"],
+        moved["probabilities"],
+        moved["starts"],
         selectable,
         window=win,
     )
-    return result, {name: route(value) for name, value in batch.items()}
+    return result, {name: moved[f"field:{name}"] for name in batch}
+
+
+def _route(arrays: dict[str, jax.Array], my_owners: jax.Array, axis: str, num_shards: int,
+           per_device: int) -> dict[str, jax.Array]:
+    """Moves pick j of every array (leading axis B = S x per_device) to device j // per_device, taking
+    it from shard my_owners[j] there: every array's bytes packed into one uint8 [B, bytes] buffer, so
+    that one all_to_all moves them all (a collective costs milliseconds between processes)."""
+    columns, layout = [], []
+    for name, x in arrays.items():
+        flat = x.reshape((x.shape[0], -1))
+        if x.dtype == jnp.bool_:
+            raw = flat.astype(jnp.uint8)
+        elif x.dtype.itemsize == 1:
+            raw = lax.bitcast_convert_type(flat, jnp.uint8)
+        else:
+            raw = lax.bitcast_convert_type(flat, jnp.uint8).reshape((x.shape[0], -1))
+        columns.append(raw)
+        layout.append((name, x.shape[1:], x.dtype, raw.shape[1]))
+    packed = jnp.concatenate(columns, axis=1)
+    blocks = lax.all_to_all(packed.reshape((num_shards, per_device, packed.shape[1])), axis, 0, 0)
+    mine = blocks[my_owners, jnp.arange(per_device)]  # [per_device, bytes]
+    out, offset = {}, 0
+    for name, shape, dtype, width in layout:
+        raw = mine[:, offset:offset + width]
+        offset += width
+        if dtype == jnp.bool_:
+            value = raw != 0
+        elif dtype.itemsize == 1:
+            value = lax.bitcast_convert_type(raw, dtype)
+        else:
+            value = lax.bitcast_convert_type(raw.reshape((per_device, -1, dtype.itemsize)), dtype)
+        out[name] = value.reshape((per_device,) + shape)
+    return out
 
 
 def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array, batch_size: int,
@@ -548,9 +584,11 @@ def update_priorities(table: ShardedTable, sample: ShardedSample, priorities: ja
 
 def importance_weights(table: ShardedTable, sample: ShardedSample, beta: float) -> jax.Array:
     """Inside `jax.shard_map`: (N * P)^-beta for this device's picks, divided by the maximum over the
-    global batch (a `pmax`); 0 for a pick that holds no row."""
+    global batch (a `pmax`); 0 for a pick that holds no row. `beta` may be traced (annealed in the
+    jitted step)."""
     st = _check(table, "sharded.importance_weights")
     n = sample.selectable.astype(jnp.float32)
     held = sample.probabilities > 0
-    raw = jnp.where(held, (n * jnp.where(held, sample.probabilities, 1.0)) ** -float(beta), 0.0)
+    raw = jnp.where(held, (n * jnp.where(held, sample.probabilities, 1.0)) ** -jnp.asarray(beta, jnp.float32),
+                    0.0)
     return raw / jnp.maximum(lax.pmax(jnp.max(raw), st.axis), jnp.finfo(jnp.float32).tiny)

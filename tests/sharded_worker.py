@@ -160,16 +160,16 @@ def scenario_local(table):
     nonempty = [s for s in range(SHARDS) if ROWS[s] > 0]
     fill_empty_shard(table)  # local mode needs every shard non-empty
 
-    def body(key_data):
+    def body(key_data, beta):  # beta traced: annealed inside a jitted step
         smp, batch = sharded.sample(table, jax.random.wrap_key_data(key_data), b, method="prioritized",
                                     mode="local", priority_exponent=1.0)
-        return smp, batch["id"], sharded.importance_weights(table, smp, 0.4)
+        return smp, batch["id"], sharded.importance_weights(table, smp, beta)
 
     row = P("replay")
-    f = jax.jit(jax.shard_map(body, mesh=table.mesh, in_specs=P(),
+    f = jax.jit(jax.shard_map(body, mesh=table.mesh, in_specs=(P(), P()),
                               out_specs=(sharded.ShardedSample(row, row, row, row, P()), row, row),
                               check_vma=False))
-    smp, ids, iw = f(np.asarray(jax.random.key_data(jax.random.key(3))))
+    smp, ids, iw = f(np.asarray(jax.random.key_data(jax.random.key(3))), np.float32(0.4))
     return {"indices": gathered(smp.indices).tolist(), "ids": gathered(ids).tolist(),
             "probabilities": gathered(smp.probabilities).tolist(), "weights": gathered(iw).tolist(),
             "selectable": int(np.asarray(smp.selectable)), "nonempty": nonempty}
