@@ -29,8 +29,9 @@ wrappers that build the `shard_map` (`ShardedTable.sampler`, `ShardedTable.updat
 
 Bytes per step on each device (b = B / S picks per device, R bytes per gathered row):
 - global uniform / prioritized: all_gather of S float32 totals and a psum of one int32 count (8 S bytes
-  of selection traffic), then the all_to_all of the [S, b] block of rows and pick fields (B (R + 16)
-  bytes sent, of which b (R + 16) per destination);
+  of selection traffic), then the all_to_all of the [S, b] block of rows and pick fields (B (R + 17)
+  bytes sent, of which b (R + 17) per destination: 16 bytes of pick fields and the `valid` byte,
+  packed with the rows into one buffer);
 - global fifo / lifo / topk: the same plus the all_gather of S x B order keys (8 S B bytes);
 - local: the psum of one count; no rows move.
 
@@ -282,7 +283,7 @@ def _key_data(key: Any) -> np.ndarray:
     """Raw key data as a host array (the same on every process), from a typed key, raw key or int."""
     if isinstance(key, (int, np.integer)):
         key = jax.random.key(int(key))
-    if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(getattr(key, "dtype", np.uint32), jax.dtypes.prng_key):
         key = jax.random.key_data(key)
     return np.asarray(key)
 
@@ -385,7 +386,11 @@ def sample(
     per_device = int(batch_size) // num_shards
     me = lax.axis_index(st.axis)
     select_key, window_key = jax.random.split(key)
-    total, count = st._on_my_shard(lambda t: ops.total_weight(t, exponent, after=after))
+    # The shard totals matter only to global uniform and prioritized sampling; the rest need the count
+    # alone, which exponent 0 gives without a power per row.
+    needs_total = mode == "global" and method in ("uniform", "prioritized")
+    total, count = st._on_my_shard(
+        lambda t: ops.total_weight(t, exponent if needs_total else 0.0, after=after))
     selectable = lax.psum(count, st.axis)
 
     if mode == "local":
