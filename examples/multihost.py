@@ -37,14 +37,16 @@ evaluates the greedy policy and prints a `summary: ` line last (`shard_inserts`:
 received; `shard_sizes`: rows each holds; `shard_priority_updates`: rows whose priority the learner's
 updates changed in each shard; `steps`: the updates the devices applied; `wall_s`: the training loop;
 `process_s`: process 0 in all).
-On this project's 2-core CPU machine, `--num_processes=2` with the default flags took 72 s in all
-(compilation included; a cold JAX compilation cache) and printed:
-    evaluations (update: mean greedy return): 0: 10.8, 1000: 200.7, 2000: 200.6, 3000: 220.8
-    summary: eval_return=220.8 initial_eval_return=10.8 eval_episodes=20 processes=2 shards=2 actors=2
+On this project's 2-core CPU machine, `--num_processes=2` with the default flags, in the fresh venv of
+the README's test command on a fresh clone, took 71 s in all (compilation included; a cold JAX
+compilation cache) and printed:
+    evaluations (update: mean greedy return): 0: 10.8, 1000: 185.6, 2000: 208.8, 3000: 214.4
+    summary: eval_return=214.4 initial_eval_return=10.8 eval_episodes=20 processes=2 shards=2 actors=2
         steps=3000 global_batch=128 transitions=25088 shard_inserts=12544,12544 shard_sizes=12544,12544
-        shard_priority_updates=191472,192528 capacity=50000 final_loss=0.00835 steps_per_s=61.7
-        learner_wait_s=0.1 wall_s=48.6 process_s=69.2
-(an earlier run of the same flags ended at 255.3: actors and learner interleave differently each run).
+        shard_priority_updates=194310,189690 capacity=50000 final_loss=0.01051 steps_per_s=70.1
+        learner_wait_s=0.0 wall_s=42.8 process_s=67.4
+(earlier runs of the same flags ended at 220.8 and 255.3: actors and learner interleave differently
+each run).
 With --steps=1500 (about 45 s with a warm compilation cache), seed 0 ended at eval_return 255.1-397.1
 in four runs and seeds 1-3 at 120.8, 289.2 and 166.5 (the maximum is 500; an untrained policy scores
 about 10).
