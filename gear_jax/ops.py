@@ -67,6 +67,12 @@ jax.tree_util.register_dataclass(
 )
 
 
+# A Table is a pytree without leaves whose structure is the table itself: it can be passed to a jitted
+# function as an ordinary argument (not only captured or marked static). Tables equal in (handle, spec
+# hash) share compiled functions, as they do as static arguments.
+jax.tree_util.register_pytree_node(Table, lambda table: ((), table), lambda table, _: table)
+
+
 def _check_table(table: Any, op: str) -> Table:
     if not isinstance(table, Table):
         raise InvalidArgumentError(f"{op}: `table` must be a gear_jax.Table, got {type(table).__name__}")

@@ -205,6 +205,31 @@ class Table:
     def __enter__(self) -> Table:
         return self
 
+    # -- sampling, as methods (the same functions as gear_jax.sample, gather, update_priorities) ----
+
+    def sample(self, key: Any, batch_size: int, **kwargs: Any) -> Any:
+        """`gear_jax.sample(self, key, batch_size, **kwargs)`: usable inside `jax.jit`."""
+        from gear_jax import ops
+
+        return ops.sample(self, key, batch_size, **kwargs)
+
+    def gather(self, sample: Any, fields: Any = None, window: int | None = None) -> dict[str, Any]:
+        """`gear_jax.gather(self, sample, fields, window)`: usable inside `jax.jit`."""
+        from gear_jax import ops
+
+        return ops.gather(self, sample, fields, window)
+
+    def sample_batch(self, key: Any, batch_size: int, fields: Any = None, **kwargs: Any) -> tuple[Any, dict]:
+        """`sample` then `gather` of its rows: (Sample, batch). `kwargs` are `sample`'s."""
+        smp = self.sample(key, batch_size, **kwargs)
+        return smp, self.gather(smp, fields)
+
+    def update_priorities(self, sample: Any, priorities: Any, after: Any = None) -> Any:
+        """`gear_jax.update_priorities(self, sample, priorities, after)`: usable inside `jax.jit`."""
+        from gear_jax import ops
+
+        return ops.update_priorities(self, sample, priorities, after=after)
+
     def __eq__(self, other: object) -> bool:
         # Compiled calls carry (handle, spec hash): tables equal in those are one table to them.
         if not isinstance(other, Table):

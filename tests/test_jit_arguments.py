@@ -1,0 +1,70 @@
+"""A Table as an ordinary argument of a jitted function, and the method spellings of sample, gather and
+update_priorities."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gear_jax as gj
+from conftest import transitions
+
+
+def test_a_table_is_a_jit_argument_and_reuses_the_compiled_function(make_table):
+    table = make_table(capacity=32)
+    table.insert(transitions(20))
+    traces = []
+
+    @jax.jit
+    def step(t, key):
+        traces.append(1)
+        smp, batch = t.sample_batch(key, 8, method="uniform")
+        return smp, batch
+
+    smp, batch = step(table, jax.random.key(0))
+    ref = gj.gather(table, gj.sample(table, jax.random.key(0), 8))
+    np.testing.assert_array_equal(np.asarray(batch["obs"]), np.asarray(ref["obs"]))
+    assert np.asarray(batch["valid"]).all() and int(smp.selectable) == 20
+    step(table, jax.random.key(1))
+    assert len(traces) == 1  # the same table: no new trace
+    other = make_table(capacity=32)
+    other.insert(transitions(5, start=100))
+    _, batch = step(other, jax.random.key(0))
+    assert len(traces) == 2  # another table: traced for it
+    assert set(np.asarray(batch["action"]).tolist()) <= set(range(100, 105))
+
+
+def test_a_table_argument_inside_scan_and_vmap_free_pytrees(make_table):
+    table = make_table(capacity=32)
+    table.insert(transitions(10))
+    assert jax.tree_util.tree_leaves(table) == []
+    assert jax.tree_util.tree_leaves({"replay": table, "x": jnp.ones(2)})[0].shape == (2,)
+
+    @jax.jit
+    def run(state):
+        def body(carry, key):
+            smp = carry["replay"].sample(key, 4, method="fifo")
+            return carry, carry["replay"].gather(smp)["action"]
+
+        return jax.lax.scan(body, state, jax.random.split(jax.random.key(0), 3))[1]
+
+    actions = run({"replay": table})
+    np.testing.assert_array_equal(np.asarray(actions), np.tile(np.arange(4), (3, 1)))
+
+
+def test_method_update_priorities_and_a_closed_table_argument(make_table):
+    table = make_table(capacity=16)
+    table.insert(transitions(6))
+
+    @jax.jit
+    def learn(t, key):
+        smp = t.sample(key, 3, method="topk")
+        return t.update_priorities(smp, jnp.full(3, 7.0))
+
+    assert int(learn(table, jax.random.key(0))) == 3
+    assert (table.row_status()["priority"][:6] == 7.0).sum() == 3
+    table.close()
+    with pytest.raises(gj.EXECUTION_ERRORS, match="is closed"):  # compiled: raises, reads nothing
+        learn(table, jax.random.key(0))
+    with pytest.raises(gj.TableClosedError, match="is closed"):  # a new trace refuses it at once
+        jax.jit(lambda t, k: t.sample(k, 2))(table, jax.random.key(0))
