@@ -81,6 +81,21 @@ def _check_table(table: Any, op: str) -> Table:
     return table
 
 
+def _check_batch_size(batch_size: Any, op: str) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InvalidArgumentError(f"{op}: batch_size={batch_size!r} must be an int >= 1")
+
+
+def _pick_types(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """Result types of a selection's B picks: indices, generations, probabilities, starts."""
+    return (
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+        jax.ShapeDtypeStruct((b,), jnp.uint32),
+        jax.ShapeDtypeStruct((b,), jnp.float32),
+        jax.ShapeDtypeStruct((b,), jnp.int32),
+    )
+
+
 def _check_sample(sample: Any, op: str) -> int:
     """The batch size of a well-formed Sample; raises for anything else."""
     if not isinstance(sample, Sample):
@@ -165,8 +180,7 @@ def sample(
         batch_size rows for fifo/lifo/topk, or was closed since the function was traced.
     """
     table = _check_table(table, "sample")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise InvalidArgumentError(f"sample: batch_size={batch_size!r} must be an int >= 1")
+    _check_batch_size(batch_size, "sample")
     if method not in METHODS:
         raise InvalidArgumentError(f"sample: method={method!r} is not one of {sorted(METHODS)}")
     exponent = float(priority_exponent)
@@ -175,13 +189,7 @@ def sample(
     win = _check_window(table, window, "sample")
     seed = jax.random.bits(key, (2,), jnp.uint32)
     b = int(batch_size)
-    out_types = (
-        jax.ShapeDtypeStruct((b,), jnp.int32),
-        jax.ShapeDtypeStruct((b,), jnp.uint32),
-        jax.ShapeDtypeStruct((b,), jnp.float32),
-        jax.ShapeDtypeStruct((b,), jnp.int32),
-        jax.ShapeDtypeStruct((), jnp.int32),
-    )
+    out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
     indices, generations, probabilities, starts, selectable = jax.ffi.ffi_call(
         _ffi.SAMPLE, out_types, has_side_effect=False
     )(
@@ -368,12 +376,7 @@ def sample_at(
     win = _check_window(table, window, "sample_at")
     seed = jax.random.bits(key, (2,), jnp.uint32)
     b = int(targets.shape[0])
-    out_types = (
-        jax.ShapeDtypeStruct((b,), jnp.int32),
-        jax.ShapeDtypeStruct((b,), jnp.uint32),
-        jax.ShapeDtypeStruct((b,), jnp.float32),
-        jax.ShapeDtypeStruct((b,), jnp.int32),
-    )
+    out_types = _pick_types(b)
     indices, generations, probabilities, starts = jax.ffi.ffi_call(
         _ffi.SAMPLE_AT, out_types, has_side_effect=False
     )(
@@ -411,20 +414,13 @@ def ordered_candidates(
       (Sample, order_keys): order_keys is uint32[B, 2], the low and the high word of each key.
     """
     table = _check_table(table, "ordered_candidates")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise InvalidArgumentError(f"ordered_candidates: batch_size={batch_size!r} must be an int >= 1")
+    _check_batch_size(batch_size, "ordered_candidates")
     if method not in ORDERED_METHODS:
         raise InvalidArgumentError(f"ordered_candidates: method={method!r} is not one of {ORDERED_METHODS}")
     win = _check_window(table, window, "ordered_candidates")
     seed = jax.random.bits(key, (2,), jnp.uint32)
     b = int(batch_size)
-    out_types = (
-        jax.ShapeDtypeStruct((b,), jnp.int32),
-        jax.ShapeDtypeStruct((b,), jnp.uint32),
-        jax.ShapeDtypeStruct((b,), jnp.float32),
-        jax.ShapeDtypeStruct((b,), jnp.int32),
-        jax.ShapeDtypeStruct((b, 2), jnp.uint32),
-    )
+    out_types = (*_pick_types(b), jax.ShapeDtypeStruct((b, 2), jnp.uint32))  # and order keys
     indices, generations, probabilities, starts, order_keys = jax.ffi.ffi_call(
         _ffi.ORDERED_CANDIDATES, out_types, has_side_effect=False
     )(

@@ -205,20 +205,7 @@ WeightIterator Weights(const TableView& t, float exponent) {
 }
 
 // prefix[k] = sum of the weights of rows 0..k: nondecreasing, and rising exactly at rows of positive
-// weight (at the time of the scan).
-
-// First index in [first, last) whose prefix exceeds `value`; `last` if none.
-__device__ int64_t FirstAbove(const double* prefix, int64_t first, int64_t last, double value) {
-  while (first < last) {
-    const int64_t mid = first + (last - first) / 2;
-    if (prefix[mid] > value) {
-      last = mid;
-    } else {
-      first = mid + 1;
-    }
-  }
-  return first;
-}
+// weight (at the time of the scan). FirstAbove (selection.h) searches it.
 
 // First index in [0, last) whose prefix is at least `value`.
 __device__ int64_t FirstAtLeast(const double* prefix, int64_t last, double value) {

@@ -79,19 +79,6 @@ __global__ void __launch_bounds__(SampleAtPolicy::kFinishThreads)
   *count = static_cast<int32_t>(rows);
 }
 
-// First index in [first, last) whose prefix exceeds `value`; `last` if none.
-__device__ int64_t FirstAbove(const double* prefix, int64_t first, int64_t last, double value) {
-  while (first < last) {
-    const int64_t mid = first + (last - first) / 2;
-    if (prefix[mid] > value) {
-      last = mid;
-    } else {
-      first = mid + 1;
-    }
-  }
-  return first;
-}
-
 // A row found by a warp's scan of a tile; row -1: none.
 struct Found {
   int64_t row = -1;

@@ -24,6 +24,19 @@ GEAR_HD double PriorityWeight(uint64_t state, float exponent) {
   return pow(p, static_cast<double>(exponent));
 }
 
+// First index in [first, last) of a nondecreasing prefix sum that exceeds `value`; `last` if none.
+GEAR_HD int64_t FirstAbove(const double* prefix, int64_t first, int64_t last, double value) {
+  while (first < last) {
+    const int64_t mid = first + (last - first) / 2;
+    if (prefix[mid] > value) {
+      last = mid;
+    } else {
+      first = mid + 1;
+    }
+  }
+  return first;
+}
+
 // Sort key of fifo, lifo and topk, unique among a table's selectable rows and ascending in answer
 // order: fifo the commit order, lifo its reverse, topk priority descending then row ascending (the
 // float32 bits of positive priorities order as the priorities do).
