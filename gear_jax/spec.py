@@ -53,19 +53,40 @@ def canonical_dtype(dtype: Any) -> np.dtype:
     return result
 
 
+# What `narrow=True` turns 64-bit dtypes into: JAX computes in 32 bits unless x64 is enabled.
+NARROWED_DTYPES = {"float64": "float32", "int64": "int32", "uint64": "uint32"}
+
+
+def _narrow_dtype(dtype: Any, narrow: bool) -> np.dtype:
+    """`canonical_dtype(dtype)`, and with `narrow` a 64-bit dtype as its 32-bit kin (`NARROWED_DTYPES`)."""
+    result = canonical_dtype(dtype)
+    return np.dtype(NARROWED_DTYPES.get(result.name, result)) if narrow else result
+
+
+def _named(what: str, make: Any, *args: Any) -> Any:
+    """`make(*args)`, with a SpecError's message prefixed by `what` (the field it is about)."""
+    try:
+        return make(*args)
+    except SpecError as e:
+        raise SpecError(f"{what}: {e}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
     """One column of a table: the shape and dtype of a single step.
 
+    `Field()` is a float32 scalar, `Field(dtype="bool")` a bool scalar, `Field((84, 84, 4), "uint8")` an
+    image per step.
+
     Args:
-      shape: tuple of positive ints (`()` for a scalar per step).
-      dtype: one of `SUPPORTED_DTYPES`, as a string, numpy, JAX or PyTorch dtype.
+      shape: tuple of positive ints (`()` for a scalar per step). Default `()`.
+      dtype: one of `SUPPORTED_DTYPES`, as a string, numpy, JAX or PyTorch dtype. Default float32.
     """
 
-    shape: tuple[int, ...]
-    dtype: np.dtype
+    shape: tuple[int, ...] = ()
+    dtype: np.dtype = np.dtype("float32")
 
-    def __init__(self, shape: Any, dtype: Any):
+    def __init__(self, shape: Any = (), dtype: Any = "float32"):
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
         try:
@@ -79,6 +100,26 @@ class Field:
                 raise SpecError(f"Field shape {shape!r} must hold positive ints; got dimension {d!r}")
         object.__setattr__(self, "shape", tuple(int(d) for d in dims))
         object.__setattr__(self, "dtype", canonical_dtype(dtype))
+
+    @classmethod
+    def from_space(cls, space: Any, *, narrow: bool = True) -> Field:
+        """The field of one step of a gymnasium or gymnax space.
+
+        Box keeps its shape and dtype; Discrete is a scalar of the space's integer dtype; MultiDiscrete and
+        MultiBinary keep their shape and dtype (MultiBinary is int8 in gymnasium). A `Field` is returned
+        as is. gymnasium and gymnax are not imported: spaces are recognized by class name.
+
+        Args:
+          space: a gymnasium `Box`, `Discrete`, `MultiDiscrete` or `MultiBinary`, a gymnax `Box` or
+            `Discrete`, or a `Field`.
+          narrow: read 64-bit dtypes as 32-bit (float64 -> float32, int64 -> int32, uint64 -> uint32):
+            gymnasium's Discrete is int64, and JAX computes in 32 bits unless x64 is enabled.
+
+        Raises:
+          SpecError: for a Dict, Tuple, Text, Graph, Sequence or OneOf space, anything else that is not
+            one of the spaces above, an unsupported dtype, or values that do not fit the narrowed dtype.
+        """
+        return _field_from_space(space, narrow, None)
 
     @property
     def step_bytes(self) -> int:
@@ -134,6 +175,81 @@ class TableSpec:
         object.__setattr__(self, "capacity", int(self.capacity))
         object.__setattr__(self, "max_steps", int(self.max_steps))
 
+    @classmethod
+    def from_example(
+        cls,
+        example: Mapping[str, Any],
+        capacity: int,
+        max_steps: int = 1,
+        *,
+        batched: bool = False,
+        narrow: bool = True,
+    ) -> TableSpec:
+        """The spec whose fields have the shapes and dtypes of one example step.
+
+        `TableSpec.from_example({"obs": obs, "action": action, "reward": reward, "done": terminated},
+        capacity=100_000)` with the values of one `env.step` makes a transition table for them; with
+        `max_steps > 1` the same step makes a trajectory table (each value is still one step).
+
+        Args:
+          example: mapping of field name to one value, in the order the columns are laid out: a numpy,
+            JAX or PyTorch array, a numpy scalar, a Python bool, int or float, or a (nested) list.
+            Python values give bool, int32 and float32 (also with `narrow=False`). Arrays are read
+            by shape and dtype only: a JAX or PyTorch array is not copied to the host.
+          capacity: rows in the table.
+          max_steps: steps per row (see `TableSpec`).
+          batched: the values carry a leading batch axis (of one size for all), which is dropped.
+          narrow: read 64-bit dtypes as 32-bit (float64 -> float32, int64 -> int32, uint64 -> uint32):
+            gymnasium hands out int64 actions and float64 values, and JAX computes in 32 bits unless
+            x64 is enabled. `narrow=False` keeps them.
+
+        Raises:
+          SpecError: for a nested mapping, a string, object or otherwise unsupported value, a value
+            without a batch axis when `batched`, batch axes of different sizes, or a bad spec.
+        """
+        if not isinstance(example, Mapping):
+            raise SpecError(
+                f"TableSpec.from_example needs a mapping of field name to one value, got "
+                f"{type(example).__name__}"
+            )
+        read = {name: _field_from_value(value, name, batched, narrow) for name, value in example.items()}
+        fields = {name: field for name, (field, _) in read.items()}
+        if batched:
+            sizes = {name: batch for name, (_, batch) in read.items()}
+            if len(set(sizes.values())) > 1:
+                raise SpecError(
+                    f"batched example has batch axes of different sizes ({sizes}); every value needs "
+                    "the same leading batch axis, or pass one unbatched step with batched=False"
+                )
+        return cls(fields=fields, capacity=capacity, max_steps=max_steps)
+
+    @classmethod
+    def from_spaces(
+        cls, spaces: Mapping[str, Any], capacity: int, max_steps: int = 1, *, narrow: bool = True
+    ) -> TableSpec:
+        """The spec of one field per gymnasium or gymnax space (see `Field.from_space`).
+
+        `TableSpec.from_spaces({"obs": env.observation_space, "action": env.action_space, "reward":
+        Field(), "done": Field(dtype="bool")}, capacity=10_000)`; a gymnax environment's spaces are
+        `env.observation_space(params)` and `env.action_space(params)`.
+
+        Args:
+          spaces: mapping of field name to a space or a `Field` (kept as is), in column order.
+          capacity: rows in the table.
+          max_steps: steps per row (see `TableSpec`).
+          narrow: read 64-bit dtypes as 32-bit (gymnasium's Discrete is int64); `narrow=False` keeps them.
+
+        Raises:
+          SpecError: naming the field, for a space `Field.from_space` refuses, or for a bad spec.
+        """
+        if not isinstance(spaces, Mapping):
+            raise SpecError(
+                f"TableSpec.from_spaces needs a mapping of field name to space or Field, got "
+                f"{type(spaces).__name__}"
+            )
+        fields = {name: _field_from_space(space, narrow, name) for name, space in spaces.items()}
+        return cls(fields=fields, capacity=capacity, max_steps=max_steps)
+
     @property
     def is_trajectory(self) -> bool:
         """True when rows hold more than one step (arrays carry a time axis)."""
@@ -170,3 +286,123 @@ class TableSpec:
 
     def __hash__(self) -> int:
         return self.spec_hash
+
+
+
+# Python values (bool, int, float and lists of them) give these dtypes whatever `narrow` says, by the
+# kind of numpy array they make (np.float64 subclasses float, but is a numpy value and narrows instead).
+_PYTHON_DTYPES = {"b": np.dtype("bool"), "i": np.dtype("int32"), "f": np.dtype("float32")}
+
+
+def _python_values(value: Any) -> bool:
+    """True for a Python bool, int or float, or a (nested) list or tuple of only those."""
+    if isinstance(value, (list, tuple)):
+        return all(_python_values(v) for v in value)
+    return type(value) in (bool, int, float)
+
+
+def _field_from_value(value: Any, name: str, batched: bool, narrow: bool) -> tuple[Field, int | None]:
+    """The field of one example value of field `name`, and its batch size when `batched`."""
+    what = f"field {name!r}"
+    if isinstance(value, Mapping):
+        fix = ", ".join(f"'{name}_{k}': {name}[{k!r}]" for k in list(value)[:2])
+        raise SpecError(
+            f"{what} is a mapping (keys {list(value)}); a field holds one array, so give each entry of "
+            f"{name!r} its own field, e.g. {{{fix}, ...}}"
+        )
+    python = False
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # numpy, JAX and PyTorch arrays, numpy scalars
+        shape, dtype = tuple(value.shape), value.dtype  # read in place: no copy off a device
+    else:
+        try:
+            array = np.asarray(value)
+        except Exception as e:  # noqa: BLE001 - report what could not be read
+            raise SpecError(f"{what}: {type(value).__name__} could not be read as an array ({e})") from None
+        shape, dtype = array.shape, array.dtype
+        python = dtype.kind in _PYTHON_DTYPES and _python_values(value)
+    if isinstance(dtype, np.dtype) and dtype.kind in "OUS":
+        raise SpecError(
+            f"{what} holds {type(value).__name__} values (dtype {dtype}); a table stores numbers only: "
+            f"encode {name!r} as numbers (token ids in an int32 array, say) or leave it out of the example"
+        )
+    batch = None
+    if batched:
+        if not shape:
+            raise SpecError(
+                f"{what} has no batch axis (it is a scalar) but batched=True; give every value a leading "
+                "batch axis, or pass one step with batched=False"
+            )
+        batch, shape = shape[0], shape[1:]
+    dtype = _PYTHON_DTYPES[dtype.kind] if python else _named(what, _narrow_dtype, dtype, narrow)
+    return _named(what, Field, shape, dtype), batch
+
+
+# Space classes read by name (gymnasium, gymnax, and gym before them, share these names) with the
+# attribute each needs, and what to do instead for the ones a field cannot hold.
+_READ_SPACES = {"Box": "shape", "Discrete": "n", "MultiDiscrete": "nvec", "MultiBinary": "shape"}
+_REFUSED_SPACES = {
+    "Dict": None,
+    "Tuple": None,
+    "Text": "a Text space holds strings, which a table cannot store; store them as token ids, e.g. "
+    "Field((max_length,), 'int32')",
+    "Graph": "a Graph space has a varying number of nodes and edges; pad them to a fixed size and give "
+    "nodes, edges and edge links their own fields",
+    "Sequence": "a Sequence space has a varying length; pad it to a fixed length and pass a Field of that "
+    "shape, or store one element per step in a trajectory table (max_steps > 1)",
+    "OneOf": "a OneOf space holds one of several spaces; give each of them its own field, plus an int32 "
+    "field saying which one a step holds",
+}
+
+
+def _space_class(space: Any) -> str | None:
+    """The first name in `space`'s class hierarchy that names a space gear_jax knows, or None."""
+    for cls in type(space).__mro__:
+        if cls.__name__ in _READ_SPACES or cls.__name__ in _REFUSED_SPACES:
+            return cls.__name__
+    return None
+
+
+def _field_from_space(space: Any, narrow: bool, name: str | None) -> Field:
+    """The field of one step of `space`, for field `name` (None: a space on its own)."""
+    if isinstance(space, Field):
+        return space
+    what = f"field {name!r}" if name is not None else "space"
+    label = name if name is not None else "obs"
+    kind = _space_class(space)
+    if kind == "Dict" or (kind is None and isinstance(space, Mapping)):
+        entries = list(getattr(space, "spaces", space))
+        fix = ", ".join(f"'{label}_{k}': {label}_space[{k!r}]" for k in entries[:2])
+        raise SpecError(
+            f"{what} is a {'Dict space' if kind else 'mapping'} (entries {entries}); a field holds one "
+            "array, so give each entry "
+            f"its own field: TableSpec.from_spaces({{{fix}, ...}})"
+        )
+    if kind == "Tuple":
+        count = len(getattr(space, "spaces", ()))
+        fix = ", ".join(f"'{label}_{i}': {label}_space[{i}]" for i in range(min(count, 2)))
+        raise SpecError(
+            f"{what} is a Tuple space of {count} spaces; a field holds one array, so give each element "
+            f"its own field: TableSpec.from_spaces({{{fix}, ...}})"
+        )
+    if kind in _REFUSED_SPACES:
+        raise SpecError(f"{what}: {_REFUSED_SPACES[kind]}")
+    if kind is None or not hasattr(space, _READ_SPACES[kind]):
+        hint = " (a gymnax environment's spaces are methods: pass env.observation_space(params))"
+        raise SpecError(
+            f"{what}: {type(space).__name__} is not a space gear_jax reads; pass a gymnasium Box, Discrete, "
+            "MultiDiscrete or MultiBinary space, a gymnax Box or Discrete space, or a gear_jax.Field"
+            + (hint if callable(space) else "")
+        )
+    # gymnasium's Discrete and MultiDiscrete are int64; gymnax's Discrete is int32 (int64 before 1.0).
+    dtype = getattr(space, "dtype", None)
+    dtype = _named(what, _narrow_dtype, np.int64 if dtype is None else dtype, narrow)
+    if kind in ("Discrete", "MultiDiscrete") and dtype.kind in "iu":  # start .. start + n - 1 must fit
+        count = np.asarray(space.n if kind == "Discrete" else space.nvec, dtype=np.int64)
+        low = np.asarray(getattr(space, "start", 0), dtype=np.int64)
+        high = low + count - 1
+        if count.size and (low.min() < np.iinfo(dtype).min or high.max() > np.iinfo(dtype).max):
+            raise SpecError(
+                f"{what}: {kind} values {int(low.min())} .. {int(high.max())} do not fit {dtype.name}; "
+                "pass narrow=False (JAX then needs x64) or a gear_jax.Field"
+            )
+    return _named(what, Field, () if kind == "Discrete" else space.shape, dtype)
