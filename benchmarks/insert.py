@@ -1,4 +1,5 @@
-"""The `insert` suite: rows/s and GB/s of inserting batches, from one and several writer processes.
+"""The `insert` suite: rows/s and GB/s of inserting batches, from one and several writer processes, and
+the cost of one-row inserts against a numpy row write (`one_row`).
 
 gear_jax writers are separate processes that attach to the table by name. The baselines run with
 one writer, in this process (Reverb: a client in its worker process), at the `writers=1` points:
@@ -25,6 +26,7 @@ import numpy as np
 import gear_jax as gj
 from gear_jax.bench.common import GEAR, Unavailable, make_record, parse_ints, time_calls
 from gear_jax.bench.data import Dataset, cap_rows
+from gear_jax.bench import one_row
 from gear_jax.bench.display import progress
 from gear_jax.bench.reverb_baseline import run_worker
 from gear_jax.bench.systems import import_torchrl
@@ -150,8 +152,12 @@ def baseline_latencies(name: str, rows: int, chunk: np.ndarray, args: argparse.N
 
 
 def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Records for every writer count x item size x batch size x system."""
+    """Records for every writer count x item size x batch size x system; with batch size 1 and one
+    writer, also the one-row inserts of `one_row` (a CartPole transition per call) per table size."""
     records = []
+    if 1 in parse_ints(args.batch_size) and 1 in parse_ints(args.writers):
+        for rows in parse_ints(args.table_rows):
+            records += one_row.run(args, rows, note)
     for requested, item_bytes in itertools.product(parse_ints(args.table_rows), parse_ints(args.item_bytes)):
         rows = cap_rows(requested, item_bytes, args.mem_budget_gib)
         if rows < requested:

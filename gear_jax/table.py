@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import re
 import secrets
+import sys
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from gear_jax import _native
+from gear_jax.casting import (
+    StepConverter,
+    cast,
+    check_casting,
+    finite_nonnegative,
+    refuse,
+    to_numpy,
+)
 from gear_jax.errors import (
     InvalidArgumentError,
     TableClosedError,
@@ -23,50 +31,17 @@ from gear_jax.spec import TableSpec
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
+def _torch_loaded() -> bool:
+    """Whether PyTorch is imported: only then can a value be a device tensor."""
+    return "torch" in sys.modules
+
+
 def is_device_tensor(value: Any) -> bool:
     """Whether `value` is a PyTorch tensor outside host memory (CUDA): copied once, by gear_jax.torch."""
     return (
         type(value).__module__.startswith("torch")
         and getattr(value, "device", None) is not None
         and (value.device.type != "cpu")
-    )
-
-
-def to_numpy(value: Any, what: str) -> np.ndarray:
-    """A host numpy array for a numpy, JAX or PyTorch array (or anything array-like)."""
-    if type(value).__module__.startswith("torch"):
-        tensor = value.detach().cpu()
-        if str(tensor.dtype) == "torch.bfloat16":
-            import torch
-
-            return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return tensor.numpy()
-    try:
-        return np.asarray(value)
-    except Exception as e:  # noqa: BLE001 - report what could not be converted
-        raise InvalidArgumentError(f"{what} could not be converted to an array: {e}") from e
-
-
-def coerce(value: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """`value` as an array of `dtype`.
-
-    Arrays (numpy, JAX, PyTorch) are cast only when the cast is safe (int8 into int32, say). Python
-    scalars and lists are cast when every value survives the cast exactly (5 into int32, not 1.5).
-    """
-    python_values = isinstance(value, (bool, int, float, list, tuple))
-    array = to_numpy(value, what)
-    if array.dtype == dtype:
-        return array
-    if np.can_cast(array.dtype, dtype, casting="safe"):
-        return array.astype(dtype)
-    if python_values and not (array.dtype.kind == "f" and dtype.kind in "iub"):
-        with np.errstate(all="ignore"):
-            cast = array.astype(dtype)
-        if np.array_equal(cast.astype(array.dtype), array):
-            return cast
-    raise InvalidArgumentError(
-        f"{what} has dtype {array.dtype}, expected {dtype}; cast it first (e.g. .astype('{dtype}')): "
-        "only casts that keep every value are made automatically"
     )
 
 
@@ -85,9 +60,11 @@ class Table:
     table run on it.
     """
 
-    def __init__(self, native: Any, spec: TableSpec):
+    def __init__(self, native: Any, spec: TableSpec, casting: str = "fit"):
         self._native = native
         self._spec = spec
+        self._casting = check_casting(casting)
+        self._steps = StepConverter(spec.fields)
         self._finalizer = weakref.finalize(self, native.close)
         memory = np.frombuffer(native.mapping(), dtype=np.uint8)  # views keep the mapping alive
         layout = native.layout()
@@ -106,11 +83,20 @@ class Table:
         self._length = column(layout["length"], np.int32, (capacity,), (4,))
         self._insert_seq = column(layout["insert_seq"], np.uint64, (capacity,), (8,))
         self._times_sampled = column(layout["times_sampled"], np.uint32, (capacity,), (4,))
+        # `add` of a transition table writes through a RowWriter: one native call for common values.
+        self._row_writer = self._new_row_writer() if steps == 1 else None
 
     # -- opening and closing ------------------------------------------------------------------
 
     @classmethod
-    def create(cls, spec: TableSpec, name: str | None = None, pin: bool = True, reuse: bool = True) -> Table:
+    def create(
+        cls,
+        spec: TableSpec,
+        name: str | None = None,
+        pin: bool = True,
+        reuse: bool = True,
+        casting: str = "fit",
+    ) -> Table:
         """Creates a table in shared memory (mode 0600).
 
         Args:
@@ -122,6 +108,9 @@ class Table:
             from the pool of closed tables (`gear_jax.pool`), when one fits. Such memory is already
             pinned; its rows start empty, but field bytes are not zeroed (no read returns bytes of a
             row beyond what its writer wrote).
+          casting: how inserted values are cast to the fields' dtypes: "fit" (within a kind when every
+            value fits: float64 into float32, int64 into int32) or "strict" (only safe casts). See
+            `gear_jax.casting`; settable later as `table.casting`.
 
         Raises:
           InvalidArgumentError: `name` is malformed or already in use.
@@ -129,6 +118,7 @@ class Table:
         """
         if not isinstance(spec, TableSpec):
             raise InvalidArgumentError(f"spec must be a gear_jax.TableSpec, got {type(spec).__name__}")
+        check_casting(casting)
         if name is None:
             name = f"gear_jax_{secrets.token_hex(16)}"
         elif not isinstance(name, str) or not _NAME_PATTERN.match(name):
@@ -149,10 +139,12 @@ class Table:
             )
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
-        return cls(native, spec)
+        return cls(native, spec, casting)
 
     @classmethod
-    def attach(cls, name: str, spec: TableSpec | None = None, pin: bool = False) -> Table:
+    def attach(
+        cls, name: str, spec: TableSpec | None = None, pin: bool = False, casting: str = "fit"
+    ) -> Table:
         """Opens a table that another process (or this one) created, by name.
 
         Args:
@@ -161,6 +153,7 @@ class Table:
           pin: register the memory with CUDA in this process too (as `create` does). Off by default:
             actor processes that only write need no CUDA context; a learner that samples on a GPU
             from a table another process created passes `pin=True`.
+          casting: this process's casting policy for inserts, as in `create`.
 
         Raises:
           TableNotFoundError: no table of that name exists on this host.
@@ -168,6 +161,7 @@ class Table:
         """
         if not isinstance(name, str) or not _NAME_PATTERN.match(name):
             raise InvalidArgumentError(f"name {name!r} is not a table name")
+        check_casting(casting)
         try:
             native = _native.NativeTable.attach(name, bool(pin))
         except _native.TableNotFoundError as e:
@@ -187,7 +181,7 @@ class Table:
         except Exception:
             native.close()
             raise
-        return cls(native, stored)
+        return cls(native, stored, casting)
 
     def close(self) -> None:
         """Closes this process's view of the table. Idempotent. The creator also removes the name.
@@ -200,6 +194,7 @@ class Table:
         # Views a caller still holds keep the mapping alive (module.cc's TableMapping), but this Table
         # drops its own so that a closed table lets go of its memory as soon as the caller's are gone.
         self._columns = {}
+        self._row_writer = None
         self._state = self._length = self._insert_seq = self._times_sampled = None
 
     def __enter__(self) -> Table:
@@ -255,6 +250,15 @@ class Table:
     @property
     def spec(self) -> TableSpec:
         return self._spec
+
+    @property
+    def casting(self) -> str:
+        """How inserted values are cast to the fields' dtypes: "fit" or "strict" (`gear_jax.casting`)."""
+        return self._casting
+
+    @casting.setter
+    def casting(self, casting: str) -> None:
+        self._casting = check_casting(casting)
 
     @property
     def capacity(self) -> int:
@@ -314,8 +318,9 @@ class Table:
 
         Args:
           batch: one array per field (numpy, JAX or PyTorch), `[B, *shape]` for a transition table,
-            `[B, T, *shape]` with `1 <= T <= max_steps` for a trajectory table. Dtypes must match the
-            spec or cast to it safely (int8 into int32, say); anything else is refused. Host arrays
+            `[B, T, *shape]` with `1 <= T <= max_steps` for a trajectory table. Values are cast to the
+            fields' dtypes by the table's `casting` policy (`gear_jax.casting`): by default within a
+            kind when every value fits (float64 into float32, int64 into int32). Host arrays
             (PyTorch CPU tensors, pinned or not, included) are read in place; a batch with a CUDA
             tensor goes through `gear_jax.torch.insert_tensors`: one copy from the device into the rows.
           priorities: float[B] or a scalar, finite and >= 0; default 1. Rows of priority 0 are stored
@@ -323,11 +328,11 @@ class Table:
           lengths: int[B] steps actually used per row (trajectory tables), each in [1, T]; default T.
 
         Raises:
-          InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes, bad priorities or
-            lengths. Nothing is written then.
+          InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes (one message names
+            every refused field), bad priorities or lengths. Nothing is written then.
         """
         native = self._live()
-        if isinstance(batch, Mapping) and any(is_device_tensor(v) for v in batch.values()):
+        if _torch_loaded() and isinstance(batch, Mapping) and any(map(is_device_tensor, batch.values())):
             from gear_jax.torch import insert_tensors  # from the device straight into the rows
 
             return insert_tensors(self, batch, priorities, lengths)
@@ -353,6 +358,57 @@ class Table:
         buffers = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
         return native.insert(buffers, rows, steps, lengths, priorities)
 
+    def add(self, row: Mapping[str, Any], priority: float = 1.0) -> int:
+        """Inserts one row; returns its row id. The one-transition-per-call loop of a single environment.
+
+        Args:
+          row: one value per field, without a batch axis: of the field's shape for a transition table
+            (numpy arrays, numpy or Python scalars, lists), `[T, *shape]` for a trajectory table. Values
+            are cast by the table's `casting` policy, as in `insert`.
+          priority: finite and >= 0.
+
+        Raises:
+          InvalidArgumentError: as `insert`. Nothing is written then.
+        """
+        writer = self._row_writer
+        if writer is not None and type(row) is dict:  # the short path: a row id, or -1 / -2
+            try:
+                claimed = writer.add(row, self._casting == "strict", priority)
+            except TypeError:  # a priority that is not a number: refused below
+                claimed = -1
+            if claimed >= 0:
+                return claimed
+        native = self._live()
+        if not isinstance(row, Mapping):
+            raise InvalidArgumentError(f"row must map field names to values, got {type(row).__name__}")
+        if not self._spec.is_trajectory and not (
+            _torch_loaded() and any(map(is_device_tensor, row.values()))
+        ):
+            values = self._steps(row, self._casting, "row")
+            priority = finite_nonnegative(priority, "priority")
+            claimed = native.claim()
+            try:
+                for column, value in zip(self._columns.values(), values):
+                    column[claimed, 0] = value
+            except BaseException:
+                native.abandon(claimed)
+                raise
+            native.commit(claimed, 1, priority)
+            return claimed
+        batch = {
+            name: value[None] if is_device_tensor(value) else to_numpy(value, f"row[{name!r}]")[None]
+            for name, value in row.items()
+        }
+        return int(self.insert(batch, priorities=[finite_nonnegative(priority, "priority")])[0])
+
+    def _new_row_writer(self) -> Any:
+        """A native writer of one step of every field: the short path of `add` and `EpisodeWriter`
+        (xla_ffi/row_writer.h), which writes what the general path (`gear_jax.casting`) would."""
+        fields = [
+            (name, f.dtype.kind, f.dtype.itemsize, list(f.shape)) for name, f in self._spec.fields.items()
+        ]
+        return _native.RowWriter(self._live(), fields)
+
     def _check_batch(self, batch: Mapping[str, Any]) -> tuple[list[np.ndarray], int, int]:
         if not isinstance(batch, Mapping):
             raise InvalidArgumentError(
@@ -368,25 +424,31 @@ class Table:
                 f"batch is missing fields {missing}; every insert writes all of {names}"
             )
         arrays: list[np.ndarray] = []
+        problems: list[str] = []
         rows = steps = None
         lead = 2 if self._spec.is_trajectory else 1
         layout = "[B, T, *shape]" if self._spec.is_trajectory else "[B, *shape]"
         for name, field in self._spec.fields.items():
-            array = coerce(batch[name], field.dtype, f"batch[{name!r}]")
+            array, why = cast(batch[name], field.dtype, self._casting)
+            if array is None:
+                problems.append(f"batch[{name!r}] {why}")
+                continue
             if array.ndim != lead + len(field.shape) or array.shape[lead:] != field.shape:
-                raise InvalidArgumentError(
+                problems.append(
                     f"batch[{name!r}] has shape {array.shape}; expected {layout} with shape={field.shape}"
                 )
+                continue
             b = array.shape[0]
             t = array.shape[1] if self._spec.is_trajectory else 1
             if rows is None:
                 rows, steps = b, t
             elif (b, t) != (rows, steps):
-                raise InvalidArgumentError(
+                problems.append(
                     f"batch[{name!r}] has {b} rows and {t} steps, "
                     f"but earlier fields have {rows} rows and {steps} steps"
                 )
             arrays.append(array)
+        refuse(problems, self._casting)
         assert rows is not None and steps is not None
         if not 1 <= steps <= self._spec.max_steps and rows > 0:
             raise InvalidArgumentError(
@@ -432,6 +494,7 @@ class EpisodeWriter:
     def __init__(self, table: Table):
         self._table = table
         self._steps = 0
+        self._packer: Any = None  # a RowWriter, made on the first append
         # The row held, in a cell the finalizer shares: a writer dropped without close() (an
         # exception, say) still gives its row back instead of holding it for the process's lifetime.
         self._held: list[int | None] = [None]
@@ -451,42 +514,47 @@ class EpisodeWriter:
         return self._steps
 
     def append(self, step: Mapping[str, Any]) -> None:
-        """Appends one step: a mapping of every field name to an array of the field's shape.
+        """Appends one step: a mapping of every field name to a value of the field's shape, cast by the
+        table's `casting` policy (`gear_jax.casting`), as `insert` casts.
 
         Raises:
-          InvalidArgumentError: missing or unknown fields, wrong shape or dtype, or an episode that
+          InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes (one message names
+            every refused field), or an episode that
             would exceed `max_steps` (end it first).
         """
         table = self._table
         native = table._live()
         spec = table.spec
         if not isinstance(step, Mapping) or set(step) != set(spec.fields):
-            got = sorted(step) if isinstance(step, Mapping) else type(step).__name__
-            raise InvalidArgumentError(
-                f"step must map every field {list(spec.fields)} to an array; got {got}"
-            )
+            table._steps.refuse_keys(step, "step")
         if self._steps >= spec.max_steps:
             raise InvalidArgumentError(
                 f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
             )
-        values = {}
-        for name, field in spec.fields.items():
-            if is_device_tensor(step[name]):
-                from gear_jax.torch import check_step
+        if type(step) is dict:  # the short path: checked and copied in one native call each
+            if self._packer is None:
+                self._packer = table._new_row_writer()
+            if self._packer.pack(step, table.casting == "strict"):
+                if self._row is None:
+                    self._row = int(native.claim())
+                self._packer.write_packed(self._row, self._steps)
+                self._steps += 1
+                return
+        device = _torch_loaded() and any(map(is_device_tensor, step.values()))
+        if device:  # device tensors are checked (not cast) here and copied once the row is held
+            from gear_jax.torch import check_step, copy_step
 
+            host = {n: v for n, v in step.items() if not is_device_tensor(v)}
+            for name in set(step) - set(host):
                 check_step(table, name, step[name])
-                values[name] = step[name]  # copied by gear_jax.torch.copy_step once the row is held
-                continue
-            value = coerce(step[name], field.dtype, f"step[{name!r}]")
-            if value.shape != field.shape:
-                raise InvalidArgumentError(f"step[{name!r}] has shape {value.shape}, expected {field.shape}")
-            values[name] = value
+            converted = StepConverter({n: spec.fields[n] for n in host})(host, table.casting)
+            values = {**step, **dict(zip(host, converted))}
+        else:
+            values = dict(zip(spec.fields, table._steps(step, table.casting)))
         if self._row is None:
             self._row = int(native.claim())
         for name, value in values.items():
-            if is_device_tensor(value):
-                from gear_jax.torch import copy_step
-
+            if device and is_device_tensor(value):
                 copy_step(table, name, self._row, self._steps, value)
             else:
                 table._columns[name][self._row, self._steps] = value
@@ -499,9 +567,7 @@ class EpisodeWriter:
           InvalidArgumentError: no step was appended, or `priority` is not finite and >= 0.
           TableClosedError: the table was closed; the row is still held, and close() gives it back.
         """
-        p = float(priority)
-        if not np.isfinite(p) or p < 0:
-            raise InvalidArgumentError(f"priority = {priority!r}; it must be finite and >= 0")
+        p = finite_nonnegative(priority, "priority")
         if self._row is None:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
         self._table._live()

@@ -377,6 +377,32 @@ def test_insert_with_writer_processes(tmp_path: Path) -> None:
     assert (tmp_path / "insert.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_insert_one_row_against_a_numpy_row_write(tmp_path: Path) -> None:
+    report = run_bench(
+        tmp_path,
+        "insert",
+        "--table_rows=300",
+        "--item_bytes=64",
+        "--batch_size=1",
+        "--writers=1",
+        "--systems=gear_jax,numpy",
+    )
+    one_row = [r for r in report["records"] if r["op"].endswith("_one_row")]
+    assert {(r["system"], r["op"]) for r in one_row} == {
+        ("gear_jax", "add_one_row"),
+        ("gear_jax", "insert_one_row"),
+        ("numpy", "add_one_row"),
+    }
+    for r in one_row:  # a CartPole transition: obs and next_obs float32[4], int32, float32, bool
+        assert r["point"] == {"table_rows": 300, "writers": 1, "item_bytes": 41, "batch_size": 1}
+        assert r["throughput"]["items_per_s"] > 0 and r["iters"] == report["config"]["iters"]
+    gear_add = next(r for r in one_row if r["op"] == "add_one_row" and r["system"] == "gear_jax")
+    numpy_add = next(r for r in one_row if r["system"] == "numpy")
+    assert gear_add["speedup_vs_numpy"] == pytest.approx(
+        numpy_add["latency_s"]["p50"] / gear_add["latency_s"]["p50"]
+    )
+
+
 def test_actor_learner(tmp_path: Path) -> None:
     report = run_bench(
         tmp_path,

@@ -9,12 +9,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/atomics.h"
 #include "kernels/sample.h"
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/open_table.h"
+#include "xla_ffi/row_writer.h"
 #include "xla_ffi/shared_table.h"
 #include "xla_ffi/table_pool.h"
 
@@ -248,4 +250,21 @@ PYBIND11_MODULE(_native, m) {
       .def("claim", &OpenTable::Claim)
       .def("commit", &OpenTable::Commit, py::arg("row"), py::arg("length"), py::arg("priority"))
       .def("abandon", &OpenTable::Abandon, py::arg("row"));
+
+  py::class_<gear::RowWriter>(m, "RowWriter", "The short path of one-row writes (row_writer.h)")
+      .def(py::init([](py::object table,
+                       const std::vector<std::tuple<std::string, std::string, int32_t, std::vector<int64_t>>>&
+                           fields) {
+             std::vector<std::string> names;
+             std::vector<gear::StepFieldType> types;
+             for (const auto& [name, kind, itemsize, shape] : fields) {
+               names.push_back(name);
+               types.push_back({kind.size() == 1 ? kind[0] : '\0', itemsize, shape});
+             }
+             return std::make_unique<gear::RowWriter>(std::move(table), std::move(names), std::move(types));
+           }),
+           py::arg("table"), py::arg("fields"))
+      .def("pack", &gear::RowWriter::Pack, py::arg("step"), py::arg("strict"))
+      .def("write_packed", &gear::RowWriter::WritePacked, py::arg("row"), py::arg("step"))
+      .def("add", &gear::RowWriter::Add, py::arg("row"), py::arg("strict"), py::arg("priority"));
 }

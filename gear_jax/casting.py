@@ -1,0 +1,175 @@
+"""How values are stored as a field's dtype: the casting policy of `insert`, `add` and episode writers.
+
+Two policies, chosen per table (`Table.create(..., casting=...)`, or `table.casting = ...`):
+
+- "fit" (the default): a value is stored when it keeps its kind and fits the field, as the common replay
+  buffers do. Within floats any cast is made (float64 into float32 loses precision, as every float32
+  buffer does), unless a finite value would overflow to infinity. Within integers (signed or not) a
+  cast is made when every value lies in the field's range (gymnasium's int64 actions into int32).
+  Safe casts across kinds are made too (bool into int, int8 into float32).
+- "strict": arrays and numpy scalars must have the field's dtype or one that casts to it safely (int8
+  into int32, float32 into float64); anything else is refused.
+
+Under both, Python scalars and lists (which carry no dtype of their own) are stored when every value fits
+the field: ints into integer fields within range and into float fields when exact, floats into float
+fields unless they overflow, bools anywhere a bool casts safely. A value is never cast to another kind
+(a float into an integer or bool field, an integer into a bool field), and nothing is written when any
+field of an insert is refused: the error names every refused field at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from gear_jax.errors import InvalidArgumentError
+
+CASTING_POLICIES = ("fit", "strict")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_PYTHON_VALUES = (bool, int, float, list, tuple)
+
+
+def check_casting(casting: Any) -> str:
+    if casting not in CASTING_POLICIES:
+        raise InvalidArgumentError(f"casting={casting!r} must be one of {CASTING_POLICIES}")
+    return casting
+
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def kind(dtype: np.dtype) -> str:
+    """'b' bool, 'i' any integer, 'f' any float (bfloat16 included), or numpy's own kind."""
+    if dtype == _BFLOAT16:
+        return "f"
+    return "i" if dtype.kind in "iu" else dtype.kind
+
+
+_KIND_NAMES = {"b": "bools", "i": "integers", "f": "floats"}
+
+
+def to_numpy(value: Any, what: str) -> np.ndarray:
+    """A host numpy array for a numpy, JAX or PyTorch array (or anything array-like)."""
+    if type(value).__module__.startswith("torch"):
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            import torch
+
+            return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.numpy()
+    try:
+        return np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - report what could not be converted
+        raise InvalidArgumentError(f"{what} could not be converted to an array: {e}") from e
+
+
+def _limits(dtype: np.dtype) -> tuple[float, float]:
+    """The finite range of a numeric dtype."""
+    info = np.iinfo(dtype) if kind(dtype) == "i" else ml_dtypes.finfo(dtype)
+    return info.min, info.max
+
+
+def cast(value: Any, dtype: np.dtype, casting: str) -> tuple[np.ndarray | None, str]:
+    """`value` as an array of `dtype` under the policy, or (None, why it is refused)."""
+    python_values = isinstance(value, _PYTHON_VALUES)
+    array = to_numpy(value, "value")
+    if array.dtype == dtype:
+        return array, ""
+    if np.can_cast(array.dtype, dtype, casting="safe"):
+        return array.astype(dtype), ""
+    source, target = kind(array.dtype), kind(dtype)
+    if python_values and source == "O" and all(type(v) is int for v in array.flat):
+        low, high = _limits(dtype) if target in "if" else (0, 1)
+        return None, f"holds Python ints outside {dtype}'s range [{low}, {high}]"
+    if source not in _KIND_NAMES:
+        return None, f"has dtype {array.dtype}, which no field stores; convert it to {dtype} first"
+    if source != target and not (python_values and source in "bi" and target in "if"):
+        return None, (
+            f"has dtype {array.dtype}; the field holds {dtype}, and {_KIND_NAMES[source]} are not stored "
+            f"as {_KIND_NAMES[target]} (convert it first, e.g. .astype('{dtype}'))"
+        )
+    if casting == "strict" and not python_values:
+        return None, (
+            f"has dtype {array.dtype}, expected {dtype}: casting='strict' makes only safe casts "
+            f"(cast it first, e.g. .astype('{dtype}'), or use casting='fit')"
+        )
+    low, high = _limits(dtype)
+    if array.size and target == "i":
+        lo, hi = array.min(), array.max()
+        if lo < low or hi > high:
+            return None, f"holds values in [{lo}, {hi}], outside {dtype}'s range [{low}, {high}]"
+    with np.errstate(all="ignore"):
+        result = array.astype(dtype)
+    if target == "f" and source == "f":
+        overflow = np.isinf(result) & np.isfinite(array)
+        if overflow.any():
+            return None, f"holds {array[overflow].flat[0]}, beyond {dtype}'s range +-{high:g}"
+    elif target == "f" and not np.array_equal(result.astype(array.dtype), array):
+        return None, f"holds integers that {dtype} does not represent exactly; cast it first"
+    return result, ""
+
+
+def coerce(value: Any, dtype: np.dtype, what: str, casting: str = "fit") -> np.ndarray:
+    """`value` as an array of `dtype` under the casting policy; raises InvalidArgumentError naming `what`."""
+    array, why = cast(value, dtype, casting)
+    if array is None:
+        raise InvalidArgumentError(f"{what} {why}")
+    return array
+
+
+def refuse(problems: list[str], casting: str) -> None:
+    """Raises one InvalidArgumentError naming every refused field, or returns when there is none."""
+    if not problems:
+        return
+    if len(problems) == 1:
+        raise InvalidArgumentError(problems[0])
+    raise InvalidArgumentError(
+        f"{len(problems)} fields can not be stored (casting={casting!r}):\n  " + "\n  ".join(problems)
+    )
+
+
+class StepConverter:
+    """Checks and converts one step: a mapping of every field to one value of the field's shape.
+
+    The general path of one-row writes; the short path (xla_ffi/row_writer.h) takes the common values
+    (arrays of the field's dtype, Python and numpy scalars that fit) without numpy and stores the same.
+    """
+
+    def __init__(self, fields: Mapping[str, Any]):
+        self.fields = dict(fields)
+
+    def __call__(self, step: Any, casting: str, what: str = "step") -> list[np.ndarray]:
+        """One array per field, in field order; raises naming every refused field."""
+        if not isinstance(step, Mapping) or set(step) != set(self.fields):
+            self.refuse_keys(step, what)
+        values: list[np.ndarray] = []
+        problems: list[str] = []
+        for name, field in self.fields.items():
+            array, why = cast(step[name], field.dtype, casting)
+            if array is None:
+                problems.append(f"{what}[{name!r}] {why}")
+            elif array.shape != field.shape:
+                problems.append(f"{what}[{name!r}] has shape {array.shape}, expected {field.shape}")
+            else:
+                values.append(array)
+        refuse(problems, casting)
+        return values
+
+    def refuse_keys(self, step: Any, what: str) -> None:
+        got = sorted(map(str, step)) if isinstance(step, Mapping) else type(step).__name__
+        raise InvalidArgumentError(f"{what} must map every field {list(self.fields)} to a value; got {got}")
+
+
+def finite_nonnegative(value: Any, what: str) -> float:
+    """`value` as a float that is finite and >= 0 (a priority), or InvalidArgumentError naming `what`."""
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        p = math.nan
+    if not math.isfinite(p) or p < 0 or p > _FLOAT32_MAX:
+        raise InvalidArgumentError(f"{what} = {value!r}; it must be finite (as a float32) and >= 0")
+    return p

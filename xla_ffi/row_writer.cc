@@ -1,0 +1,244 @@
+#include "xla_ffi/row_writer.h"
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace py = pybind11;
+
+namespace gear {
+namespace {
+
+using Int = __int128;
+
+// The kind of a buffer's single-element format ('b', 'i', 'u' or 'f'), or 0 for anything else (a struct,
+// a big-endian number, a float16 is 'f' but sized 2 and never converted).
+char FormatKind(const char* format) {
+  if (format == nullptr) return 'u';  // plain bytes
+  if (*format == '@' || *format == '=' || *format == '<') ++format;
+  if (format[0] == '\0' || format[1] != '\0') return 0;
+  switch (format[0]) {
+    case '?': return 'b';
+    case 'b':
+    case 'h':
+    case 'i':
+    case 'l':
+    case 'q':
+    case 'n': return 'i';
+    case 'B':
+    case 'H':
+    case 'I':
+    case 'L':
+    case 'Q':
+    case 'N': return 'u';
+    case 'e':
+    case 'f':
+    case 'd': return 'f';
+    default: return 0;
+  }
+}
+
+bool IsInteger(char kind) { return kind == 'i' || kind == 'u'; }
+
+Int ReadInteger(const uint8_t* p, char kind, int32_t size) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, p, static_cast<size_t>(size));  // little-endian host
+  if (kind == 'u' || size == 8) return kind == 'u' ? Int(bits) : Int(static_cast<int64_t>(bits));
+  const int shift = 64 - 8 * size;  // sign-extend
+  return Int(static_cast<int64_t>(bits << shift) >> shift);
+}
+
+// Writes `v` as an integer of the field's kind and size when it fits.
+bool WriteInteger(uint8_t* p, Int v, char kind, int32_t size) {
+  const int bits = 8 * size;
+  const Int low = kind == 'u' ? Int(0) : -(Int(1) << (bits - 1));
+  const Int high = kind == 'u' ? (Int(1) << bits) - 1 : (Int(1) << (bits - 1)) - 1;
+  if (v < low || v > high) return false;
+  const uint64_t out = static_cast<uint64_t>(v);
+  std::memcpy(p, &out, static_cast<size_t>(size));
+  return true;
+}
+
+// Writes `d` as a float32 or float64; false when a finite value would overflow, or for other sizes.
+bool WriteFloat(uint8_t* p, double d, int32_t size) {
+  if (size == 8) {
+    std::memcpy(p, &d, sizeof(d));
+    return true;
+  }
+  if (size != 4 || (std::isfinite(d) && std::fabs(d) > FLT_MAX)) return false;
+  const float f = static_cast<float>(d);
+  std::memcpy(p, &f, sizeof(f));
+  return true;
+}
+
+double ReadFloat(const uint8_t* p, int32_t size) {
+  if (size == 8) {
+    double d;
+    std::memcpy(&d, p, sizeof(d));
+    return d;
+  }
+  float f;
+  std::memcpy(&f, p, sizeof(f));
+  return f;
+}
+
+// Converts `count` contiguous elements between numeric types of the same kind (integers signed or not,
+// floats of 4 or 8 bytes); false when the pair is not one the short path converts or a value does not fit.
+bool ConvertElements(const uint8_t* src, char src_kind, int32_t src_size, uint8_t* dst, char dst_kind,
+                     int32_t dst_size, int64_t count) {
+  if (IsInteger(src_kind) && IsInteger(dst_kind)) {
+    for (int64_t i = 0; i < count; ++i) {
+      if (!WriteInteger(dst + i * dst_size, ReadInteger(src + i * src_size, src_kind, src_size), dst_kind,
+                        dst_size)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (src_kind == 'f' && dst_kind == 'f' && (src_size == 4 || src_size == 8)) {
+    for (int64_t i = 0; i < count; ++i) {
+      if (!WriteFloat(dst + i * dst_size, ReadFloat(src + i * src_size, src_size), dst_size)) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+// A Python bool, int or float (not a subclass) for a scalar field, written into `dst` when it fits.
+// Returns 1 written, 0 not this kind of value, -1 this kind but it does not take the short path.
+int WritePythonScalar(PyObject* value, const StepFieldType& type, uint8_t* dst) {
+  if (PyBool_Check(value)) {
+    if (type.kind != 'b') return -1;
+    *dst = value == Py_True ? 1 : 0;
+    return 1;
+  }
+  if (PyFloat_CheckExact(value)) {
+    return type.kind == 'f' && WriteFloat(dst, PyFloat_AS_DOUBLE(value), type.itemsize) ? 1 : -1;
+  }
+  if (PyLong_CheckExact(value)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return -1;
+    }
+    if (IsInteger(type.kind)) return WriteInteger(dst, Int(v), type.kind, type.itemsize) ? 1 : -1;
+    // Into a float field only when exact: |v| <= 2**(mantissa bits + 1).
+    const long long exact = type.itemsize == 4 ? (1LL << 24) : (1LL << 53);
+    if (type.kind != 'f' || v < -exact || v > exact) return -1;
+    return WriteFloat(dst, static_cast<double>(v), type.itemsize) ? 1 : -1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+RowWriter::RowWriter(py::object table, std::vector<std::string> names, std::vector<StepFieldType> types)
+    : table_object_(std::move(table)), table_(table_object_.cast<OpenTable*>()), types_(std::move(types)) {
+  const TableView& view = table_->table().view();
+  if (names.size() != types_.size() || static_cast<int32_t>(types_.size()) != view.num_fields) {
+    throw std::invalid_argument("RowWriter needs one name and one type per field of the table");
+  }
+  int64_t offset = 0;
+  for (size_t f = 0; f < types_.size(); ++f) {
+    names_.push_back(py::str(names[f]));
+    int64_t bytes = types_[f].itemsize;
+    for (int64_t d : types_[f].shape) bytes *= d;
+    if (bytes != view.fields[f].step_bytes) {
+      throw std::invalid_argument("field '" + names[f] + "' has " + std::to_string(bytes) +
+                                  " bytes per step here, " + std::to_string(view.fields[f].step_bytes) +
+                                  " in the table");
+    }
+    step_bytes_.push_back(bytes);
+    staging_offset_.push_back(offset);
+    offset += (bytes + 15) / 16 * 16;
+  }
+  staging_.resize(static_cast<size_t>(offset));
+  source_.resize(types_.size());
+  buffers_.resize(types_.size());
+  buffer_held_.assign(types_.size(), false);
+}
+
+void RowWriter::Release() {
+  for (size_t f = 0; f < buffers_.size(); ++f) {
+    if (buffer_held_[f]) PyBuffer_Release(&buffers_[f]);
+    buffer_held_[f] = false;
+  }
+  packed_ = false;
+}
+
+bool RowWriter::Pack(py::handle step, bool strict) {
+  Release();
+  PyObject* dict = step.ptr();
+  if (!PyDict_CheckExact(dict) || PyDict_Size(dict) != static_cast<Py_ssize_t>(types_.size())) return false;
+  for (size_t f = 0; f < types_.size(); ++f) {
+    const StepFieldType& type = types_[f];
+    if (type.kind != 'b' && !IsInteger(type.kind) && type.kind != 'f') return Refuse();
+    PyObject* value = PyDict_GetItemWithError(dict, names_[f].ptr());  // borrowed
+    if (value == nullptr) {
+      PyErr_Clear();
+      return Refuse();
+    }
+    uint8_t* staged = staging_.data() + staging_offset_[f];
+    if (type.shape.empty()) {
+      const int scalar = WritePythonScalar(value, type, staged);
+      if (scalar == 1) {
+        source_[f] = staged;
+        continue;
+      }
+      if (scalar == -1) return Refuse();
+    }
+    if (!PyObject_CheckBuffer(value)) return Refuse();
+    Py_buffer& view = buffers_[f];
+    if (PyObject_GetBuffer(value, &view, PyBUF_RECORDS_RO) != 0) {
+      PyErr_Clear();
+      return Refuse();
+    }
+    buffer_held_[f] = true;
+    bool same_shape = view.ndim == static_cast<int>(type.shape.size());
+    for (int d = 0; same_shape && d < view.ndim; ++d) same_shape = view.shape[d] == type.shape[d];
+    const char kind = FormatKind(view.format);
+    if (!same_shape || kind == 0 || !PyBuffer_IsContiguous(&view, 'C')) return Refuse();
+    const auto* data = static_cast<const uint8_t*>(view.buf);
+    if (kind == type.kind && view.itemsize == type.itemsize) {
+      source_[f] = data;
+      continue;
+    }
+    if (strict || !ConvertElements(data, kind, static_cast<int32_t>(view.itemsize), staged, type.kind,
+                                   type.itemsize, step_bytes_[f] / type.itemsize)) {
+      return Refuse();
+    }
+    source_[f] = staged;
+  }
+  packed_ = true;
+  return true;
+}
+
+void RowWriter::WritePacked(int64_t row, int32_t step) {
+  if (!packed_) throw std::logic_error("RowWriter.write_packed without a packed step");
+  const TableView& view = table_->table().view();
+  if (row < 0 || row >= view.capacity || step < 0 || step >= view.max_steps) {
+    Release();
+    throw std::out_of_range("row " + std::to_string(row) + ", step " + std::to_string(step) +
+                            " is outside the table");
+  }
+  for (size_t f = 0; f < types_.size(); ++f) {
+    const FieldView& field = view.fields[f];
+    std::memcpy(field.data + row * field.row_stride + step * field.step_bytes, source_[f],
+                static_cast<size_t>(step_bytes_[f]));
+  }
+  Release();
+}
+
+int64_t RowWriter::Add(py::handle row, bool strict, double priority) {
+  if (table_->closed()) return -2;
+  if (!std::isfinite(priority) || priority < 0 || priority > FLT_MAX) return -1;
+  if (!Pack(row, strict)) return -1;
+  const int64_t claimed = table_->Claim();
+  WritePacked(claimed, 0);
+  table_->Commit(claimed, 1, static_cast<float>(priority));
+  return claimed;
+}
+
+}  // namespace gear

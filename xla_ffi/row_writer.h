@@ -1,0 +1,66 @@
+// The short path of one-row writes from Python (Table.add, EpisodeWriter.append): one step of every field,
+// given as Python scalars, numpy scalars or arrays, checked and converted without numpy and copied into
+// the row. A value the short path does not take (another kind, a non-contiguous array, a dtype it does
+// not convert) makes Pack return false and the caller goes the general way (gear_jax/casting.py), which
+// casts or refuses with a message; both apply the same casting policy, so the path taken never changes
+// what is stored or refused.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/open_table.h"
+
+namespace gear {
+
+// A field as the short path sees it: numpy's kind ('b' bool, 'i' signed, 'u' unsigned, 'f' float; anything
+// else never takes the short path), the element size and the step's shape.
+struct StepFieldType {
+  char kind;
+  int32_t itemsize;
+  std::vector<int64_t> shape;
+};
+
+class RowWriter {
+ public:
+  // `table` is the gear_jax._native.NativeTable (an OpenTable) the rows go to; `names` and `types` list
+  // the fields in layout order.
+  RowWriter(pybind11::object table, std::vector<std::string> names, std::vector<StepFieldType> types);
+  ~RowWriter() { Release(); }
+  RowWriter(const RowWriter&) = delete;
+  RowWriter& operator=(const RowWriter&) = delete;
+
+  // Checks and converts `step` (a dict of every field name to one step's value) under the casting
+  // policy ("strict": only the field's own dtype for typed values). True when every value took the
+  // short path; the packed step is then held until WritePacked or the next Pack.
+  bool Pack(pybind11::handle step, bool strict);
+  // Copies the packed step into step `step` of `row` (a row this process holds).
+  void WritePacked(int64_t row, int32_t step);
+  // Pack, claim a row, write step 0, commit it with length 1 and `priority`. Returns the row, -1 when
+  // the general path must run instead (nothing claimed or written), -2 when the table is closed.
+  int64_t Add(pybind11::handle row, bool strict, double priority);
+
+ private:
+  void Release();
+  bool Refuse() {  // the general path must run: nothing packed
+    Release();
+    return false;
+  }
+
+  pybind11::object table_object_;
+  OpenTable* table_;
+  std::vector<pybind11::object> names_;
+  std::vector<StepFieldType> types_;
+  std::vector<int64_t> step_bytes_;
+  std::vector<int64_t> staging_offset_;
+  std::vector<uint8_t> staging_;        // converted values, one step of every field
+  std::vector<const uint8_t*> source_;  // per field: into a held buffer, or into staging_
+  std::vector<Py_buffer> buffers_;
+  std::vector<bool> buffer_held_;
+  bool packed_ = false;
+};
+
+}  // namespace gear
