@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import ml_dtypes
 import numpy as np
 
@@ -63,6 +64,11 @@ def to_numpy(value: Any, what: str) -> np.ndarray:
         return tensor.numpy()
     try:
         return np.asarray(value)
+    except jax.errors.TracerArrayConversionError:
+        raise InvalidArgumentError(
+            f"{what} is a value traced by jax.jit: inserts run on the host, outside compiled code. Return "
+            "the data from the jitted step and insert it after the call"
+        ) from None
     except Exception as e:  # noqa: BLE001 - report what could not be converted
         raise InvalidArgumentError(f"{what} could not be converted to an array: {e}") from e
 
@@ -73,10 +79,11 @@ def _limits(dtype: np.dtype) -> tuple[float, float]:
     return info.min, info.max
 
 
-def cast(value: Any, dtype: np.dtype, casting: str) -> tuple[np.ndarray | None, str]:
-    """`value` as an array of `dtype` under the policy, or (None, why it is refused)."""
+def cast(value: Any, dtype: np.dtype, casting: str, what: str = "value") -> tuple[np.ndarray | None, str]:
+    """`value` as an array of `dtype` under the policy, or (None, why it is refused). Raises
+    InvalidArgumentError naming `what` for a value that is not an array at all (a traced one, say)."""
     python_values = isinstance(value, _PYTHON_VALUES)
-    array = to_numpy(value, "value")
+    array = to_numpy(value, what)
     if array.dtype == dtype:
         return array, ""
     if np.can_cast(array.dtype, dtype, casting="safe"):
@@ -113,14 +120,6 @@ def cast(value: Any, dtype: np.dtype, casting: str) -> tuple[np.ndarray | None, 
     return result, ""
 
 
-def coerce(value: Any, dtype: np.dtype, what: str, casting: str = "fit") -> np.ndarray:
-    """`value` as an array of `dtype` under the casting policy; raises InvalidArgumentError naming `what`."""
-    array, why = cast(value, dtype, casting)
-    if array is None:
-        raise InvalidArgumentError(f"{what} {why}")
-    return array
-
-
 def refuse(problems: list[str], casting: str) -> None:
     """Raises one InvalidArgumentError naming every refused field, or returns when there is none."""
     if not problems:
@@ -149,7 +148,7 @@ class StepConverter:
         values: list[np.ndarray] = []
         problems: list[str] = []
         for name, field in self.fields.items():
-            array, why = cast(step[name], field.dtype, casting)
+            array, why = cast(step[name], field.dtype, casting, f"{what}[{name!r}]")
             if array is None:
                 problems.append(f"{what}[{name!r}] {why}")
             elif array.shape != field.shape:

@@ -62,8 +62,9 @@ class Sample:
 
 
 jax.tree_util.register_dataclass(
-    Sample, data_fields=["indices", "generations", "probabilities", "starts", "selectable"],
-    meta_fields=["window"]
+    Sample,
+    data_fields=["indices", "generations", "probabilities", "starts", "selectable"],
+    meta_fields=["window"],
 )
 
 
@@ -107,6 +108,18 @@ def _check_sample(sample: Any, op: str) -> int:
     if len(set(shapes.values())) != 1 or len(shapes["indices"]) != 1:
         raise InvalidArgumentError(f"{op}: the Sample's arrays must all have shape (B,); got {shapes}")
     return shapes["indices"][0]
+
+
+def _seed(key: Any, op: str) -> jax.Array:
+    """The two uint32 words a custom call draws its random numbers from, taken from `key`."""
+    try:
+        return jax.random.bits(key, (2,), jnp.uint32)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(
+            f"{op}: key must be a JAX PRNG key, got {type(key).__name__} ({e}). Make one with "
+            "jax.random.key(seed) and thread it through the jitted step: pass it in, split it there "
+            "(`key, sample_key = jax.random.split(key)`) and return the new key"
+        ) from None
 
 
 def _attrs(table: Table) -> dict[str, Any]:
@@ -187,7 +200,7 @@ def sample(
     if not math.isfinite(exponent) or exponent < 0:
         raise InvalidArgumentError(f"sample: priority_exponent={priority_exponent!r} must be finite and >= 0")
     win = _check_window(table, window, "sample")
-    seed = jax.random.bits(key, (2,), jnp.uint32)
+    seed = _seed(key, "sample")
     b = int(batch_size)
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
     indices, generations, probabilities, starts, selectable = jax.ffi.ffi_call(
@@ -374,7 +387,7 @@ def sample_at(
         )
     exponent = _check_exponent(priority_exponent, "sample_at")
     win = _check_window(table, window, "sample_at")
-    seed = jax.random.bits(key, (2,), jnp.uint32)
+    seed = _seed(key, "sample_at")
     b = int(targets.shape[0])
     out_types = _pick_types(b)
     indices, generations, probabilities, starts = jax.ffi.ffi_call(
@@ -418,7 +431,7 @@ def ordered_candidates(
     if method not in ORDERED_METHODS:
         raise InvalidArgumentError(f"ordered_candidates: method={method!r} is not one of {ORDERED_METHODS}")
     win = _check_window(table, window, "ordered_candidates")
-    seed = jax.random.bits(key, (2,), jnp.uint32)
+    seed = _seed(key, "ordered_candidates")
     b = int(batch_size)
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((b, 2), jnp.uint32))  # and order keys
     indices, generations, probabilities, starts, order_keys = jax.ffi.ffi_call(

@@ -429,7 +429,7 @@ class Table:
         lead = 2 if self._spec.is_trajectory else 1
         layout = "[B, T, *shape]" if self._spec.is_trajectory else "[B, *shape]"
         for name, field in self._spec.fields.items():
-            array, why = cast(batch[name], field.dtype, self._casting)
+            array, why = cast(batch[name], field.dtype, self._casting, f"batch[{name!r}]")
             if array is None:
                 problems.append(f"batch[{name!r}] {why}")
                 continue

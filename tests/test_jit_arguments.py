@@ -68,3 +68,55 @@ def test_method_update_priorities_and_a_closed_table_argument(make_table):
         learn(table, jax.random.key(0))
     with pytest.raises(gj.TableClosedError, match="is closed"):  # a new trace refuses it at once
         jax.jit(lambda t, k: t.sample(k, 2))(table, jax.random.key(0))
+
+
+def test_the_key_threaded_through_a_jitted_step(make_table):
+    """The pattern of the README: the key is an argument of the jitted step, split inside, returned."""
+    table = make_table(capacity=64)
+    table.insert(transitions(64))
+    traces = []
+
+    @jax.jit
+    def step(t, key):
+        traces.append(1)
+        key, sample_key = jax.random.split(key)
+        _, batch = t.sample_batch(sample_key, 16)
+        return key, batch["action"]
+
+    key, draws = jax.random.key(0), []
+    for _ in range(4):
+        key, actions = step(table, key)
+        draws.append(tuple(np.asarray(actions).tolist()))
+    assert len(traces) == 1 and len(set(draws)) == 4  # one compile; every step a new sample
+    key0, first = step(table, jax.random.key(0))
+    assert tuple(np.asarray(first).tolist()) == draws[0]  # the same key gives the same sample
+
+
+@pytest.mark.parametrize("key", [0, 1.5, None, "key", np.zeros(3, np.uint32)])
+def test_a_key_that_is_not_a_prng_key_is_refused_with_the_fix(make_table, key):
+    table = make_table()
+    table.insert(transitions(4))
+    for call in (lambda: gj.sample(table, key, 2), lambda: jax.jit(lambda t: t.sample(key, 2))(table)):
+        with pytest.raises(
+            gj.InvalidArgumentError, match=r"sample: key must be a JAX PRNG key.*jax\.random\.key"
+        ):
+            call()
+    with pytest.raises(gj.InvalidArgumentError, match="sample_at: key must be a JAX PRNG key"):
+        gj.sample_at(table, key, jnp.zeros(2, jnp.float32))
+
+
+def test_inserting_traced_values_inside_jit_is_refused_with_the_fix(make_table):
+    table = make_table()
+
+    @jax.jit
+    def learner_step(t, obs):
+        t.insert({"obs": obs, "action": jnp.zeros(2, jnp.int32)})
+        return obs
+
+    with pytest.raises(
+        gj.InvalidArgumentError, match=r"batch\['obs'\] is a value traced by jax.jit.*insert it after"
+    ):
+        learner_step(table, jnp.ones((2, 3)))
+    with pytest.raises(gj.InvalidArgumentError, match=r"row\['obs'\] is a value traced by jax.jit"):
+        jax.jit(lambda t, o: t.add({"obs": o, "action": 1}))(table, jnp.ones(3))
+    assert table.size == 0
