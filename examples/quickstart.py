@@ -153,18 +153,13 @@ class TrainState(NamedTuple):
     max_priority: jax.Array  # float32[], largest priority written so far (new rows get it)
 
 
-def make_table(capacity: int) -> gj.Table:
+def make_table(env: Any, env_params: Any, capacity: int) -> gj.Table:
     """A transition table: one (obs, action, reward, next_obs, discount) per row."""
-    spec = gj.TableSpec(
-        fields={
-            "obs": gj.Field(OBS_SHAPE, "float32"),
-            "action": gj.Field((), "int32"),
-            "reward": gj.Field((), "float32"),
-            "next_obs": gj.Field(OBS_SHAPE, "float32"),
-            "discount": gj.Field((), "float32"),  # of the bootstrap from next_obs: 0 if terminated
-        },
-        capacity=capacity,
-        max_steps=1,
+    obs_space = env.observation_space(env_params)
+    spec = gj.TableSpec.from_spaces(
+        {"obs": obs_space, "action": env.action_space(env_params), "reward": gj.Field(),
+         "next_obs": obs_space, "discount": gj.Field()},  # discount of the bootstrap: 0 if terminated
+        capacity,
     )
     return gj.Table.create(spec)
 
@@ -180,9 +175,9 @@ def make_learner_step(table: gj.Table, network: QNetwork, optimizer: optax.Gradi
 
     @jax.jit
     def learner_step(state: TrainState, key: jax.Array, step: jax.Array, beta: jax.Array, after: jax.Array):
-        sample = gj.sample(table, jax.random.fold_in(key, step), config.batch_size, method="prioritized",
-                           priority_exponent=config.priority_exponent, after=after)
-        batch = gj.gather(table, sample)
+        sample, batch = table.sample_batch(jax.random.fold_in(key, step), config.batch_size,
+                                           method="prioritized", priority_exponent=config.priority_exponent,
+                                           after=after)
         valid = batch["valid"]  # False for rows overwritten between sample and gather: their data is zeros
 
         # Importance weights (N * P(i))^-beta, normalized by their maximum over the batch; N cancels.
@@ -210,7 +205,7 @@ def make_learner_step(table: gj.Table, network: QNetwork, optimizer: optax.Gradi
                                                   config.target_period)
         # Rows overwritten since they were sampled keep their new priority: update_priorities skips them.
         priorities = jnp.abs(td) + config.priority_eps
-        count = gj.update_priorities(table, sample, priorities)
+        count = table.update_priorities(sample, priorities)
         max_priority = jnp.maximum(state.max_priority, jnp.max(jnp.where(valid, priorities, 0.0)))
         new_state = TrainState(params, target_params, opt_state, state.updates + 1, max_priority)
         return new_state, {"loss": loss, "updated": count}
@@ -368,7 +363,7 @@ def train(config: Config) -> None:
     max_priority = 1.0
     after = jnp.zeros((), jnp.int32)
     n_step = NStepTransitions(config.n_step, config.gamma)
-    with make_table(config.capacity) as table:  # closing the table frees its shared memory
+    with make_table(env, env_params, config.capacity) as table:  # closing the table frees its shared memory
         learner_step = make_learner_step(table, network, optimizer, config)
         start = time.perf_counter()
         progress = tqdm(range(1, config.steps + 1), desc="training", unit="step", mininterval=0.5)
