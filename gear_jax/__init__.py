@@ -33,7 +33,7 @@ from gear_jax.ops import (
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
 from gear_jax.sharded import ShardedSample, ShardedTable
-from gear_jax import sharded
+from gear_jax import casting, sharded, transitions
 
 
 def __getattr__(name: str) -> Any:
@@ -78,6 +78,7 @@ __all__ = [
     "TableSpec",
     "__version__",
     "build_info",
+    "casting",
     "clear_pool",
     "configure_pool",
     "gather",
@@ -87,5 +88,6 @@ __all__ = [
     "sample_at",
     "sharded",
     "total_weight",
+    "transitions",
     "update_priorities",
 ]

@@ -1,0 +1,73 @@
+"""The README's "Coming from SB3, flashbax or torchrl" code runs as written, on a real gymnasium CartPole."""
+
+import pathlib
+import re
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gear_jax as gj
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def blocks_of(heading: str) -> list[str]:
+    """The python code blocks of the README section that starts at `heading`, up to the next heading."""
+    text = README.read_text()
+    start = text.index(heading + "\n")
+    rest = text[start + len(heading) :]
+    end = re.search(r"^#+ ", rest, re.MULTILINE)
+    return re.findall(r"```python\n(.*?)```", rest[: end.start() if end else None], re.DOTALL)
+
+
+@pytest.fixture
+def namespace():
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    action = env.action_space.sample()  # np.int64, as gymnasium hands it out
+    next_obs, reward, terminated, _, _ = env.step(action)
+    names = {
+        "gj": gj,
+        "jax": jax,
+        "jnp": jnp,
+        "np": np,
+        "gymnasium": gymnasium,
+        "env": env,
+        "obs": obs,
+        "action": action,
+        "reward": reward,
+        "next_obs": next_obs,
+        "terminated": terminated,
+    }
+    yield names
+    if "table" in names:
+        names["table"].close()
+    env.close()
+
+
+def test_coming_from_other_buffers(namespace):
+    (first,) = blocks_of("## Coming from SB3, flashbax or torchrl")
+    exec(compile(first, "README.md", "exec"), namespace)
+    table = namespace["table"]
+    assert table.size == 1 and table.spec.fields["action"].dtype == np.int32
+    assert table._columns["action"][0, 0] == namespace["action"]
+    for _ in range(3):
+        table.add(
+            {"obs": namespace["obs"], "action": 1, "reward": 1.0, "next_obs": namespace["obs"], "done": False}
+        )
+    state, key = namespace["train_step"](0, table, jax.random.key(0))
+    assert int(state) == 0 and not jnp.array_equal(
+        jax.random.key_data(key), jax.random.key_data(jax.random.key(0))
+    )
+
+
+def test_transitions_from_trajectories(namespace):
+    (code,) = blocks_of("### Transitions from trajectories, with n-step returns")
+    exec(compile(code, "README.md", "exec"), namespace)  # 2,000 CartPole steps through the writer
+    table = namespace["table"]
+    assert table.size > 20 and table.row_status()["priority"].sum() > 1_900  # priorities count transitions
+    namespace["q"] = lambda params, x: x @ params
+    assert namespace["learner_step"](jnp.ones((4, 2)), jnp.ones((4, 2)), jax.random.key(1)) is None
