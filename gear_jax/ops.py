@@ -107,6 +107,15 @@ def _check_sample(sample: Any, op: str) -> int:
     }
     if len(set(shapes.values())) != 1 or len(shapes["indices"]) != 1:
         raise InvalidArgumentError(f"{op}: the Sample's arrays must all have shape (B,); got {shapes}")
+    for name in ("indices", "generations", "starts"):  # a cast to 32 bits must not pick another row
+        value = getattr(sample, name)
+        dtype = np.dtype(value.dtype if hasattr(value, "dtype") else jnp.result_type(value))  # numpy: as is
+        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4:
+            raise InvalidArgumentError(
+                f"{op}: the Sample's {name} have dtype {dtype}; they must be integers of at most 32 bits "
+                f"(gj.sample makes int32 indices and starts, uint32 generations), so that no value is "
+                "truncated or wrapped into another row's"
+            )
     return shapes["indices"][0]
 
 

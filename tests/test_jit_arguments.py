@@ -120,3 +120,24 @@ def test_inserting_traced_values_inside_jit_is_refused_with_the_fix(make_table):
     with pytest.raises(gj.InvalidArgumentError, match=r"row\['obs'\] is a value traced by jax.jit"):
         jax.jit(lambda t, o: t.add({"obs": o, "action": 1}))(table, jnp.ones(3))
     assert table.size == 0
+
+
+@pytest.mark.parametrize("bad", ["float indices", "int64 indices", "float generations"])
+def test_a_hand_built_sample_of_other_dtypes_is_refused_not_truncated(make_table, bad):
+    table = make_table()
+    table.insert(transitions(4))
+    generations = table.row_status()["generation"][:2]
+    fields = {
+        "indices": np.array([1.7, 0.2], np.float32) if bad == "float indices" else np.array([1, 0], np.int32),
+        "generations": generations.astype(np.float32) if bad == "float generations" else generations,
+        "probabilities": np.ones(2, np.float32),
+        "starts": np.zeros(2, np.int32),
+    }
+    if bad == "int64 indices":
+        fields["indices"] = np.array([2**32 + 1, 0], np.int64)  # would wrap to row 1 in 32 bits
+    smp = gj.Sample(**fields)
+    with pytest.raises(gj.InvalidArgumentError, match="must be integers of at most 32 bits"):
+        gj.gather(table, smp)
+    with pytest.raises(gj.InvalidArgumentError, match="must be integers of at most 32 bits"):
+        gj.update_priorities(table, smp, np.ones(2, np.float32))
+    assert (table.row_status()["priority"][:4] == 1).all()
