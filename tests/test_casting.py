@@ -300,3 +300,14 @@ def test_add_to_a_trajectory_table_writes_one_row_of_t_steps(make_table):
     row = table.add({"x": np.arange(3, dtype=np.int64)}, priority=3.0)
     assert table.row_status()["length"][row] == 3
     assert table._columns["x"][row, :3].tolist() == [0, 1, 2]
+
+
+def test_python_ints_never_wrap_in_64_bit_fields(make_table):
+    table = make_table(fields={"u": gj.Field((), "uint64"), "i": gj.Field((), "int64")}, capacity=4)
+    for u, i in ((-1, 0), (0, 2**63), (2**64, 0), (0, -(2**63) - 1)):
+        for call in (lambda: table.add({"u": u, "i": i}), lambda: table.insert({"u": [u], "i": [i]})):
+            with pytest.raises(gj.InvalidArgumentError, match="range"):
+                call()
+    row = table.add({"u": 2**64 - 1, "i": -(2**63)})
+    assert int(table._columns["u"][row, 0]) == 2**64 - 1 and int(table._columns["i"][row, 0]) == -(2**63)
+    assert table.size == 1
