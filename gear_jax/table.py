@@ -29,6 +29,22 @@ from gear_jax.errors import (
 from gear_jax.spec import TableSpec
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+POOL_NAME_PREFIX = "gear_jax_pool_"  # names of closed tables the pool keeps (xla_ffi/table_pool.cc)
+
+
+def _check_name(name: Any, op: str, creating: bool) -> str:
+    """`name` if it can name a table (a new one when `creating`); InvalidArgumentError with the fix."""
+    if not isinstance(name, str) or not _NAME_PATTERN.match(name) or name in (".", ".."):
+        raise InvalidArgumentError(
+            f"{op}: name {name!r} must be 1-200 characters of letters, digits, '_', '.', '-' "
+            "(not '.' or '..')"
+        )
+    if creating and name.startswith(POOL_NAME_PREFIX):
+        raise InvalidArgumentError(
+            f"{op}: name {name!r} starts with {POOL_NAME_PREFIX!r}, which names the pool's closed tables "
+            "(other processes remove them when their owner is gone); choose another name"
+        )
+    return name
 
 
 def _torch_loaded() -> bool:
@@ -121,10 +137,7 @@ class Table:
         check_casting(casting)
         if name is None:
             name = f"gear_jax_{secrets.token_hex(16)}"
-        elif not isinstance(name, str) or not _NAME_PATTERN.match(name):
-            raise InvalidArgumentError(
-                f"name {name!r} must be 1-200 characters of letters, digits, '_', '.', '-'"
-            )
+        _check_name(name, "Table.create", creating=True)
         step_bytes = [f.step_bytes for f in spec.fields.values()]
         try:
             native = _native.NativeTable.create(
@@ -159,8 +172,7 @@ class Table:
           TableNotFoundError: no table of that name exists on this host.
           TableMismatchError: the mapping is not a gear_jax table, or its spec differs from `spec`.
         """
-        if not isinstance(name, str) or not _NAME_PATTERN.match(name):
-            raise InvalidArgumentError(f"name {name!r} is not a table name")
+        _check_name(name, "Table.attach", creating=False)
         check_casting(casting)
         try:
             native = _native.NativeTable.attach(name, bool(pin))
@@ -168,6 +180,11 @@ class Table:
             raise TableNotFoundError(str(e)) from None
         except _native.TableFormatError as e:
             raise TableMismatchError(str(e)) from None
+        except RuntimeError as e:  # a directory, a symbolic link, a file that can not be mapped
+            raise TableMismatchError(
+                f"Table.attach: '/dev/shm/{name}' can not be opened as a gear_jax table ({e}); "
+                "check the name (table.name of the creator)"
+            ) from None
         try:
             stored = TableSpec.from_json(native.spec_json)
             if stored.spec_hash != native.spec_hash:

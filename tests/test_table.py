@@ -293,3 +293,22 @@ def test_writer_closed_after_its_table_still_gives_the_row_back(make_table):
     other.close()
     writer.close()
     assert table.row_status()["generation"][row] % 2 == 0
+
+
+def test_names_that_are_not_tables_are_refused_with_the_reason(make_table, tmp_path):
+    directory, link = "gear_jax_test_a_directory", "gear_jax_test_a_link"
+    os.mkdir(f"/dev/shm/{directory}")
+    os.symlink(tmp_path / "elsewhere", f"/dev/shm/{link}")
+    try:
+        for name, reason in ((directory, "Invalid argument"), (link, "symbolic links")):
+            with pytest.raises(gj.TableMismatchError, match=f"'/dev/shm/{name}' can not be opened.*{reason}"):
+                gj.Table.attach(name)
+    finally:
+        os.rmdir(f"/dev/shm/{directory}")
+        os.unlink(f"/dev/shm/{link}")
+    for name in (".", ".."):
+        for call in (lambda: gj.Table.attach(name), lambda: make_table(name=name)):
+            with pytest.raises(gj.InvalidArgumentError, match="not '.' or '..'"):
+                call()
+    with pytest.raises(gj.InvalidArgumentError, match="names the pool's closed tables"):
+        make_table(name="gear_jax_pool_123_4_mine")
