@@ -109,13 +109,14 @@ def cast(value: Any, dtype: np.dtype, casting: str, what: str = "value") -> tupl
         lo, hi = array.min(), array.max()
         if lo < low or hi > high:
             return None, f"holds values in [{lo}, {hi}], outside {dtype}'s range [{low}, {high}]"
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # overflows are found below, not warned about
         result = array.astype(dtype)
+        exact = target != "f" or source == "f" or np.array_equal(result.astype(array.dtype), array)
     if target == "f" and source == "f":
         overflow = np.isinf(result) & np.isfinite(array)
         if overflow.any():
             return None, f"holds {array[overflow].flat[0]}, beyond {dtype}'s range +-{high:g}"
-    elif target == "f" and not np.array_equal(result.astype(array.dtype), array):
+    if not exact:
         return None, f"holds integers that {dtype} does not represent exactly; cast it first"
     return result, ""
 
