@@ -106,9 +106,14 @@ ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::
       error.failure()) {
     return error;
   }
-  return KernelFailure(ScatterPrioritiesCpu(
+  // In a counter window: an update that moves a row's priority to or from 0 changes `selectable`
+  // (shared_table.cc, "Ownership and counters").
+  const int slot = table->OpenWindow();
+  const KernelStatus status = ScatterPrioritiesCpu(
       table->view(), indices.typed_data(), generations.typed_data(), priorities.typed_data(),
-      static_cast<int64_t>(indices.element_count()), updated->typed_data()));
+      static_cast<int64_t>(indices.element_count()), updated->typed_data());
+  table->CloseWindow(slot);
+  return KernelFailure(status);
 }
 
 ffi::Error TotalWeightImpl(ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32> total,

@@ -27,6 +27,7 @@ ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<Share
   std::string error;
   *table = LookupTable(handle, static_cast<uint64_t>(spec_hash), &error);
   if (!*table) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, error);
+  (*table)->CheckCounts(/*force=*/false);  // a clock read, unless a repair of the counters is due
   return ffi::Error::Success();
 }
 

@@ -28,7 +28,8 @@ ffi::Error OpError(ffi::ErrorCode code, const char* op, const std::string& messa
 ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix = "");
 
 // The open table of (handle, spec_hash), held for the call; FAILED_PRECONDITION when it was closed or
-// the function was compiled for another spec.
+// the function was compiled for another spec. Repairs the table's counters when a writer died while
+// changing them (SharedTable::CheckCounts, throttled).
 ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<SharedTable>* table);
 
 // sample: checks the seed, the method and the window, and fills *request (all but the seed words).

@@ -237,10 +237,17 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("spec_hash", [](OpenTable& s) { return s.table().header()->spec_hash; })
       .def_property_readonly("total_bytes", [](OpenTable& s) { return s.table().total_bytes(); })
       .def_property_readonly("pinned", [](OpenTable& s) { return s.table().pinned(); })
+      // Both repair the counters first if a writer died while changing them (SharedTable::CheckCounts).
       .def_property_readonly("size",
-                             [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->size); })
+                             [](OpenTable& s) {
+                               s.table().CheckCounts(/*force=*/true);
+                               return gear::LoadRelaxed(&s.table().header()->size);
+                             })
       .def_property_readonly("selectable",
-                             [](OpenTable& s) { return gear::LoadRelaxed(&s.table().header()->selectable); })
+                             [](OpenTable& s) {
+                               s.table().CheckCounts(/*force=*/true);
+                               return gear::LoadRelaxed(&s.table().header()->selectable);
+                             })
       .def_property_readonly(
           "next_seq",
           [](OpenTable& s) { return __atomic_load_n(&s.table().header()->next_seq, __ATOMIC_RELAXED); })

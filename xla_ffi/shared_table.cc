@@ -4,10 +4,12 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -40,8 +42,40 @@ void CountForks() {
   (void)counting;
 }
 
-// A claimed row whose pid is not yet recorded (0) counts as written by a live process.
-bool WriterAlive(int32_t pid) { return pid <= 0 || ProcessAlive(pid); }
+// Sequentially consistent atomics for ownership and counter windows (the argument before Claim needs one
+// total order of them).
+template <typename T>
+T Load(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+template <typename T>
+void Store(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+}
+template <typename T>
+T Add(T* p, T v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+template <typename T>
+bool Cas(T* p, T* expected, T desired) {
+  return __atomic_compare_exchange_n(p, expected, desired, /*weak=*/false, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST);
+}
+
+// A writer slot: the process's pid in the low 32 bits, its open counter windows in the high 32.
+constexpr uint64_t kOneWindow = uint64_t{1} << 32;
+int32_t SlotPid(uint64_t slot) { return static_cast<int32_t>(slot & 0xffffffffu); }
+uint32_t SlotWindows(uint64_t slot) { return static_cast<uint32_t>(slot >> 32); }
+
+// How often CheckCounts(force = false) looks, and how far it backs off while recounts keep failing.
+constexpr int64_t kCheckEveryNs = 10'000'000;
+constexpr int64_t kCheckAtMostEveryNs = 1'000'000'000;
+
+int64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 // Signs this open in to a free slot (or one left by a dead process); -1 when every slot is taken.
 int SignIn(TableHeader* h) {
@@ -199,7 +233,14 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   }
 }
 
-SharedTable::~SharedTable() = default;
+SharedTable::~SharedTable() {
+  // Frees this open's writer slot (the process may attach again, and slots are few).
+  const int64_t mine = writer_slot_.load(std::memory_order_acquire);
+  if (mine != 0 && static_cast<int32_t>(mine >> 32) == CurrentPid() && static_cast<int32_t>(mine) >= 0) {
+    uint64_t idle = static_cast<uint32_t>(CurrentPid());
+    Cas(&header()->writer_slots[static_cast<int32_t>(mine)], &idle, uint64_t{0});
+  }
+}
 
 TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
                     const std::string& spec_json) {
@@ -414,34 +455,137 @@ void SharedTable::Unlink() {
   unlinked_ = true;
 }
 
+// Ownership and counters: what a process killed at any instant leaves behind.
+//
+// Ownership is one word per row, the owner word (the writer_pid column): 0, or the pid of the process
+// that owns the row. A writer takes it by compare-and-swap (from 0, or from the pid of a process that is
+// gone) BEFORE it changes the row's state, and gives it back (stores 0) only AFTER the CAS that publishes
+// the row:
+//   Claim:   owner CAS 0/dead -> me | state CAS g -> g + 1 (g + 2 from a dead holder's odd g) | counters
+//   Commit:  insert_seq, length | state CAS -> g + 1, priority | counters | owner = 0 (release)
+//   Abandon: length = 0 | state CAS -> g + 1, priority 0 | owner = 0 (release)
+// So a row is odd only while its owner word names the process holding it, and wherever a process dies,
+// each row it touched is either unchanged (owner word not taken) or owned by a pid that is gone, which
+// the next writer to reach the row takes over whatever its generation (odd: abandoned mid-write; even:
+// published, the owner word not yet given back). Rows owned by a live process are skipped. Besides
+// the owner, only priority updates change a state word: the priority of an even row, by a CAS that keeps
+// its generation; a claim retries its state CAS when one lands in between.
+//
+// Counters. size and selectable cannot change in the instruction that changes a row, so a process can
+// always die between the two. Each change is therefore bracketed by a window, counted in the process's
+// writer slot of the header:
+//   open:  writer_slots[mine] += 1 << 32; windows_opened += 1
+//          the row's state CAS; the counters' fetch-adds (Claim, Commit: one row; Insert: the batch)
+//   close: writer_slots[mine] -= 1 << 32
+// A process killed inside a window leaves a slot with open windows and a pid that is gone, and nothing
+// else can leave the counters off (outside windows they change together with the rows). A sweep of the
+// slots (SweepWriterSlots: reads of table.size, FFI handlers every 10 ms, a writer that reclaimed a row)
+// raises counts_dirty for such a slot, then frees it: the mark is the evidence from then on. While
+// counts_dirty is set, recounts (Recount) are tried until one succeeds:
+//   1. v = windows_opened; s0 = size; n0 = selectable
+//   2. sweep: any slot with windows of a live process (or unslotted_windows) -> give this round up;
+//      those of dead processes are marked and freed (frozen: their effects are final); d = counts_dirty
+//   3. scan the rows: S = even generation and length > 0; N = even generation and priority > 0
+//   4. CAS size s0 -> S and selectable n0 -> N; windows_opened must still be v
+//   5. clear counts_dirty by CAS from d: a death marked after step 2 keeps it set
+// Why a round that passes step 4 is exact (every atomic here is sequentially consistent; a priority
+// update's CAS releases, and the scan's loads acquire). Take any operation and its window:
+//  - open when step 2 read its slot: its process is alive (round given up) or dead, and then the scan
+//    sees its rows as it left them, and the counters are overwritten whatever part of its update it
+//    made (a window whose slot an earlier sweep freed is a dead one, closed in the sense below);
+//  - opened after step 2 read its slot (or after step 2 read writer_slots_used, for a slot taken
+//    later): its bump of windows_opened came after step 1, so either before the check of step 4 (round
+//    discarded) or after it, and then its state CAS and counter updates all come after the counters were
+//    set, applied to a scan that saw its row before them;
+//  - closed (or its process dead) before step 2 read its slot: its rows changed before the scan. If a
+//    counter update of it came after step 1, the CAS of step 4 fails, or succeeds only because other
+//    updates cancelled it, each of them (by the three cases) also made before the scan, which then is
+//    the truth. Counter updates it never made (dead) are the errors the scan replaces.
+// A round given up or discarded leaves counts_dirty set, and may leave a counter at a value that a later
+// round rewrites: claims and commits that see counts_dirty, sample calls and reads of table.size and
+// selectable try again (throttled, see CheckCounts). A recount killed at any step changes nothing a
+// later round does not redo: it is idempotent and clears counts_dirty last.
+// Limits: a process that finds every writer slot taken counts its windows in unslotted_windows; one of
+// those dying inside a window blocks recounts for good (the counters then keep that error, as before
+// this scheme). The priority updates of the CUDA handlers (host callback and device atomics) open no
+// window: a learner killed between a priority's CAS and its counter update leaves selectable off by one,
+// and a recount overlapping such an update can be off by one (the update's two instructions must
+// straddle the scan of its row and step 4). A pid reused by a new process makes a dead owner look alive
+// until that process exits. The CPU priority handler opens a window.
+namespace {
+
+// Closes a counter window when the scope ends, a throw included (a kill skips it: that is the point).
+struct WindowScope {
+  SharedTable* table;
+  int slot;
+  ~WindowScope() { table->CloseWindow(slot); }
+};
+
+}  // namespace
+
 int64_t SharedTable::Claim() {
+  bool reclaimed = false;
+  int64_t row = 0;
+  {
+    WindowScope window{this, OpenWindow()};
+    row = ClaimRow(&reclaimed, nullptr);
+  }
+  AfterWrites(reclaimed);
+  return row;
+}
+
+int64_t SharedTable::ClaimRow(bool* reclaimed, uint64_t* claimed_state) {
   TableHeader* h = header();
-  int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + h->writer_pid_offset);
+  int32_t* owner = owners();
+  const int32_t me = CurrentPid();
   const int64_t capacity = view_.capacity;
   for (int64_t attempt = 0; attempt < 2 * capacity + 64; ++attempt) {
     const uint64_t seq = FetchAdd<uint64_t>(&h->next_seq, 1);
     const int64_t row = static_cast<int64_t>(seq % static_cast<uint64_t>(capacity));
-    uint64_t state = LoadAcquire(&view_.state[row]);
-    uint32_t generation = StateGeneration(state);
-    if (generation & 1u) {
-      // Being written. Take it over only if its writer process is gone: first its pid (so that one
-      // reclaimer wins), then its generation.
-      int32_t dead = LoadRelaxed(&writer_pid[row]);
-      if (WriterAlive(dead)) continue;
-      if (!CompareExchange(&writer_pid[row], &dead, CurrentPid())) continue;
-      if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 2, 0.0f))) continue;
-    } else {
-      if (!CompareExchange(&view_.state[row], &state, MakeState(generation + 1, 0.0f))) continue;
-      if (StatePriority(state) > 0.0f) FetchAdd<int64_t>(&h->selectable, -1);
-      if (LoadRelaxed(&view_.length[row]) > 0) FetchAdd<int64_t>(&h->size, -1);
-      StoreRelaxed(&writer_pid[row], CurrentPid());
+    int32_t previous = Load(&owner[row]);
+    if (previous != 0 && ProcessAlive(previous)) continue;  // held, or being published, by a live writer
+    if (!Cas(&owner[row], &previous, me)) continue;         // another writer took it first
+    uint64_t state = Load(&view_.state[row]);
+    uint64_t claimed = 0;
+    do {  // fails only when a priority update lands in between
+      const uint32_t generation = StateGeneration(state);
+      claimed = MakeState(generation + ((generation & 1u) ? 2u : 1u), 0.0f);
+    } while (!Cas(&view_.state[row], &state, claimed));
+    if ((StateGeneration(state) & 1u) == 0) {  // the row was counted: count it out
+      if (StatePriority(state) > 0.0f) Add<int64_t>(&h->selectable, -1);
+      if (LoadRelaxed(&view_.length[row]) > 0) Add<int64_t>(&h->size, -1);
     }
     FenceRelease();  // the odd generation becomes visible before any data this writer stores
     StoreRelaxed(&view_.length[row], 0);
+    if (previous != 0) *reclaimed = true;
+    if (claimed_state != nullptr) *claimed_state = claimed;
     return row;
   }
   throw std::runtime_error("every row of table '" + name_ +
                            "' is being written; raise capacity or end episodes sooner");
+}
+
+void SharedTable::PublishRow(int64_t row, uint64_t held, int32_t length, float priority) {
+  TableHeader* h = header();
+  StoreRelaxed(&view_.insert_seq[row], FetchAdd<uint64_t>(&h->commit_seq, 1) + 1);
+  StoreRelaxed(&view_.length[row], length);
+  // Publish (release: every byte of the row before the even generation), only if the row is still the
+  // one this writer claimed.
+  if (!Cas(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, priority))) {
+    throw std::runtime_error(NotHeld(row));
+  }
+  Add<int64_t>(&h->size, 1);
+  if (priority > 0.0f) Add<int64_t>(&h->selectable, 1);
+  // Given back only now (release: a claimer that reads 0 sees the publication): until here, a death
+  // leaves the row to a reclaimer.
+  __atomic_store_n(&owners()[row], 0, __ATOMIC_RELEASE);
+}
+
+void SharedTable::AfterWrites(bool reclaimed) {
+  TableHeader* h = header();
+  // A reclaimed row means a writer died, perhaps inside a window: look now rather than in 10 ms.
+  if (reclaimed) SweepWriterSlots();
+  if (Load(&h->counts_dirty) != 0) CheckCounts(false);
 }
 
 void SharedTable::CheckRowInRange(int64_t row) const {
@@ -451,9 +595,8 @@ void SharedTable::CheckRowInRange(int64_t row) const {
 
 uint64_t SharedTable::CheckOwned(int64_t row) const {
   CheckRowInRange(row);
-  const int32_t* writer_pid = reinterpret_cast<const int32_t*>(base_ + header()->writer_pid_offset);
   const uint64_t state = LoadAcquire(&view_.state[row]);
-  if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&writer_pid[row]) != CurrentPid()) {
+  if ((StateGeneration(state) & 1u) == 0 || LoadRelaxed(&owners()[row]) != CurrentPid()) {
     throw std::runtime_error(NotHeld(row));
   }
   return state;
@@ -472,28 +615,135 @@ void SharedTable::Commit(int64_t row, int32_t length, float priority) {
   if (!std::isfinite(priority) || priority < 0.0f) {
     throw std::invalid_argument("priority " + std::to_string(priority) + " must be finite and >= 0");
   }
-  uint64_t held = CheckOwned(row);
-  TableHeader* h = header();
-  int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + h->writer_pid_offset);
-  StoreRelaxed(&view_.insert_seq[row], FetchAdd<uint64_t>(&h->commit_seq, 1) + 1);
-  StoreRelaxed(&view_.length[row], length);
-  StoreRelaxed(&writer_pid[row], 0);
-  // Publish (release) only if the row is still the one this writer claimed.
-  if (!CompareExchange(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, priority))) {
-    throw std::runtime_error(NotHeld(row));
+  const uint64_t held = CheckOwned(row);
+  {
+    WindowScope window{this, OpenWindow()};
+    PublishRow(row, held, length, priority);
   }
-  FetchAdd<int64_t>(&h->size, 1);
-  if (priority > 0.0f) FetchAdd<int64_t>(&h->selectable, 1);
+  AfterWrites(false);
 }
 
 void SharedTable::Abandon(int64_t row) {
   uint64_t held = CheckOwned(row);
-  int32_t* writer_pid = reinterpret_cast<int32_t*>(base_ + header()->writer_pid_offset);
+  // No window: a held row counts in neither counter, nor does an empty row of priority 0.
   StoreRelaxed(&view_.length[row], 0);
-  StoreRelaxed(&writer_pid[row], 0);
-  if (!CompareExchange(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, 0.0f))) {
+  if (!Cas(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, 0.0f))) {
     throw std::runtime_error(NotHeld(row));
   }
+  __atomic_store_n(&owners()[row], 0, __ATOMIC_RELEASE);
+}
+
+int SharedTable::WriterSlot() {
+  const int32_t me = CurrentPid();
+  int64_t mine = writer_slot_.load(std::memory_order_acquire);
+  if (mine != 0 && static_cast<int32_t>(mine >> 32) == me) return static_cast<int32_t>(mine);
+  // First window of this process (or of a forked child) in this open: take a free slot, or one left
+  // idle by a process that is gone. A slot with open windows of a dead process waits for a sweep.
+  TableHeader* h = header();
+  int slot = -1;
+  for (int s = 0; s < kMaxWriterSlots && slot < 0; ++s) {
+    uint64_t seen = Load(&h->writer_slots[s]);
+    const bool free = seen == 0 || (SlotWindows(seen) == 0 && !ProcessAlive(SlotPid(seen)));
+    if (free && Cas(&h->writer_slots[s], &seen, static_cast<uint64_t>(static_cast<uint32_t>(me)))) slot = s;
+  }
+  if (slot >= 0) {  // before any window of this slot opens: a recount reads `used` to know where to look
+    int32_t used = Load(&h->writer_slots_used);
+    while (used < slot + 1 && !Cas(&h->writer_slots_used, &used, slot + 1)) {
+    }
+  }
+  const int64_t taken = (static_cast<int64_t>(me) << 32) | static_cast<uint32_t>(slot);
+  if (writer_slot_.compare_exchange_strong(mine, taken, std::memory_order_acq_rel)) return slot;
+  // Another thread of this process was first: give this slot back and use that one.
+  if (slot >= 0) Store(&h->writer_slots[slot], uint64_t{0});
+  return WriterSlot();
+}
+
+int SharedTable::OpenWindow() {
+  TableHeader* h = header();
+  const int slot = WriterSlot();
+  if (slot >= 0) {
+    Add<uint64_t>(&h->writer_slots[slot], kOneWindow);
+  } else {
+    Add<int64_t>(&h->unslotted_windows, 1);
+  }
+  Add<uint64_t>(&h->windows_opened, 1);
+  return slot;
+}
+
+void SharedTable::CloseWindow(int slot) {
+  TableHeader* h = header();
+  if (slot >= 0) {
+    Add<uint64_t>(&h->writer_slots[slot], ~kOneWindow + 1);  // minus one window
+  } else {
+    Add<int64_t>(&h->unslotted_windows, -1);
+  }
+}
+
+bool SharedTable::SweepWriterSlots() {
+  TableHeader* h = header();
+  bool live = false;
+  const int32_t used = std::min(Load(&h->writer_slots_used), kMaxWriterSlots);
+  for (int s = 0; s < used; ++s) {
+    uint64_t seen = Load(&h->writer_slots[s]);
+    if (SlotWindows(seen) == 0) continue;
+    if (ProcessAlive(SlotPid(seen))) {
+      live = true;
+      continue;
+    }
+    // The mark first, then the slot may go: from now on the mark is the evidence.
+    Add<uint64_t>(&h->counts_dirty, 1);
+    Cas(&h->writer_slots[s], &seen, uint64_t{0});
+  }
+  return live;
+}
+
+bool SharedTable::Recount() {
+  TableHeader* h = header();
+  if (Load(&h->counts_dirty) == 0) return true;
+  // 1.
+  const uint64_t opened = Load(&h->windows_opened);
+  int64_t size_before = Load(&h->size);
+  int64_t selectable_before = Load(&h->selectable);
+  // 2.
+  if (Load(&h->unslotted_windows) != 0 || SweepWriterSlots()) return false;
+  const uint64_t dirty = Load(&h->counts_dirty);
+  // 3.
+  int64_t size = 0, selectable = 0;
+  for (int64_t row = 0; row < view_.capacity; ++row) {
+    const uint64_t state = Load(&view_.state[row]);
+    if (StateGeneration(state) & 1u) continue;
+    if (StatePriority(state) > 0.0f) ++selectable;
+    if (Load(&view_.length[row]) > 0) ++size;
+  }
+  // 4.
+  if (!Cas(&h->size, &size_before, size) || !Cas(&h->selectable, &selectable_before, selectable) ||
+      Load(&h->windows_opened) != opened) {
+    return false;
+  }
+  // 5.
+  uint64_t expected = dirty;
+  Cas(&h->counts_dirty, &expected, uint64_t{0});
+  return true;
+}
+
+void SharedTable::CheckCounts(bool force) {
+  const int64_t now = MonotonicNs();
+  if (!force) {
+    int64_t due = next_check_ns_.load(std::memory_order_relaxed);
+    if (now < due) return;
+    // One thread of this open checks; the others go on.
+    if (!next_check_ns_.compare_exchange_strong(due, now + kCheckEveryNs, std::memory_order_relaxed)) return;
+  }
+  TableHeader* h = header();
+  int64_t interval = kCheckEveryNs;
+  if (Load(&h->counts_dirty) == 0) SweepWriterSlots();
+  if (Load(&h->counts_dirty) != 0 && !Recount()) {
+    // Overlapped by live writers: back off, so that a busy table does not pay a scan every 10 ms.
+    interval = std::min(2 * std::max(check_interval_ns_.load(std::memory_order_relaxed), kCheckEveryNs),
+                        kCheckAtMostEveryNs);
+  }
+  check_interval_ns_.store(interval, std::memory_order_relaxed);
+  next_check_ns_.store(now + interval, std::memory_order_relaxed);
 }
 
 std::vector<int32_t> SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t batch,
@@ -510,16 +760,23 @@ std::vector<int32_t> SharedTable::Insert(const std::vector<const uint8_t*>& fiel
   }
   std::vector<int32_t> rows;
   rows.reserve(static_cast<size_t>(batch));
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t row = Claim();
-    for (int32_t f = 0; f < view_.num_fields; ++f) {
-      const FieldView& field = view_.fields[f];
-      std::memcpy(field.data + row * field.row_stride, field_data[f] + b * steps * field.step_bytes,
-                  static_cast<size_t>(lengths[b] * field.step_bytes));
+  bool reclaimed = false;
+  {
+    // One counter window for the batch: a recount cannot succeed while this process writes anyway.
+    WindowScope window{this, OpenWindow()};
+    for (int64_t b = 0; b < batch; ++b) {
+      uint64_t held = 0;
+      const int64_t row = ClaimRow(&reclaimed, &held);
+      for (int32_t f = 0; f < view_.num_fields; ++f) {
+        const FieldView& field = view_.fields[f];
+        std::memcpy(field.data + row * field.row_stride, field_data[f] + b * steps * field.step_bytes,
+                    static_cast<size_t>(lengths[b] * field.step_bytes));
+      }
+      PublishRow(row, held, lengths[b], priorities[b]);
+      rows.push_back(static_cast<int32_t>(row));
     }
-    Commit(row, lengths[b], priorities[b]);
-    rows.push_back(static_cast<int32_t>(row));
   }
+  AfterWrites(reclaimed);
   return rows;
 }
 

@@ -1,9 +1,12 @@
 // A gear_jax table in a named POSIX shared-memory mapping: header, per-row status, one column per field.
 //
 // Any process on the host can attach by name and write rows; writers allocate rows without locks (a
-// shared FIFO cursor plus a compare-and-swap claim of the row's generation), so the ring overwrites the
-// oldest rows when full. A row whose writer died mid-write (odd generation, dead writer pid) is
-// reclaimed by the next writer that reaches it.
+// shared FIFO cursor plus a compare-and-swap of the row's owner word, then of its generation), so the
+// ring overwrites the oldest rows when full. A row whose owner died (dead pid in its owner word) is
+// reclaimed by the next writer that reaches it. The counters `size` and `selectable` are changed only
+// inside "windows" that each writer process announces in a slot of the header; a process killed inside
+// one is found there, and the counters are recounted from the rows (shared_table.cc, "Ownership and
+// counters", has the argument for every instant a process can die).
 //
 // The creator's close can hand the memory (still mapped, still registered with CUDA) to the pool of
 // closed tables (table_pool.h), so that the next table that fits reuses it: only when no other
@@ -12,6 +15,7 @@
 // reads the mark after it signs in, so one of the two always sees the other.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -29,9 +33,11 @@ struct CudaPinningDeleter {
 };
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
+inline constexpr int kMaxWriterSlots =
+    1024;  // processes writing a table at once (more: shared_table.cc, "Limits")
 
 struct FieldLayout {
   uint64_t offset;     // from the start of the mapping; 4096-byte aligned
@@ -55,6 +61,13 @@ struct TableHeader {
   alignas(64) uint64_t commit_seq;  // last insert_seq handed out
   alignas(64) int64_t size;         // rows holding a committed trajectory
   alignas(64) int64_t selectable;   // rows with an even generation and priority > 0
+  // Counter windows (shared_table.cc): every process that changes size or selectable opens a window
+  // first (counted in its writer slot) and closes it after the counters are updated.
+  alignas(64) uint64_t windows_opened;  // windows ever opened, by every process: a recount's witness
+  int64_t unslotted_windows;            // windows open in processes that found no free writer slot
+  alignas(64) uint64_t counts_dirty;    // nonzero: a process died inside a window; recount size/selectable
+  int32_t writer_slots_used;            // writer slots [0, used) were ever taken
+  alignas(64) uint64_t writer_slots[kMaxWriterSlots];  // pid | windows open << 32 (0: free slot)
   alignas(64) uint32_t closed;      // set by the creator's close: no process may attach any more
   uint32_t attachments_overflowed;  // an attach found no free slot: the memory is never reused
   uint64_t reuses;                  // tables this memory held before the current one (kept by reuse)
@@ -164,10 +177,21 @@ class SharedTable {
   bool pinned() const { return memory_->pinned(); }
   CudaPinning* cuda() const { return memory_->cuda(); }
 
-  // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0).
+  // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0, its
+  // pid in the owner word).
   int64_t Claim();
   void Commit(int64_t row, int32_t length, float priority);
   void Abandon(int64_t row);
+  // A counter window (shared_table.cc, "Ownership and counters"): opened before a change that moves a
+  // row in or out of `size` or `selectable` and closed once both counters have followed. Returns the
+  // writer slot the window is counted in (-1: none free, counted in unslotted_windows).
+  int OpenWindow();
+  void CloseWindow(int slot);
+  // Makes size and selectable exact again if a process died inside a window: finds such a process in
+  // the writer slots (marking counts_dirty), then recounts the rows. A recount that overlaps another
+  // process's window is thrown away and tried again later. Without `force`, runs at most every 10 ms in
+  // this open (backing off to 1 s while recounts keep being overlapped); cheap when nothing is off.
+  void CheckCounts(bool force);
   // Throws std::out_of_range for a row id outside the table.
   void CheckRowInRange(int64_t row) const;
   // Claims, copies and commits `batch` rows. field_data[f] points at [batch, steps, step_bytes[f]].
@@ -189,6 +213,22 @@ class SharedTable {
   // The state of a row this process holds (odd generation, this pid); throws otherwise.
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;
+  int32_t* owners() const { return reinterpret_cast<int32_t*>(base_ + header()->writer_pid_offset); }
+  // Claim and Commit inside a counter window the caller opened. ClaimRow sets *reclaimed when it took
+  // the row over from a dead owner, and *claimed_state (when given) to the row's new state.
+  int64_t ClaimRow(bool* reclaimed, uint64_t* claimed_state);
+  void PublishRow(int64_t row, uint64_t held, int32_t length, float priority);
+  // After a write, outside its window: looks for a writer killed inside a window when this one
+  // reclaimed a row, and repairs the counters if they are marked off (CheckCounts, throttled).
+  void AfterWrites(bool reclaimed);
+  // This process's writer slot in the header, taken on first use (-1 when every slot is taken).
+  int WriterSlot();
+  // Raises counts_dirty for, and frees, every writer slot with windows open by a process that is gone;
+  // returns whether a live process has a window open.
+  bool SweepWriterSlots();
+  // One recount of size and selectable from the rows; false (to be tried again) when a live process
+  // had a window open or opened one meanwhile.
+  bool Recount();
 
   std::string name_;
   std::shared_ptr<TableMemory> memory_;
@@ -196,6 +236,9 @@ class SharedTable {
   bool creator_;
   bool unlinked_ = false;
   TableView view_;
+  std::atomic<int64_t> writer_slot_{0};  // this process's writer slot: pid << 32 | slot (0: none yet)
+  std::atomic<int64_t> next_check_ns_{0};
+  std::atomic<int64_t> check_interval_ns_{0};
 };
 
 }  // namespace gear
