@@ -109,9 +109,11 @@ def cast(value: Any, dtype: np.dtype, casting: str, what: str = "value") -> tupl
         lo, hi = array.min(), array.max()
         if lo < low or hi > high:
             return None, f"holds values in [{lo}, {hi}], outside {dtype}'s range [{low}, {high}]"
+    if target == "i":  # every value is in range: the cast is exact
+        return array.astype(dtype), ""
     with np.errstate(all="ignore"):  # overflows are found below, not warned about
         result = array.astype(dtype)
-        exact = target != "f" or source == "f" or np.array_equal(result.astype(array.dtype), array)
+        exact = source == "f" or np.array_equal(result.astype(array.dtype), array)
     if target == "f" and source == "f":
         overflow = np.isinf(result) & np.isfinite(array)
         if overflow.any():
