@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gear_jax import ops
+from gear_jax.casting import to_numpy
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
@@ -250,7 +251,7 @@ class TransitionWriter:
         term = self._flag(terminated, "terminated")
         trunc = self._flag(truncated, "truncated")
         # Environments return rewards as Python or float64 numbers: rounded to the field's float dtype.
-        reward_value = _host(reward, "reward")
+        reward_value = to_numpy(reward, "reward")
         if reward_value.shape != () or reward_value.dtype.kind not in "biuf":
             raise InvalidArgumentError(
                 f"reward must be a real scalar, got shape {reward_value.shape} dtype {reward_value.dtype}"
@@ -288,7 +289,7 @@ class TransitionWriter:
 
     @staticmethod
     def _flag(value: Any, what: str) -> bool:
-        array = _host(value, what)
+        array = to_numpy(value, what)
         if array.shape != () or array.dtype.kind not in "biu":
             raise InvalidArgumentError(
                 f"{what} must be a bool scalar (gymnasium's flag), got shape {array.shape} "
@@ -306,13 +307,6 @@ class TransitionWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _host(value: Any, what: str) -> np.ndarray:
-    try:
-        return np.asarray(value)
-    except Exception as e:  # noqa: BLE001 - report what could not be converted
-        raise InvalidArgumentError(f"{what} could not be converted to an array: {e}") from e
 
 
 def nstep_transitions(
