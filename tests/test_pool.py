@@ -427,3 +427,62 @@ def test_child_closing_an_inherited_table_leaves_the_parents_table_alone():
         assert pool()["refused"] == 1  # the process forked since the table was made: never pooled
     finally:
         table.close()
+
+
+def running(pid):
+    """Whether process `pid` exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_worker_forked_by_an_attacher_keeps_the_memory_out_of_the_pool():
+    """An actor attaches, forks a worker and exits; the worker goes on inserting through the inherited
+    mapping. The creator's close must not hand that memory to a new table (issue 12, defect 2)."""
+    creator = gj.Table.create(SPEC)
+    actor = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+            import os, sys, time
+            import gear_jax as gj
+            table = gj.Table.attach(sys.argv[1])
+            worker = os.fork()
+            if worker == 0:  # the worker: waits for its go, then inserts through the inherited mapping
+                sys.stdin.readline()
+                for i in range(50):
+                    table.insert({"obs": [[7.0, 7.0, 7.0]], "action": [7]})
+                os._exit(0)
+            print(worker, flush=True)
+            os._exit(0)  # the actor leaves without closing: its attach slot now names a dead process
+        """),
+            creator.name,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker = int(actor.stdout.readline())
+    try:
+        actor.wait(timeout=RUN_TIMEOUT_S)
+        creator.close()
+        assert pool()["refused"] == 1 and pool()["pooled"] == 0
+        successor = gj.Table.create(SPEC)
+        assert pool()["reused"] == 0
+        actor.stdin.write("go\n")
+        actor.stdin.flush()
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while running(worker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not running(worker)
+        assert successor.size == 0  # the worker's rows went to the closed table's memory, not here
+        successor.close()
+    finally:
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        actor.kill()

@@ -14,6 +14,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <unordered_set>
 
 #include "kernels/atomics.h"
 #if GEAR_JAX_WITH_CUDA
@@ -33,14 +35,6 @@ std::string Errno(const char* what) { return std::string(what) + ": " + std::str
 
 // This process's pid, without a system call per row; reset in a forked child.
 std::atomic<int32_t> cached_pid{0};
-// Forks this process made (counted in the parent): memory mapped before a fork may be written by the child.
-std::atomic<uint64_t> forks{0};
-
-void CountForks() {
-  static const bool counting =
-      pthread_atfork(nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); }, nullptr) == 0;
-  (void)counting;
-}
 
 // Sequentially consistent atomics for ownership and counter windows (the argument before Claim needs one
 // total order of them).
@@ -77,9 +71,8 @@ int64_t MonotonicNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// Signs this open in to a free slot (or one left by a dead process); -1 when every slot is taken.
-int SignIn(TableHeader* h) {
-  const int32_t me = CurrentPid();
+// Signs process `me` in to a free slot (or one left by a dead process); -1 when every slot is taken.
+int SignIn(TableHeader* h, int32_t me) {
   for (int slot = 0; slot < kMaxAttachments; ++slot) {
     int32_t seen = __atomic_load_n(&h->attached_pids[slot], __ATOMIC_RELAXED);
     if (seen != 0 && ProcessAlive(seen)) continue;
@@ -88,7 +81,7 @@ int SignIn(TableHeader* h) {
       return slot;
     }
   }
-  __atomic_store_n(&h->attachments_overflowed, 1u, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&h->never_reuse, 1u, __ATOMIC_SEQ_CST);
   return -1;
 }
 
@@ -97,6 +90,57 @@ void SignOut(TableHeader* h, int slot) {
   int32_t me = CurrentPid();
   __atomic_compare_exchange_n(&h->attached_pids[slot], &me, 0, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
 }
+
+// Forks. A child inherits every mapping of its parent and may write into it, after the parent (the
+// only process signed in for it) has exited: the creator's close would then see no live process and
+// hand the memory to another table while the child still writes. So every fork, before it happens
+// (the parent is alive and signed in, or is the creator), marks each mapped table never to be reused;
+// the creator reads the mark after the slots, so it sees the live parent or the mark. The child then
+// signs in to a slot of its own for each mapping, so that its liveness counts where slots are read
+// (close, dead-table sweeps); the mark alone already keeps the memory out of the pool.
+class MappedMemories {
+ public:
+  static MappedMemories& Get() {
+    static MappedMemories* memories = new MappedMemories();  // never destroyed: mappings outlive exit
+    return *memories;
+  }
+  void Add(TableMemory* memory) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    memories_.insert(memory);
+  }
+  void Remove(TableMemory* memory) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    memories_.erase(memory);
+  }
+
+ private:
+  MappedMemories() {
+    pthread_atfork([] { Get().BeforeFork(); }, [] { Get().mutex_.unlock(); }, [] { Get().InChild(); });
+  }
+  void BeforeFork() {
+    mutex_.lock();  // held across the fork: no mapping comes or goes meanwhile
+    for (TableMemory* memory : memories_) {
+      if (IsTable(memory)) __atomic_store_n(&Header(memory)->never_reuse, 1u, __ATOMIC_SEQ_CST);
+    }
+  }
+  void InChild() {
+    // Only async-signal-safe calls here (getpid, kill, atomics): the parent may have had other threads.
+    const int32_t me = static_cast<int32_t>(getpid());
+    for (TableMemory* memory : memories_) {
+      if (IsTable(memory)) memory->set_attach_slot(SignIn(Header(memory), me));
+    }
+    mutex_.unlock();
+  }
+
+  static TableHeader* Header(TableMemory* memory) { return reinterpret_cast<TableHeader*>(memory->base()); }
+  // Attach maps a file before it knows it is a table: leave other files alone.
+  static bool IsTable(TableMemory* memory) {
+    return std::memcmp(Header(memory)->magic, kTableMagic, sizeof(kTableMagic)) == 0;
+  }
+
+  std::mutex mutex_;
+  std::unordered_set<TableMemory*> memories_;
+};
 
 // Fills a new header into `base` from `plan`, the magic last: a header with magic is complete.
 // `reuses` counts the tables the memory held before.
@@ -170,8 +214,7 @@ void CudaPinningDeleter::operator()(CudaPinning* pinning) const {
 
 TableMemory::TableMemory(uint8_t* base, size_t bytes)
     : base_(base), bytes_(bytes), mapped_by_pid_(CurrentPid()) {
-  CountForks();
-  forks_when_mapped_ = forks.load(std::memory_order_relaxed);
+  MappedMemories::Get().Add(this);
 }
 
 TableMemory::~TableMemory() {
@@ -182,11 +225,10 @@ TableMemory::~TableMemory() {
   cuda_.reset();  // waits for this process's kernels, unregisters the memory before it is unmapped
 #endif
   // After the kernels: until now, this open may still have touched the memory.
+  MappedMemories::Get().Remove(this);
   SignOut(reinterpret_cast<TableHeader*>(base_), attach_slot_);
   munmap(base_, bytes_);
 }
-
-bool TableMemory::ForkedSince() const { return forks.load(std::memory_order_relaxed) != forks_when_mapped_; }
 
 bool TableMemory::pinned() const {
 #if GEAR_JAX_WITH_CUDA
@@ -415,7 +457,7 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
     problem = "has a damaged header";
   }
   if (!problem.empty()) throw FormatError("shared-memory object '" + name + "' " + problem);
-  const int slot = SignIn(h);
+  const int slot = SignIn(h, CurrentPid());
   memory->set_attach_slot(slot);
   // Signed in first, then the creator's mark: a creator closing now sees the slot, or this sees the mark.
   if (__atomic_load_n(&h->closed, __ATOMIC_SEQ_CST) != 0 ||
@@ -435,11 +477,12 @@ void SharedTable::MarkClosed() { __atomic_store_n(&header()->closed, 1u, __ATOMI
 
 bool SharedTable::AttachedElsewhere() const {
   const TableHeader* h = header();
-  if (__atomic_load_n(&h->attachments_overflowed, __ATOMIC_SEQ_CST) != 0) return true;
   for (int slot = 0; slot < kMaxAttachments; ++slot) {
     if (ProcessAlive(__atomic_load_n(&h->attached_pids[slot], __ATOMIC_SEQ_CST))) return true;
   }
-  return false;
+  // The mark after the slots ("Forks"): a process that forked and has exited since was signed in
+  // before, and marked the table before its fork.
+  return __atomic_load_n(&h->never_reuse, __ATOMIC_SEQ_CST) != 0;
 }
 
 bool SharedTable::RenameForPool(const std::string& new_name) {

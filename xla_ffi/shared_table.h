@@ -68,9 +68,11 @@ struct TableHeader {
   alignas(64) uint64_t counts_dirty;    // nonzero: a process died inside a window; recount size/selectable
   int32_t writer_slots_used;            // writer slots [0, used) were ever taken
   alignas(64) uint64_t writer_slots[kMaxWriterSlots];  // pid | windows open << 32 (0: free slot)
-  alignas(64) uint32_t closed;      // set by the creator's close: no process may attach any more
-  uint32_t attachments_overflowed;  // an attach found no free slot: the memory is never reused
-  uint64_t reuses;                  // tables this memory held before the current one (kept by reuse)
+  alignas(64) uint32_t closed;  // set by the creator's close: no process may attach any more
+  // Nonzero: the memory never goes to another table. Set when an attach found no free slot, and when a
+  // process forked while it had the table mapped (the child may write into it, unseen by the slots).
+  uint32_t never_reuse;
+  uint64_t reuses;  // tables this memory held before the current one (kept by reuse)
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
 };
@@ -108,9 +110,8 @@ class TableMemory {
   // Waits until no kernel enqueued earlier still reads the memory and clears the kernels' error records.
   void Quiesce();
   // The attach slot this mapping signed in to; signed out when the memory goes, after its kernels.
+  // A forked child signs in to a slot of its own for every mapping it inherits (shared_table.cc, "Forks").
   void set_attach_slot(int slot) { attach_slot_ = slot; }
-  // Whether this process forked since the memory was mapped: a child may still write into it.
-  bool ForkedSince() const;
   // The memory's CUDA registration; nullptr until Pin, and always in a CPU-only build.
   CudaPinning* cuda() const { return cuda_.get(); }
 
@@ -119,7 +120,6 @@ class TableMemory {
   size_t bytes_;
   int attach_slot_ = -1;
   int32_t mapped_by_pid_;
-  uint64_t forks_when_mapped_;
   // The same member in every build, so that a CUDA build does not change the class's layout.
   std::unique_ptr<CudaPinning, CudaPinningDeleter> cuda_;  // null until Pin
 };

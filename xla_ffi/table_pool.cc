@@ -75,8 +75,7 @@ bool TablePool::Offer(const std::shared_ptr<SharedTable>& table, int64_t handle)
   std::lock_guard<std::mutex> lock(mutex_);
   ForgetIfForkedLocked();
   const uint64_t bytes = table->total_bytes();
-  if (stats_.max_tables == 0 || bytes > stats_.max_bytes || !table->creator() ||
-      table->memory()->ForkedSince() || table->AttachedElsewhere()) {
+  if (stats_.max_tables == 0 || bytes > stats_.max_bytes || !table->creator() || table->AttachedElsewhere()) {
     ++stats_.refused;
     return false;
   }
