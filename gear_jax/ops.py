@@ -51,6 +51,10 @@ class Sample:
         its probabilities 1/N), so that importance weights (N * P)^-beta need nothing else; None for
         samples that `sample` did not make (`sample_at`, `ordered_candidates`, hand-built ones).
       window: static int, the window length given to `sample` (0 for none).
+      table_handle: static int, the handle of the table the rows were picked from (None for samples
+        built by hand): `gather` and `update_priorities` refuse a sample of another table. It is part of
+        the pytree structure; a `lax.scan` carry that starts from a hand-built sample can drop it with
+        `sample.detached()`.
     """
 
     indices: jax.Array
@@ -59,12 +63,17 @@ class Sample:
     starts: jax.Array
     selectable: Any = None
     window: int = 0
+    table_handle: int | None = None
+
+    def detached(self) -> Sample:
+        """The same picks without the table's handle (as a hand-built sample; no table check)."""
+        return dataclasses.replace(self, table_handle=None)
 
 
 jax.tree_util.register_dataclass(
     Sample,
     data_fields=["indices", "generations", "probabilities", "starts", "selectable"],
-    meta_fields=["window"],
+    meta_fields=["window", "table_handle"],
 )
 
 
@@ -82,9 +91,49 @@ def _check_table(table: Any, op: str) -> Table:
     return table
 
 
+MAX_BATCH_SIZE = 2**31 - 1  # picks are counted and indexed in int32
+
+
 def _check_batch_size(batch_size: Any, op: str) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise InvalidArgumentError(f"{op}: batch_size={batch_size!r} must be an int >= 1")
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, (int, np.integer))
+        or not 1 <= batch_size <= MAX_BATCH_SIZE
+    ):
+        raise InvalidArgumentError(f"{op}: batch_size={batch_size!r} must be an int in [1, 2**31 - 1]")
+
+
+def _memory_available() -> int | None:
+    """Bytes the default backend's device can still hold: the memory limit of an accelerator, or the
+    host's MemAvailable for the CPU; None when unknown."""
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        limit = stats.get("bytes_limit")
+        return None if limit is None else int(limit) - int(stats.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_result_bytes(op: str, nbytes: int, what: str) -> None:
+    """Refuses, at trace time, results larger than the device can hold (instead of an allocation failure,
+    or the process being killed, at run time)."""
+    available = _memory_available()
+    if available is not None and nbytes > available:
+        raise InvalidArgumentError(
+            f"{op}: {what} need {nbytes / 2**30:.2f} GiB of results, more than the "
+            f"{available / 2**30:.2f} GiB the {jax.default_backend()} device has available; "
+            "use a smaller batch (several calls, or a smaller window)"
+        )
+
+
+PICK_BYTES = 16  # per pick: index, generation, probability, start
 
 
 def _pick_types(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -97,10 +146,16 @@ def _pick_types(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
     )
 
 
-def _check_sample(sample: Any, op: str) -> int:
-    """The batch size of a well-formed Sample; raises for anything else."""
+def _check_sample(sample: Any, op: str, table: Table) -> int:
+    """The batch size of a well-formed Sample of `table`; raises for anything else."""
     if not isinstance(sample, Sample):
         raise InvalidArgumentError(f"{op}: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
+    if sample.table_handle is not None and sample.table_handle != table.handle:
+        raise InvalidArgumentError(
+            f"{op}: the sample was picked from another table (handle {sample.table_handle}), not from "
+            f"table {table.name!r} (handle {table.handle}); its row ids mean nothing here. Pass the table "
+            "the sample came from"
+        )
     shapes = {
         name: jnp.shape(getattr(sample, name))
         for name in ("indices", "generations", "probabilities", "starts")
@@ -211,6 +266,7 @@ def sample(
     win = _check_window(table, window, "sample")
     seed = _seed(key, "sample")
     b = int(batch_size)
+    _check_result_bytes("sample", b * PICK_BYTES, f"batch_size={b} picks")
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
     indices, generations, probabilities, starts, selectable = jax.ffi.ffi_call(
         _ffi.SAMPLE, out_types, has_side_effect=False
@@ -222,7 +278,9 @@ def sample(
         window=np.int32(win),
         **_attrs(table),
     )
-    return Sample(indices, generations, probabilities, starts, selectable, window=win)
+    return Sample(
+        indices, generations, probabilities, starts, selectable, window=win, table_handle=table.handle
+    )
 
 
 def gather(
@@ -243,7 +301,7 @@ def gather(
       are zero.
     """
     table = _check_table(table, "gather")
-    b = _check_sample(sample, "gather")
+    b = _check_sample(sample, "gather", table)
     names = list(table.spec.fields)
     if fields is None:
         chosen = names
@@ -266,6 +324,11 @@ def gather(
     out_types += [
         jax.ShapeDtypeStruct((*lead, *table.spec.fields[f].shape), table.spec.fields[f].dtype) for f in chosen
     ]
+    _check_result_bytes(
+        "gather",
+        sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in out_types),
+        f"{b} picks x {steps} steps of {len(chosen)} fields",
+    )
     results = jax.ffi.ffi_call(_ffi.GATHER, out_types)(
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),
@@ -298,7 +361,7 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
         changed), or the table was closed.
     """
     table = _check_table(table, "update_priorities")
-    b = _check_sample(sample, "update_priorities")
+    b = _check_sample(sample, "update_priorities", table)
     priorities = jnp.asarray(priorities)
     if priorities.shape != (b,):
         raise InvalidArgumentError(
@@ -398,6 +461,7 @@ def sample_at(
     win = _check_window(table, window, "sample_at")
     seed = _seed(key, "sample_at")
     b = int(targets.shape[0])
+    _check_result_bytes("sample_at", b * PICK_BYTES, f"{b} targets")
     out_types = _pick_types(b)
     indices, generations, probabilities, starts = jax.ffi.ffi_call(
         _ffi.SAMPLE_AT, out_types, has_side_effect=False
@@ -409,7 +473,7 @@ def sample_at(
         window=np.int32(win),
         **_attrs(table),
     )
-    return Sample(indices, generations, probabilities, starts, window=win)
+    return Sample(indices, generations, probabilities, starts, window=win, table_handle=table.handle)
 
 
 ORDERED_METHODS = ("fifo", "lifo", "topk")
@@ -442,6 +506,7 @@ def ordered_candidates(
     win = _check_window(table, window, "ordered_candidates")
     seed = _seed(key, "ordered_candidates")
     b = int(batch_size)
+    _check_result_bytes("ordered_candidates", b * (PICK_BYTES + 8), f"batch_size={b} picks")
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((b, 2), jnp.uint32))  # and order keys
     indices, generations, probabilities, starts, order_keys = jax.ffi.ffi_call(
         _ffi.ORDERED_CANDIDATES, out_types, has_side_effect=False
@@ -452,4 +517,5 @@ def ordered_candidates(
         window=np.int32(win),
         **_attrs(table),
     )
-    return Sample(indices, generations, probabilities, starts, window=win), order_keys
+    sample = Sample(indices, generations, probabilities, starts, window=win, table_handle=table.handle)
+    return sample, order_keys

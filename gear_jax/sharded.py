@@ -98,6 +98,14 @@ def shard_name(name: str, shard: int) -> str:
     return f"{name}.shard{int(shard)}"
 
 
+def _detached(tree: Any) -> Any:
+    """`tree` with every Sample's table handle dropped: each shard is its own table, and the branches of
+    the switch over a process's shards must return the same structure. The sharded layer routes every
+    pick to the shard that owns it (ShardedSample row ids are global)."""
+    is_sample = lambda x: isinstance(x, ops.Sample)  # noqa: E731
+    return jax.tree_util.tree_map(lambda x: x.detached() if is_sample(x) else x, tree, is_leaf=is_sample)
+
+
 class ShardedTable:
     """S tables, one per device along `axis` of `mesh`, each in its owner process's host memory.
 
@@ -229,10 +237,10 @@ class ShardedTable:
         if not tables:
             raise InvalidArgumentError(f"{self.name!r}: this process owns no shard of the mesh axis")
         if len(tables) == 1:
-            return fn(tables[0])
+            return _detached(fn(tables[0]))
         me = lax.axis_index(self.axis)
         branch = jnp.clip(jnp.searchsorted(jnp.asarray(self._local_ids), me), 0, len(tables) - 1)
-        return lax.switch(branch, [lambda t=t: fn(t) for t in tables])
+        return lax.switch(branch, [lambda t=t: _detached(fn(t)) for t in tables])
 
     # -- wrappers that build the shard_map ----------------------------------------------------------
 

@@ -186,3 +186,66 @@ def test_malformed_samples_are_refused(make_table):
         gj.gather(table, s)
     with pytest.raises(gj.InvalidArgumentError, match=r"shape \(B,\)"):
         gj.update_priorities(table, s, jnp.ones(1 << 16))
+
+
+def test_a_sample_of_another_table_is_refused(make_table):
+    """Row ids of one table mean nothing in another: gather and update_priorities refuse such a sample,
+    eagerly and inside jit, and change nothing (issue 12, defect 6)."""
+    first, second = make_table(capacity=8), make_table(capacity=8)
+    first.insert(transitions(8))
+    second.insert(transitions(8, start=100))
+    before = second.row_status()
+    s = gj.sample(first, jax.random.key(0), 4)
+    assert s.table_handle == first.handle
+    with pytest.raises(gj.InvalidArgumentError, match="picked from another table"):
+        gj.gather(second, s)
+    with pytest.raises(gj.InvalidArgumentError, match="picked from another table"):
+        gj.update_priorities(second, s, jnp.full(4, 5.0))
+    with pytest.raises(gj.InvalidArgumentError, match="picked from another table"):
+        jax.jit(lambda a, b, key: gj.gather(b, gj.sample(a, key, 4)))(first, second, jax.random.key(1))
+    ordered, _ = gj.ordered_candidates(first, jax.random.key(0), 2, "fifo")
+    with pytest.raises(gj.InvalidArgumentError, match="picked from another table"):
+        gj.gather(second, ordered)
+    at = gj.sample_at(first, jax.random.key(0), jnp.array([0.5, 1.5]))
+    with pytest.raises(gj.InvalidArgumentError, match="picked from another table"):
+        gj.update_priorities(second, at, jnp.ones(2))
+    after = second.row_status()
+    assert all(np.array_equal(before[k], after[k]) for k in ("generation", "priority", "length"))
+    # The table it came from still takes it, and so does a detached (hand-built) copy.
+    assert bool(gj.gather(first, s)["valid"].all())
+    assert int(gj.update_priorities(first, s, jnp.full(4, 2.0))) == 4
+    assert gj.gather(second, s.detached())["obs"].shape == (4, 3)
+
+
+@pytest.mark.parametrize("op", ["sample", "sample_batch", "ordered_candidates"])
+def test_batch_sizes_beyond_memory_are_refused_at_trace_time(make_table, op):
+    """A batch whose results cannot fit fails with an error naming the operation and the sizes, before
+    anything is allocated (issue 12, defect 7). Traced with eval_shape: nothing would run either way."""
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    key = jax.random.key(0)
+    calls = {
+        "sample": lambda: gj.sample(table, key, 2**31 - 1),
+        "sample_batch": lambda: table.sample_batch(key, 2**31 - 1),
+        "ordered_candidates": lambda: gj.ordered_candidates(table, key, 2**31 - 1, "fifo"),
+    }
+    with pytest.raises(gj.InvalidArgumentError, match=r"GiB of results, more than the .* GiB the cpu device"):
+        jax.eval_shape(calls[op])
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch_size=2147483648 must be an int in \[1, 2"):
+        gj.sample(table, key, 2**31)
+
+
+def test_gather_beyond_memory_is_refused_before_it_runs(make_table, monkeypatch):
+    """With the device's available memory pinned low, a gather (and a sample) that would exceed it raises
+    the clear error when called, and a smaller one still runs."""
+    from gear_jax import ops
+
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    monkeypatch.setattr(ops, "_memory_available", lambda: 16896)
+    s = gj.sample(table, jax.random.key(0), 1024)  # 16 KiB of picks: fits
+    with pytest.raises(gj.InvalidArgumentError, match=r"gather: 1024 picks x 1 steps of 2 fields need"):
+        gj.gather(table, s)  # 17 KiB: valid, obs and action
+    with pytest.raises(gj.InvalidArgumentError, match="sample: batch_size=8192 picks need"):
+        gj.sample(table, jax.random.key(0), 8192)
+    assert gj.gather(table, s, fields="action")["action"].shape == (1024,)
