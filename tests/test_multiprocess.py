@@ -87,9 +87,13 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
     ]
     step = jax.jit(lambda k: gj.gather(table, gj.sample(table, k, 8)))
     valid_rows = invalid_rows = 0
+    commits_while_sampling = []  # the last commit order number, before the first and after the last read
     try:
         i = 0
         while any(w.poll() is None for w in writers) and i < 20_000 and invalid_rows < 200:
+            if i == 0:
+                jax.block_until_ready(step(jax.random.key(0)))  # compiled before the first measure
+                commits_while_sampling.append(int(table.row_status()["insert_seq"].max()))
             batch = step(jax.random.key(i))
             v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
             uniform = (v == v[:, :1]).all(axis=1)
@@ -97,11 +101,14 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
             valid_rows += int(ok.sum())
             invalid_rows += int((~ok).sum())
             i += 1
+        commits_while_sampling.append(int(table.row_status()["insert_seq"].max()))
     finally:
         for w in writers:
             w.wait(timeout=TIMEOUT)
     assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
-    print(f"{i} batches, {valid_rows} valid rows, {invalid_rows} invalid rows")
+    first, last = commits_while_sampling
+    print(f"{i} batches, {valid_rows} valid rows, {invalid_rows} invalid rows, commits {first} -> {last}")
+    assert last > first, "the writers made no progress while this process sampled"
     assert valid_rows > 0
     assert invalid_rows > 0, "no read overlapped a write: the test did not exercise the seqlock"
     assert table.row_status()["generation"].min() >= 2
