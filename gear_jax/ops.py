@@ -308,6 +308,10 @@ def gather(
     else:
         if isinstance(fields, str):
             fields = (fields,)
+        if not isinstance(fields, Sequence) or not all(isinstance(f, str) for f in fields):
+            raise InvalidArgumentError(
+                f"gather: fields={fields!r} must be a field name or a sequence of field names from {names}"
+            )
         chosen = list(fields)
         unknown = [f for f in chosen if f not in table.spec.fields]
         if unknown or not chosen:
@@ -362,14 +366,15 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
     """
     table = _check_table(table, "update_priorities")
     b = _check_sample(sample, "update_priorities", table)
+    dtype = getattr(priorities, "dtype", None)
+    if dtype is None or not isinstance(priorities, jax.Array | jax.core.Tracer):
+        dtype = np.asarray(priorities).dtype  # host values: lists, numpy arrays
+    if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        raise InvalidArgumentError(f"update_priorities: priorities has dtype {dtype}; expected floats")
     priorities = jnp.asarray(priorities)
     if priorities.shape != (b,):
         raise InvalidArgumentError(
             f"update_priorities: priorities has shape {priorities.shape}, expected ({b},) to match the sample"
-        )
-    if not (jnp.issubdtype(priorities.dtype, jnp.floating) or jnp.issubdtype(priorities.dtype, jnp.integer)):
-        raise InvalidArgumentError(
-            f"update_priorities: priorities has dtype {priorities.dtype}; expected floats"
         )
     return jax.ffi.ffi_call(
         _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True
