@@ -2,17 +2,16 @@
 
 One table in shared memory; a nursery process (attached, no JAX backend) forks `--writers` writers and
 SIGKILLs one of them every `--mean_kill_interval_s` on average (exponential gaps), forking a
-replacement at once. Writers mix the three ways of writing: episodes step by step (EpisodeWriter),
-batches (`insert`) and single rows (`add` on a second, transition table would need another spec, so the
-third kind writes one-step episodes). Every step's values name its episode and step, so the learner can
-check every valid step it gathers.
+replacement at once. Writers mix three ways of writing: episodes step by step (EpisodeWriter), batches
+of episodes (`insert`), and one-step episodes one row per call. Every step's values name its episode
+and step, so the learner can check every valid step it gathers.
 
 The learner runs one jitted step (uniform sample of windows, gather, priority update) in a loop and,
 every `--report_every_s`, logs and records: learner steps/s and gathered steps/s, the share of invalid
 picks, torn steps (valid steps whose values disagree: must stay 0), rows held (odd generation), the
 table's size against a scan of the rows, kills so far, gear_jax entries in /dev/shm, and the private
-resident memory of the learner and of the writers. At the end, with every writer gone: an insert of `capacity`
-rows must succeed, no row may stay held, and `size` must equal the committed rows.
+resident memory of the learner and of the writers. At the end, with every writer gone: an insert of
+`capacity` rows must succeed, no row may stay held, and `size` must equal the committed rows.
 
 Not part of CI. Run (10 minutes, 4 writers):
 
@@ -331,7 +330,7 @@ def plot(result: dict, path: str) -> None:
         ("invalid pick share", ["invalid_pick_share"]),
         ("rows", ["held_rows", "size"]),
         ("kills (cumulative)", ["kills"]),
-        ("resident MiB", ["learner_private_mib", "writers_private_mib"]),
+        ("private resident MiB", ["learner_private_mib", "writers_private_mib"]),
         ("/dev/shm MiB", ["shm_mib"]),
     ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.0 * len(panels)), sharex=True)
