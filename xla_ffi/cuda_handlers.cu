@@ -303,8 +303,11 @@ struct HostScatter {
 void RunHostScatter(void* arg) {
   std::unique_ptr<HostScatter> call(static_cast<HostScatter*>(arg));
   const ScatterStaging& s = call->staging;
+  // In a counter window, as on the CPU (shared_table.cc, "Ownership and counters").
+  const int slot = call->table->OpenWindow();
   const KernelStatus status =
       ScatterPrioritiesCpu(call->table->view(), s.indices, s.generations, s.priorities, call->n, s.count);
+  call->table->CloseWindow(slot);
   if (!status.ok()) {  // the record CheckKernel (kernels/priorities.cu) would leave
     *s.count = 0;
     ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
@@ -356,6 +359,23 @@ ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTab
   return ffi::Error::Success();
 }
 
+// A counter window that stays open while a priority kernel may run: opened by the handler before the
+// launch, closed by a host callback enqueued after the kernel (a process killed meanwhile leaves the
+// window open in its writer slot, and the counters are recounted; shared_table.cc).
+struct WindowAfterKernel {
+  std::shared_ptr<SharedTable> table;  // keeps the mapping until the callback ran
+  int64_t handle;
+  int slot;
+};
+
+// The host callback (cudaHostFn_t) that closes the window. Makes no CUDA call.
+void CloseWindowAfterKernel(void* arg) {
+  std::unique_ptr<WindowAfterKernel> window(static_cast<WindowAfterKernel*>(arg));
+  window->table->CloseWindow(window->slot);
+  if (!ReleaseWhileRegistered(window->handle, &window->table))
+    RetiredTables::Get().Park(std::move(window->table));
+}
+
 ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
                                 ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
                                 ffi::Buffer<ffi::F32> priorities, ffi::AnyBuffer /*after*/,
@@ -382,10 +402,23 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
       error.failure()) {
     return error;
   }
-  return Launched(
+  auto window =
+      std::unique_ptr<WindowAfterKernel>(new WindowAfterKernel{t.table, handle, t.table->OpenWindow()});
+  const cudaError_t launched =
       ScatterPrioritiesCuda(view, indices.typed_data(), generations.typed_data(), priorities.typed_data(), n,
-                            memory, updated->typed_data(), t.side->error_device, stream),
-      kOp);
+                            memory, updated->typed_data(), t.side->error_device, stream);
+  const cudaError_t enqueued =
+      launched == cudaSuccess ? cudaLaunchHostFunc(stream, CloseWindowAfterKernel, window.get()) : launched;
+  if (enqueued == cudaSuccess) {
+    window.release();  // the callback owns it now
+    return ffi::Error::Success();
+  }
+  // Not launched, or no callback: nothing will close the window later. Close it now (a kernel that
+  // was launched then runs outside a window, as before windows existed).
+  t.table->CloseWindow(window->slot);
+  if (launched != cudaSuccess) return Launched(launched, kOp);
+  cudaGetLastError();  // reported here, not by a later launch check
+  return CudaFailure(kOp, "cannot enqueue the end of the update's counter window", enqueued);
 }
 
 ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
