@@ -112,8 +112,13 @@ class Table:
         pin: bool = True,
         reuse: bool = True,
         casting: str = "fit",
+        outlive_creator: bool = False,
     ) -> Table:
         """Creates a table in shared memory (mode 0600).
+
+        A table whose creator died without closing it (killed, `os._exit`, a crash) and that no other
+        process has open any more is removed by the next `Table.create` on the host, or by
+        `python -m gear_jax.cleanup --remove` (`gear_jax.cleanup`), unless `outlive_creator` is set.
 
         Args:
           spec: the table's `TableSpec`.
@@ -127,6 +132,10 @@ class Table:
           casting: how inserted values are cast to the fields' dtypes: "fit" (within a kind when every
             value fits: float64 into float32, int64 into int32) or "strict" (only safe casts). See
             `gear_jax.casting`; settable later as `table.casting`.
+          outlive_creator: keep the table in /dev/shm when this process dies without closing it, for a
+            process to attach later (a restarted creator, say), even while no process has it open.
+            Such a table is removed only by `close()` (a normal exit closes it too), by hand, or by
+            `python -m gear_jax.cleanup --remove --include_persistent`.
 
         Raises:
           InvalidArgumentError: `name` is malformed or already in use.
@@ -149,6 +158,7 @@ class Table:
                 spec.spec_hash,
                 bool(pin),
                 bool(reuse),
+                outlive_creator=bool(outlive_creator),
             )
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
@@ -288,6 +298,11 @@ class Table:
     @property
     def closed(self) -> bool:
         return self._native.closed
+
+    @property
+    def outlive_creator(self) -> bool:
+        """Whether the table was created to stay when its creator dies (`Table.create`)."""
+        return bool(self._live().persistent)
 
     @property
     def pinned(self) -> bool:

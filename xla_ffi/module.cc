@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "kernels/atomics.h"
 #include "kernels/sample.h"
 #include "xla_ffi/cpu_handlers.h"
+#include "xla_ffi/dead_tables.h"
 #include "xla_ffi/open_table.h"
 #include "xla_ffi/row_writer.h"
 #include "xla_ffi/shared_table.h"
@@ -105,6 +107,26 @@ py::dict Layout(OpenTable& self) {
   }
   layout["fields"] = fields;
   return layout;
+}
+
+py::dict Record(const TableRecord& r, bool include_persistent, bool ignore_pid_namespaces) {
+  py::dict out;
+  out["name"] = r.name;
+  out["nbytes"] = r.bytes;
+  out["format_version"] = r.format_version;
+  out["pool"] = r.pool;
+  out["creator_pid"] = r.creator_pid;
+  out["creator_pid_namespace"] = r.creator_pid_namespace;
+  out["persistent"] = r.persistent;
+  out["closed"] = r.closed;
+  out["mixed_pid_namespaces"] = r.mixed_pid_namespaces;
+  out["same_pid_namespace"] = r.same_pid_namespace;
+  out["creator_alive"] = r.creator_alive;
+  out["attached_alive"] = r.attached_alive;
+  out["writers_alive"] = r.writers_alive;
+  out["state"] = r.state;
+  out["removable"] = Removable(r, include_persistent, ignore_pid_namespaces);
+  return out;
 }
 
 template <typename T>
@@ -210,6 +232,37 @@ PYBIND11_MODULE(_native, m) {
       py::arg("max_tables"), py::arg("max_bytes"));
   m.def("row_stride", &gear::RowStride, py::arg("row_bytes"));
 
+  // Tables whose processes are all gone (dead_tables.h), for gear_jax.cleanup.
+  m.def(
+      "find_tables",
+      [](bool include_persistent, bool ignore_pid_namespaces) {
+        py::list out;
+        for (const gear::TableRecord& r : gear::FindTables()) {
+          out.append(gear::Record(r, include_persistent, ignore_pid_namespaces));
+        }
+        return out;
+      },
+      py::arg("include_persistent") = false, py::arg("ignore_pid_namespaces") = false,
+      "Every gear_jax table in /dev/shm: its header, its processes alive, its state, whether removable");
+  m.def("remove_dead_table", &gear::RemoveIfDead, py::arg("name"), py::arg("include_persistent") = false,
+        py::arg("ignore_pid_namespaces") = false, "Removes the table `name` if it is dead; whether it did");
+  m.def(
+      "sweep_dead_tables", [] { return gear::SweepDeadTables(/*force=*/true); },
+      "Removes every dead table that is not persistent (as a create does); returns their names");
+  m.def("pid_namespace", &gear::PidNamespace, "This process's PID namespace (0: unknown)");
+  m.def(
+      "header_offsets",
+      [] {
+        py::dict out;
+        out["format_version"] = offsetof(gear::TableHeader, format_version);
+        out["creator_pid"] = offsetof(gear::TableHeader, creator_pid);
+        out["persistent"] = offsetof(gear::TableHeader, persistent);
+        out["creator_pid_namespace"] = offsetof(gear::TableHeader, creator_pid_namespace);
+        out["mixed_pid_namespaces"] = offsetof(gear::TableHeader, mixed_pid_namespaces);
+        return out;
+      },
+      "Byte offsets of some header fields (for tests)");
+
   // The bytes of an open table, for numpy views: each view keeps the mapping (not the open) alive, so
   // a view that outlives close() still points at mapped memory (which the pool will not reuse).
   struct TableMapping {
@@ -223,7 +276,7 @@ PYBIND11_MODULE(_native, m) {
   py::class_<OpenTable>(m, "NativeTable")
       .def_static("create", &gear::CreateTable, py::arg("name"), py::arg("capacity"), py::arg("max_steps"),
                   py::arg("step_bytes"), py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"),
-                  py::arg("reuse"))
+                  py::arg("reuse"), py::arg("outlive_creator") = false)
       .def_static("attach", &gear::AttachTable, py::arg("name"), py::arg("pin"))
       .def(
           "mapping", [](OpenTable& self) { return TableMapping{self.ref()}; },
@@ -237,6 +290,13 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("spec_hash", [](OpenTable& s) { return s.table().header()->spec_hash; })
       .def_property_readonly("total_bytes", [](OpenTable& s) { return s.table().total_bytes(); })
       .def_property_readonly("pinned", [](OpenTable& s) { return s.table().pinned(); })
+      .def_property_readonly("creator_pid", [](OpenTable& s) { return s.table().header()->creator_pid; })
+      .def_property_readonly("persistent", [](OpenTable& s) { return s.table().header()->persistent != 0; })
+      .def_property_readonly("mixed_pid_namespaces",
+                             [](OpenTable& s) {
+                               return __atomic_load_n(&s.table().header()->mixed_pid_namespaces,
+                                                      __ATOMIC_SEQ_CST) != 0;
+                             })
       // Both repair the counters first if a writer died while changing them (SharedTable::CheckCounts).
       .def_property_readonly("size",
                              [](OpenTable& s) {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "xla_ffi/dead_tables.h"
 #include "xla_ffi/registry.h"
 #include "xla_ffi/table_pool.h"
 
@@ -106,8 +107,11 @@ SharedTable& OpenTable::table() {
 
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
-                                       uint64_t spec_hash, bool pin, bool reuse) {
-  const TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
+                                       uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator) {
+  TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
+  plan.layout.persistent = outlive_creator ? 1u : 0u;
+  // First the tables whose processes are all gone (dead_tables.h; at most once a second).
+  SweepDeadTables(/*force=*/false);
   DropParkedTables();  // lets the pool reuse memory they still held
   TablePool& pool = TablePool::Get();
   if (reuse) {
@@ -131,7 +135,8 @@ std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity
   try {
     return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);
   } catch (const OutOfSpaceError&) {
-    if (pool.Stats().tables == 0) throw;
+    const bool swept = !SweepDeadTables(/*force=*/true).empty();
+    if (pool.Stats().tables == 0 && !swept) throw;
     pool.Clear();
   }
   return std::make_unique<OpenTable>(SharedTable::Create(name, plan, spec_json, spec_hash, pin), 0);

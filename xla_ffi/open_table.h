@@ -56,10 +56,11 @@ class OpenTable {
 
 // Creates a table, in the memory of a closed one from the pool when one fits and `reuse` is set
 // (taking its handle too when the spec is the same), else in new shared memory; a full /dev/shm
-// empties the pool and retries. See SharedTable::Create for `pin`.
+// empties the pool and retries. See SharedTable::Create for `pin`. Removes the tables of processes
+// that are all gone first (dead_tables.h); `outlive_creator` exempts this table from that.
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
-                                       uint64_t spec_hash, bool pin, bool reuse);
+                                       uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator);
 
 // Attaches to the table `name` created by another open (of any process on the host).
 std::unique_ptr<OpenTable> AttachTable(const std::string& name, bool pin);

@@ -35,6 +35,10 @@ std::string Errno(const char* what) { return std::string(what) + ": " + std::str
 
 // This process's pid, without a system call per row; reset in a forked child.
 std::atomic<int32_t> cached_pid{0};
+// This process's PID namespace (kNamespaceUnread until read); reset in a forked child, which an
+// unshare(CLONE_NEWPID) of its parent puts in another namespace.
+constexpr uint64_t kNamespaceUnread = ~uint64_t{0};
+std::atomic<uint64_t> cached_namespace{kNamespaceUnread};
 
 // Sequentially consistent atomics for ownership and counter windows (the argument before Claim needs one
 // total order of them).
@@ -74,8 +78,8 @@ int64_t MonotonicNs() {
 // Signs process `me` in to a free slot (or one left by a dead process); -1 when every slot is taken.
 int SignIn(TableHeader* h, int32_t me) {
   for (int slot = 0; slot < kMaxAttachments; ++slot) {
-    int32_t seen = __atomic_load_n(&h->attached_pids[slot], __ATOMIC_RELAXED);
-    if (seen != 0 && ProcessAlive(seen)) continue;
+    int32_t seen = __atomic_load_n(&h->attached_pids[slot], __ATOMIC_SEQ_CST);  // before the flag
+    if (seen != 0 && PidMayBeAlive(h, seen)) continue;
     if (__atomic_compare_exchange_n(&h->attached_pids[slot], &seen, me, false, __ATOMIC_SEQ_CST,
                                     __ATOMIC_RELAXED)) {
       return slot;
@@ -149,6 +153,8 @@ void WriteHeader(uint8_t* base, const TablePlan& plan, uint64_t total_bytes, con
   TableHeader* h = reinterpret_cast<TableHeader*>(base);
   std::memcpy(h, &plan.layout, sizeof(TableHeader));  // the plan's magic, counters and slots are zero
   __atomic_store_n(&h->reuses, reuses, __ATOMIC_RELAXED);
+  h->creator_pid = CurrentPid();
+  h->creator_pid_namespace = PidNamespace();
   h->format_version = kFormatVersion;
   h->spec_json_bytes = static_cast<uint32_t>(spec_json.size());
   h->spec_hash = spec_hash;
@@ -190,13 +196,39 @@ bool LayoutFits(const TableHeader& h, uint64_t size) {
 
 bool ProcessAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
+uint64_t PidNamespace() {
+  CurrentPid();  // registers the reset after a fork
+  uint64_t ns = cached_namespace.load(std::memory_order_relaxed);
+  if (ns == kNamespaceUnread) {
+    struct stat st{};
+    ns = stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+    cached_namespace.store(ns, std::memory_order_relaxed);
+  }
+  return ns;
+}
+
+bool PidsComparable(const TableHeader* h) {
+  const uint64_t mine = PidNamespace();
+  return mine != 0 && Load(&h->creator_pid_namespace) == mine && Load(&h->mixed_pid_namespaces) == 0;
+}
+
+bool PidMayBeAlive(const TableHeader* h, int32_t pid) {
+  if (pid <= 0) return false;
+  // The flag after the pid (the callers load the pid first): a process of another namespace sets it
+  // before it signs in or writes anything, so whoever reads its pid also reads the flag.
+  return !PidsComparable(h) || ProcessAlive(pid);
+}
+
 std::string ShmFile(const std::string& name) { return "/dev/shm/" + name; }
 
 int32_t CurrentPid() {
   int32_t pid = cached_pid.load(std::memory_order_relaxed);
   if (pid == 0) {
     static const bool reset_after_fork =
-        pthread_atfork(nullptr, nullptr, [] { cached_pid.store(0, std::memory_order_relaxed); }) == 0;
+        pthread_atfork(nullptr, nullptr, [] {
+          cached_pid.store(0, std::memory_order_relaxed);
+          cached_namespace.store(kNamespaceUnread, std::memory_order_relaxed);
+        }) == 0;
     (void)reset_after_fork;
     pid = static_cast<int32_t>(getpid());
     cached_pid.store(pid, std::memory_order_relaxed);
@@ -457,6 +489,9 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
     problem = "has a damaged header";
   }
   if (!problem.empty()) throw FormatError("shared-memory object '" + name + "' " + problem);
+  // A process of another PID namespace than the creator's: from now on no process may judge a pid of
+  // this table by kill(pid, 0). Set before this process signs in or writes (see PidMayBeAlive).
+  if (Load(&h->creator_pid_namespace) != PidNamespace()) Store(&h->mixed_pid_namespaces, 1u);
   const int slot = SignIn(h, CurrentPid());
   memory->set_attach_slot(slot);
   // Signed in first, then the creator's mark: a creator closing now sees the slot, or this sees the mark.
@@ -464,6 +499,13 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
       __atomic_load_n(&h->reuses, __ATOMIC_SEQ_CST) != reuses ||
       __atomic_load_n(&h->magic[0], __ATOMIC_ACQUIRE) != kTableMagic[0]) {
     throw NotFoundError("gear_jax table '" + name + "' was closed by its creator");
+  }
+  // Signed in first, then the name: the sweep of dead tables (dead_tables.cc) renames a table away
+  // before its last look at the attach slots, so it sees this slot, or this sees the name gone.
+  struct stat named{};
+  if (stat(ShmFile(name).c_str(), &named) != 0 || named.st_ino != st.st_ino || named.st_dev != st.st_dev) {
+    throw NotFoundError("gear_jax table '" + name +
+                        "' was removed: its creator and every process using it were gone");
   }
   memory->Pin(pin);
   return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), false));
@@ -478,7 +520,7 @@ void SharedTable::MarkClosed() { __atomic_store_n(&header()->closed, 1u, __ATOMI
 bool SharedTable::AttachedElsewhere() const {
   const TableHeader* h = header();
   for (int slot = 0; slot < kMaxAttachments; ++slot) {
-    if (ProcessAlive(__atomic_load_n(&h->attached_pids[slot], __ATOMIC_SEQ_CST))) return true;
+    if (PidMayBeAlive(h, __atomic_load_n(&h->attached_pids[slot], __ATOMIC_SEQ_CST))) return true;
   }
   // The mark after the slots ("Forks"): a process that forked and has exited since was signed in
   // before, and marked the table before its fork.
@@ -554,7 +596,10 @@ void SharedTable::Unlink() {
 // window: a learner killed between a priority's CAS and its counter update leaves selectable off by one,
 // and a recount overlapping such an update can be off by one (the update's two instructions must
 // straddle the scan of its row and step 4). A pid reused by a new process makes a dead owner look alive
-// until that process exits. The CPU priority handler opens a window.
+// until that process exits. The CPU priority handler opens a window. Where kill(pid, 0) cannot answer
+// for the table's pids (a process of another PID namespace attached, or this one is in another: see
+// PidMayBeAlive), every recorded pid counts as alive: rows held by a killed writer stay held, and a
+// window it left open keeps the counters from being recounted, for as long as the table exists.
 namespace {
 
 // Closes a counter window when the scope ends, a throw included (a kill skips it: that is the point).
@@ -586,8 +631,8 @@ int64_t SharedTable::ClaimRow(bool* reclaimed, uint64_t* claimed_state) {
     const uint64_t seq = FetchAdd<uint64_t>(&h->next_seq, 1);
     const int64_t row = static_cast<int64_t>(seq % static_cast<uint64_t>(capacity));
     int32_t previous = Load(&owner[row]);
-    if (previous != 0 && ProcessAlive(previous)) continue;  // held, or being published, by a live writer
-    if (!Cas(&owner[row], &previous, me)) continue;         // another writer took it first
+    if (previous != 0 && PidMayBeAlive(h, previous)) continue;  // held, or being published, by a live writer
+    if (!Cas(&owner[row], &previous, me)) continue;             // another writer took it first
     uint64_t state = Load(&view_.state[row]);
     uint64_t claimed = 0;
     do {  // fails only when a priority update lands in between
@@ -686,7 +731,7 @@ int SharedTable::WriterSlot() {
   int slot = -1;
   for (int s = 0; s < kMaxWriterSlots && slot < 0; ++s) {
     uint64_t seen = Load(&h->writer_slots[s]);
-    const bool free = seen == 0 || (SlotWindows(seen) == 0 && !ProcessAlive(SlotPid(seen)));
+    const bool free = seen == 0 || (SlotWindows(seen) == 0 && !PidMayBeAlive(h, SlotPid(seen)));
     if (free && Cas(&h->writer_slots[s], &seen, static_cast<uint64_t>(static_cast<uint32_t>(me)))) slot = s;
   }
   if (slot >= 0) {  // before any window of this slot opens: a recount reads `used` to know where to look
@@ -729,7 +774,7 @@ bool SharedTable::SweepWriterSlots() {
   for (int s = 0; s < used; ++s) {
     uint64_t seen = Load(&h->writer_slots[s]);
     if (SlotWindows(seen) == 0) continue;
-    if (ProcessAlive(SlotPid(seen))) {
+    if (PidMayBeAlive(h, SlotPid(seen))) {
       live = true;
       continue;
     }

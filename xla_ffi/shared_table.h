@@ -33,7 +33,7 @@ struct CudaPinningDeleter {
 };
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 3;
+inline constexpr uint32_t kFormatVersion = 4;  // 4: creator pid and PID namespace in the header
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =
@@ -73,13 +73,22 @@ struct TableHeader {
   // process forked while it had the table mapped (the child may write into it, unseen by the slots).
   uint32_t never_reuse;
   uint64_t reuses;  // tables this memory held before the current one (kept by reuse)
+  // Who made the table, for the sweep of tables whose processes are all gone (dead_tables.h): the
+  // creator's pid and PID namespace (the inode of its /proc/self/ns/pid; 0: unknown), and whether the
+  // table is to outlive its creator (Table.create(outlive_creator=True): never swept automatically).
+  int32_t creator_pid;
+  uint32_t persistent;
+  uint64_t creator_pid_namespace;
+  // Set (never cleared) by an attach from another PID namespace than the creator's: kill(pid, 0) then
+  // answers for no pid in the table, and every process takes every recorded pid for alive (PidMayBeAlive).
+  uint32_t mixed_pid_namespaces;
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
 };
 
 // Where each column of a table goes, for a capacity, a row length and field sizes.
 struct TablePlan {
-  TableHeader layout;    // offsets, capacity, max_steps, num_fields; the rest zero
+  TableHeader layout;    // offsets, capacity, max_steps, num_fields (persistent: the caller's); the rest zero
   uint64_t total_bytes;  // bytes the table needs
 };
 // Throws std::invalid_argument for sizes out of range or too large to address.
@@ -88,8 +97,19 @@ TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64
 
 // This process's pid (cached; reset in a forked child).
 int32_t CurrentPid();
-// Whether process `pid` (> 0) exists, by kill(pid, 0): processes sharing /dev/shm share a PID namespace.
+// Whether process `pid` (> 0) exists in this process's PID namespace, by kill(pid, 0).
 bool ProcessAlive(int32_t pid);
+// This process's PID namespace: the inode of /proc/self/ns/pid (cached; reset in a forked child), 0
+// where it cannot be read.
+uint64_t PidNamespace();
+// Whether kill(pid, 0) answers for the pids recorded in table `h`: this process is in the creator's PID
+// namespace (known), and no process of another namespace attached (mixed_pid_namespaces).
+bool PidsComparable(const TableHeader* h);
+// Whether the process `pid` recorded in table `h` (an owner word, a writer or attach slot) may still
+// run: false only for pid <= 0 and for a pid kill(pid, 0) finds gone where PidsComparable(h). Containers
+// that share /dev/shm but not a PID namespace see each other's processes as gone (or as others): their
+// pids are unknown here, taken for alive, so nothing of theirs is reclaimed.
+bool PidMayBeAlive(const TableHeader* h, int32_t pid);
 // Where glibc keeps the object shm_open("/name") opens; renaming it there renames the object.
 std::string ShmFile(const std::string& name);
 

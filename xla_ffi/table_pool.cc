@@ -9,6 +9,8 @@
 #include <random>
 #include <utility>
 
+#include "xla_ffi/dead_tables.h"
+
 namespace gear {
 namespace {
 
@@ -65,7 +67,11 @@ void TablePool::RemoveOrphans() {
     const std::string name = entry->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
     const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-    if (pid > 0 && pid <= INT32_MAX && !ProcessAlive(static_cast<int32_t>(pid))) UnlinkPoolName(name);
+    // Only names pooled in this PID namespace: kill(pid, 0) says nothing of another's pids.
+    if (pid > 0 && pid <= INT32_MAX && !ProcessAlive(static_cast<int32_t>(pid)) &&
+        CreatedInThisPidNamespace(name)) {
+      UnlinkPoolName(name);
+    }
   }
   closedir(dir);
 }

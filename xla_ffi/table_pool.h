@@ -15,8 +15,8 @@
 // Pooled memory stays in /dev/shm; the pool holds at most `max_tables` tables and `max_bytes` bytes
 // (oldest dropped first; by default 8 tables and 16 GiB, at most a quarter of /dev/shm), and a create
 // that finds /dev/shm full empties it and tries again. Names that a crashed process left in the pool
-// are removed whenever a process pools a table. Liveness is checked with kill(pid, 0): processes that
-// share /dev/shm must share a PID namespace.
+// are removed whenever a process pools a table, when their header records this process's PID namespace
+// (kill(pid, 0) tells nothing of another's pids; `python -m gear_jax.cleanup` lists those).
 #pragma once
 
 #include <cstdint>
