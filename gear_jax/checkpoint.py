@@ -66,6 +66,7 @@ MAX_MANIFEST_BYTES = 1 << 20
 # changing after the last are saved as empty.
 RETRY_WAITS = (0.0, 0.0005, 0.002)
 
+_OUR_ENTRY = re.compile(r"^(data-[0-9a-f]+-[0-9a-f]{16}|\.current-[0-9a-f]{16})$")  # names saves make
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _GENERATION_SHIFT = np.uint64(32)
 _PRIORITY_BITS = np.uint64(0xFFFFFFFF)
@@ -217,7 +218,10 @@ def _open_checkpoint_root(root: Path) -> int:
         raise CheckpointError(f"checkpoint '{root}': the path exists and is not a directory") from None
     try:
         entries = set(os.listdir(root_fd))
-        if entries and CURRENT not in entries:
+        # Without `current`, only what a killed first save leaves (the lock, its data directory and
+        # link) may be there: anything else is someone else's directory.
+        ours = LOCK in entries and all(e == LOCK or _OUR_ENTRY.match(e) for e in entries)
+        if entries and CURRENT not in entries and not ours:
             raise CheckpointError(
                 f"checkpoint '{root}': the directory is not empty and holds no gear_jax checkpoint "
                 f"(no '{CURRENT}' link); save to a new path or an empty directory"
@@ -253,7 +257,7 @@ def _current_target(root_fd: int, root: Path | None = None) -> str | None:
 def _remove_leftovers(root_fd: int, keep: str | None) -> None:
     """Removes what killed saves left: data directories `current` does not name, temporary links."""
     for entry in os.listdir(root_fd):
-        if entry != keep and (entry.startswith(DATA_PREFIX) or entry.startswith(LINK_PREFIX)):
+        if entry != keep and _OUR_ENTRY.match(entry):
             _remove_entry(root_fd, entry)
 
 

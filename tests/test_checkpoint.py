@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 import zlib
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -153,9 +154,10 @@ def test_modes_and_replacement(tmp_path, tables):
     path = tmp_path / "ckpt"
     first.save(path)
     old_data = os.readlink(path / "current")
-    (path / "data-leftover").mkdir()
-    (path / "data-leftover" / "state.bin").write_bytes(b"x")
-    os.symlink("data-leftover", path / ".current-leftover")
+    leftover = "data-18eab0d1fa3f2b00-0123456789abcdef"  # what a save killed before its link flip leaves
+    (path / leftover).mkdir()
+    (path / leftover / "state.bin").write_bytes(b"x")
+    os.symlink(leftover, path / ".current-0123456789abcdef")
     second.save(path)
     assert sorted(os.listdir(path)) == sorted(["current", "lock", os.readlink(path / "current")])
     assert os.readlink(path / "current") != old_data
@@ -211,6 +213,7 @@ def test_sigkill_during_save_leaves_a_loadable_checkpoint(tmp_path, tables):
             [sys.executable, "-c", textwrap.dedent(SAVER), current.name, str(path)],
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(gj.__file__).parents[1])},  # this gear_jax
         )
         try:
             ready, _, _ = select.select([saver.stdout], [], [], 60)
@@ -418,6 +421,18 @@ def test_refuses_foreign_directories(tmp_path, saved_checkpoint):
         table.close()
     with pytest.raises(gj.CheckpointError, match="can not save a closed table"):
         table.save(tmp_path / "closed")
+
+
+def test_a_first_save_killed_before_its_link_does_not_block_the_next(tmp_path, tables):
+    path = tmp_path / "ckpt"
+    path.mkdir(mode=0o700)
+    (path / "lock").touch()
+    (path / "data-18eab0d1fa3f2b00-0123456789abcdef").mkdir()
+    refused(path, "no 'current' link")
+    table = tables(filled_transitions())
+    table.save(path)
+    assert sorted(os.listdir(path)) == sorted(["current", "lock", os.readlink(path / "current")])
+    assert_same_table(table, tables(gj.Table.load(path)))
 
 
 def test_refuses_newer_and_invalid_versions(saved_checkpoint):
