@@ -34,7 +34,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import time
 import zlib
@@ -262,13 +261,19 @@ def _remove_leftovers(root_fd: int, keep: str | None) -> None:
 
 
 def _remove_entry(root_fd: int, entry: str) -> None:
-    """Removes the file, link or directory tree `entry` of the checkpoint directory, never following links."""
+    """Removes the file, link or directory tree `entry` of the directory `root_fd`, never following links."""
     try:
         info = os.stat(entry, dir_fd=root_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
     if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(entry, dir_fd=root_fd)
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+        try:
+            for inner in os.listdir(fd):
+                _remove_entry(fd, inner)
+        finally:
+            os.close(fd)
+        os.rmdir(entry, dir_fd=root_fd)
     else:
         os.unlink(entry, dir_fd=root_fd)
 
@@ -659,19 +664,25 @@ def _open_column(root: Path, data_fd: int, column: _Column) -> int:
 
 
 def _read_chunks(
-    checkpoint: _Checkpoint, column: _Column, rows_per_chunk: int
+    checkpoint: _Checkpoint, column: _Column, rows_per_chunk: int, into: np.ndarray | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, rows) chunks of a column file, read on a second thread one chunk ahead, checksummed;
-    raises CheckpointError after the last chunk when the checksum does not match (or the file shrank)."""
+    """(first row, rows) chunks of a column file, checksummed; raises CheckpointError after the last
+    chunk when the checksum does not match (or the file shrank meanwhile).
+
+    A second thread reads one chunk ahead while this one checksums the last (both release the GIL).
+    With `into` (the table's view of the column) C-contiguous, chunks are read straight into it and the
+    rows yielded are its own; otherwise into a buffer the caller copies from.
+    """
     fd = checkpoint.fds[column.name]
     capacity = column.shape[0]
-    buffers = [np.empty((rows_per_chunk, *column.shape[1:]), column.dtype) for _ in range(2)]
-    crc = 0
+    direct = into is not None and into.flags.c_contiguous
+    buffers = (
+        [] if direct else [np.empty((rows_per_chunk, *column.shape[1:]), column.dtype) for _ in range(2)]
+    )
 
     def read(start: int, slot: int) -> np.ndarray:
-        nonlocal crc
         rows = min(rows_per_chunk, capacity - start)
-        array = buffers[slot][:rows]
+        array = into[start : start + rows] if direct else buffers[slot][:rows]
         data = memoryview(array.reshape(-1).view(np.uint8))
         offset, done = start * column.row_bytes, 0
         while done < len(data):
@@ -679,9 +690,9 @@ def _read_chunks(
             if got == 0:
                 raise _refuse(checkpoint.root, f"'{column.file}' is truncated (it shrank while being read)")
             done += got
-        crc = zlib.crc32(data, crc)
         return array
 
+    crc = 0
     starts = list(range(0, capacity, rows_per_chunk))
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gear_jax_checkpoint") as reader:
         ahead = reader.submit(read, starts[0], 0)
@@ -689,6 +700,7 @@ def _read_chunks(
             array = ahead.result()
             if index + 1 < len(starts):
                 ahead = reader.submit(read, starts[index + 1], (index + 1) % 2)
+            crc = zlib.crc32(memoryview(array.reshape(-1).view(np.uint8)), crc)
             yield start, array
     if crc != checkpoint.checksums[column.name]:
         raise _refuse(
@@ -708,10 +720,11 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
             continue
         rows_per_chunk = max(1, min(column.shape[0], CHUNK_BYTES // column.row_bytes))
         view = views[column.name]
-        for start, rows in _read_chunks(checkpoint, column, rows_per_chunk):
+        for start, rows in _read_chunks(checkpoint, column, rows_per_chunk, into=view):
             if column.name == "length" and ((rows < 0) | (rows > max_steps)).any():
                 raise _refuse(checkpoint.root, f"'{column.file}' holds lengths outside [0, {max_steps}]")
-            view[start : start + len(rows)] = rows
+            if not view.flags.c_contiguous:  # else read into the view itself
+                view[start : start + len(rows)] = rows
     state = next(c for c in checkpoint.columns if c.name == "state")
     rows_per_chunk = max(1, min(state.shape[0], CHUNK_BYTES // state.row_bytes))
     for _, states in _read_chunks(checkpoint, state, rows_per_chunk):  # checked whole before any row shows
