@@ -6,12 +6,13 @@ A checkpoint is a directory `path` (mode 0700) that holds
     data-<hex>/     manifest.json and one file per column (mode 0600)
     lock            taken (flock) by a save while it writes, so that two saves to one path take turns
 
-A data directory holds one raw little-endian file per column: the four row-status columns
-(`state.bin`: generation << 32 | float32 priority bits, `length.bin`, `insert_seq.bin`,
-`times_sampled.bin`) and `field-<i>.bin` for the i-th field, `[capacity, max_steps, *shape]` of the
-field's dtype, rows without padding. `manifest.json` names the format and its version, the table's
-spec, capacity and max_steps, the allocator cursor (`next_seq`) and the last insert_seq handed out
-(`commit_seq`), and for every column its file, dtype, shape, byte size and CRC-32.
+A data directory holds one raw file per column, in the host's byte order (little-endian): the four
+row-status columns (`state.bin`: generation << 32 | float32 priority bits, `length.bin`,
+`insert_seq.bin`, `times_sampled.bin`) and `field-<i>.bin` for the i-th field,
+`[capacity, max_steps, *shape]` of the field's dtype, rows without padding. `manifest.json` names the
+format and its version, the table's spec, capacity and max_steps, the allocator cursor (`next_seq`)
+and the last insert_seq handed out (`commit_seq`), and for every column its file, dtype, shape, byte
+size and CRC-32.
 
 Crash safety. A save writes a new data directory beside the current one, fsyncs every file and the
 directory, then points `current` at it by renaming a new symbolic link over the old one (one atomic
@@ -20,6 +21,15 @@ instant leaves `current` naming a complete data directory: the previous one unti
 new one after it (both are complete and fsynced at that moment, so a power loss before the final
 fsync of `path` gives either). What a killed save leaves behind (an unfinished data directory, a
 temporary link) is removed by the next save to the same path.
+
+A load opens the manifest and every column file before it reads any: a save that replaces the
+checkpoint meanwhile deletes names, not the files the load holds open.
+
+Format. Plain files and a JSON manifest, chosen by measurement: on a 1.08 GB table on the project's
+2-core machine (disk-backed /tmp, `python benchmarks/checkpoint_io.py --gib 1`), saves ran at
+0.28 GB/s (bounded by the disk: `dd conv=fsync` writes 0.2-0.4 GB/s there) and loads at 0.57 GB/s
+from the page cache, 0.42 GB/s from disk, against 0.11, 0.12 and 0.11 GB/s for orbax-checkpoint
+(tensorstore) on the same columns.
 
 Checksums are CRC-32 (zlib): they catch damaged and truncated files, not deliberate tampering. On
 this project's 2-core machine CRC-32 ran at 3.4 GB/s against 0.7 GB/s for BLAKE2b and 1.5 GB/s for
@@ -45,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gear_jax._version import __version__
 from gear_jax.errors import CheckpointError, SpecError
 from gear_jax.spec import TableSpec
 
@@ -285,16 +296,11 @@ def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: st
     views = _table_views(table)
     data_fd = os.open(data_name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
     try:
-        fds = {
-            c.name: os.open(
-                c.file,
-                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=data_fd,
-            )
-            for c in columns
-        }
+        fds: dict[str, int] = {}
         try:
+            for c in columns:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fds[c.name] = os.open(c.file, flags, 0o600, dir_fd=data_fd)
             checksums, saved_empty, states_summary = _stream_rows(native, spec, columns, views, fds)
             next_seq, commit_seq = native.cursors()  # after the last row: no saved row is newer
             for fd in fds.values():
@@ -316,6 +322,7 @@ def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: st
             "checksum": CHECKSUM,
             "columns": [{**c.describe(), "checksum": f"{checksums[c.name]:08x}"} for c in columns],
             "saved_at_unix_s": time.time(),
+            "gear_jax_version": __version__,
         }
         text = json.dumps(manifest, indent=1).encode()
         fd = os.open(

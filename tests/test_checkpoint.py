@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -178,6 +179,30 @@ def test_modes_and_replacement(tmp_path, tables):
     for entry in manifest["columns"]:
         raw = (data / entry["file"]).read_bytes()
         assert len(raw) == entry["bytes"] and f"{zlib.crc32(raw):08x}" == entry["checksum"]
+
+
+def test_saves_racing_to_one_path_take_turns(tmp_path, tables):
+    one, two = tables(filled_transitions(seed=3)), tables(filled_transitions(seed=4))
+    path = tmp_path / "ckpt"
+    errors = []
+
+    def save_many(table):
+        try:
+            for _ in range(5):
+                table.save(path)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=save_many, args=(t,)) for t in (one, two)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    loaded = tables(gj.Table.load(path))
+    # The last save to finish is the checkpoint, whole (the two tables' obs differ everywhere).
+    assert_same_table(one if np.array_equal(loaded._columns["obs"], one._columns["obs"]) else two, loaded)
+    assert len([e for e in os.listdir(path) if e.startswith("data-")]) == 1
 
 
 # -- SIGKILL during save -------------------------------------------------------------------------------
