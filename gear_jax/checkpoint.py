@@ -12,7 +12,7 @@ row-status columns (`state.bin`: generation << 32 | float32 priority bits, `leng
 `[capacity, max_steps, *shape]` of the field's dtype, rows without padding. `manifest.json` names the
 format and its version, the table's spec, capacity and max_steps, the allocator cursor (`next_seq`)
 and the last insert_seq handed out (`commit_seq`), and for every column its file, dtype, shape, byte
-size and CRC-32.
+size and CRC-32; the manifest has a CRC-32 of its own (`manifest_checksum`).
 
 Crash safety. A save writes a new data directory beside the current one, fsyncs every file and the
 directory, then points `current` at it by renaming a new symbolic link over the old one (one atomic
@@ -324,6 +324,7 @@ def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: st
             "saved_at_unix_s": time.time(),
             "gear_jax_version": __version__,
         }
+        manifest["manifest_checksum"] = manifest_checksum(manifest)
         text = json.dumps(manifest, indent=1).encode()
         fd = os.open(
             MANIFEST,
@@ -339,6 +340,13 @@ def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: st
         os.fsync(data_fd)
     finally:
         os.close(data_fd)
+
+
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    """The CRC-32 of a manifest's canonical JSON without its own checksum: covers the values no column
+    checksum does (cursors, spec, the column checksums themselves)."""
+    body = {key: value for key, value in manifest.items() if key != "manifest_checksum"}
+    return f"{zlib.crc32(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()):08x}"
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -580,6 +588,8 @@ def _read_manifest(root: Path, data_fd: int) -> dict[str, Any]:
             f"has checkpoint format version {version}, newer than this gear_jax reads ({FORMAT_VERSION}); "
             "load it with a newer gear_jax",
         )
+    if manifest.get("manifest_checksum") != manifest_checksum(manifest):
+        raise _refuse(root, f"{MANIFEST} is corrupted: its checksum does not match its contents")
     return manifest
 
 

@@ -373,8 +373,10 @@ def saved_checkpoint(tmp_path, tables):
 
 
 def edit_manifest(data, change):
+    """Changes the manifest and gives it a matching checksum (a forged manifest, not a damaged one)."""
     manifest = json.loads((data / "manifest.json").read_text())
     change(manifest)
+    manifest["manifest_checksum"] = checkpoint.manifest_checksum(manifest)
     (data / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -403,6 +405,16 @@ def test_refuses_truncated_and_corrupted_files(saved_checkpoint):
     raw[0] ^= 1
     state.write_bytes(bytes(raw))
     refused(path, r"'state.bin' is corrupted")
+
+
+def test_refuses_a_damaged_manifest(saved_checkpoint):
+    path, data, manifest = saved_checkpoint
+    text = (data / "manifest.json").read_text()
+    assert f'"next_seq": {manifest["next_seq"]},' in text
+    (data / "manifest.json").write_text(
+        text.replace(f'"next_seq": {manifest["next_seq"]},', '"next_seq": 1,')
+    )
+    refused(path, "manifest.json is corrupted: its checksum does not match its contents")
 
 
 def test_a_refused_load_removes_the_table_it_created(saved_checkpoint):
