@@ -12,6 +12,7 @@ from gear_jax import _ffi, _native
 from gear_jax._version import __version__
 from gear_jax.errors import (
     EXECUTION_ERRORS,
+    CheckpointError,
     GearJaxError,
     InvalidArgumentError,
     SpecError,
@@ -61,6 +62,7 @@ def build_info() -> dict[str, Any]:
 
 __all__ = [
     "EXECUTION_ERRORS",
+    "CheckpointError",
     "EpisodeWriter",
     "Field",
     "GearJaxError",

@@ -31,3 +31,8 @@ class TableNotFoundError(GearJaxError, FileNotFoundError):
 
 class TableMismatchError(GearJaxError, ValueError):
     """A mapping is not a gear_jax table, or has another spec than the one asked for."""
+
+
+class CheckpointError(GearJaxError, ValueError):
+    """A checkpoint directory can not be loaded (not a checkpoint, damaged, truncated, of a newer
+    format) or saved to; the message names the path and the reason."""

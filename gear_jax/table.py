@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import sys
@@ -513,6 +514,49 @@ class Table:
         """A step-by-step writer of episodes into rows of this table (use as a context manager)."""
         self._live()
         return EpisodeWriter(self)
+
+    # -- checkpoints (gear_jax/checkpoint.py) -----------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes a crash-safe checkpoint of every row (fields and status) to the directory `path`,
+        replacing an earlier checkpoint there atomically: a process killed at any moment leaves the
+        previous checkpoint loadable. Safe while other processes write: each saved row is a committed
+        row as of some instant during the save; rows held by a writer are saved as empty. Streams the
+        columns a few MiB at a time (no second copy of the table in memory). See `gear_jax.checkpoint`.
+
+        Raises:
+          CheckpointError: `path` holds something other than a gear_jax checkpoint, or the table is closed.
+        """
+        from gear_jax import checkpoint
+
+        checkpoint.save(self, path)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], name: str | None = None, pin: bool = True, casting: str = "fit"
+    ) -> Table:
+        """Creates a table from the checkpoint `Table.save` wrote to `path`: the same spec, field bytes,
+        priorities, lengths, generations, insert order, times sampled and allocator cursor, so FIFO and
+        LIFO order, prioritized sampling and the next row overwritten are those of the saved table.
+
+        The table is created in new memory (never from the pool of closed tables, whose rows carry other
+        generations), then filled: fields and status while every row is still empty, then the rows'
+        states once every checksum passed, then the cursors and `size`. A process that attaches by
+        `name` before `load` returns sees rows appear (each complete) and `size` settle at the end; it
+        must not write before then (its rows could be overwritten by the load). `name`, `pin` and
+        `casting` are those of `Table.create`.
+
+        Raises:
+          CheckpointError: `path` is not a gear_jax checkpoint, is of a newer format, names files
+            outside itself or symbolic links, or a file is truncated, corrupted (checksum) or of
+            another size than the spec implies. The new table is removed then.
+          InvalidArgumentError: `name` is malformed or already in use.
+        """
+        from gear_jax import checkpoint
+
+        return checkpoint.load(
+            path, lambda spec: cls.create(spec, name=name, pin=pin, reuse=False, casting=casting)
+        )
 
 
 class EpisodeWriter:

@@ -129,6 +129,63 @@ py::dict Record(const TableRecord& r, bool include_persistent, bool ignore_pid_n
   return out;
 }
 
+// Checkpoints (gear_jax/checkpoint.py). The row states [start, start + count), each loaded with acquire
+// after an acquire fence: a save reads states, copies the rows' fields, then reads the states again, and
+// the fence keeps the copy's loads before the second read (a seqlock reader's order).
+py::array_t<uint64_t> ReadStates(OpenTable& self, int64_t start, int64_t count) {
+  const TableView& view = self.table().view();
+  if (start < 0 || count < 0 || start > view.capacity - count) {
+    throw std::out_of_range("rows [" + std::to_string(start) + ", " + std::to_string(start + count) +
+                            ") are outside the table");
+  }
+  py::array_t<uint64_t> out(static_cast<py::ssize_t>(count));
+  uint64_t* states = out.mutable_data();
+  FenceAcquire();
+  for (int64_t i = 0; i < count; ++i) states[i] = LoadAcquire(&view.state[start + i]);
+  return out;
+}
+
+// The allocation cursor and the last insert_seq handed out, for a checkpoint's manifest.
+py::tuple Cursors(OpenTable& self) {
+  const TableHeader* h = self.table().header();
+  return py::make_tuple(__atomic_load_n(&h->next_seq, __ATOMIC_SEQ_CST),
+                        __atomic_load_n(&h->commit_seq, __ATOMIC_SEQ_CST));
+}
+
+// A checkpoint's load, after it wrote rows' fields and status: publishes their saved state words (even
+// generations) by compare-and-swap from the state of a new table's rows (0), so the fields are visible
+// before the state (release). A row a writer of another process took meanwhile keeps that writer's
+// state. Returns how many rows were not published for that reason.
+int64_t PublishRestoredRows(OpenTable& self, int64_t start,
+                            py::array_t<uint64_t, py::array::c_style | py::array::forcecast> states) {
+  const TableView& view = self.table().view();
+  const int64_t count = static_cast<int64_t>(states.size());
+  if (start < 0 || start > view.capacity - count)
+    throw std::out_of_range("restored rows are outside the table");
+  const uint64_t* saved = states.data();
+  int64_t taken = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    uint64_t empty = 0;
+    if (!CompareExchange(&view.state[start + i], &empty, saved[i])) ++taken;
+  }
+  return taken;
+}
+
+// A checkpoint's load, after every row: sets the allocation cursor to the saved one and raises the
+// insert_seq counter to the saved one, then recounts size and selectable from the rows (marked off as
+// after a writer's death, so that a recount overlapped by another process's writes is tried again later).
+void RestoreCursors(OpenTable& self, uint64_t next_seq, uint64_t commit_seq) {
+  SharedTable& table = self.table();
+  TableHeader* h = table.header();
+  __atomic_store_n(&h->next_seq, next_seq, __ATOMIC_SEQ_CST);
+  uint64_t seen = __atomic_load_n(&h->commit_seq, __ATOMIC_SEQ_CST);
+  while (seen < commit_seq && !__atomic_compare_exchange_n(&h->commit_seq, &seen, commit_seq, false,
+                                                           __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  }
+  __atomic_fetch_add(&h->counts_dirty, uint64_t{1}, __ATOMIC_SEQ_CST);
+  table.CheckCounts(/*force=*/true);
+}
+
 template <typename T>
 py::capsule Capsule(T* fn) {
   return py::capsule(reinterpret_cast<void*>(fn));
@@ -312,6 +369,10 @@ PYBIND11_MODULE(_native, m) {
           "next_seq",
           [](OpenTable& s) { return __atomic_load_n(&s.table().header()->next_seq, __ATOMIC_RELAXED); })
       .def("layout", &gear::Layout)
+      .def("read_states", &gear::ReadStates, py::arg("start"), py::arg("count"))
+      .def("cursors", &gear::Cursors)
+      .def("publish_restored_rows", &gear::PublishRestoredRows, py::arg("start"), py::arg("states"))
+      .def("restore_cursors", &gear::RestoreCursors, py::arg("next_seq"), py::arg("commit_seq"))
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
            py::arg("priorities"))
       .def("claim", &OpenTable::Claim)

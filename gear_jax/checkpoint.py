@@ -1,0 +1,759 @@
+"""Crash-safe checkpoints of tables on disk: `Table.save(path)` and `Table.load(path)`.
+
+A checkpoint is a directory `path` (mode 0700) that holds
+
+    current         a symbolic link to the data directory of the latest complete save
+    data-<hex>/     manifest.json and one file per column (mode 0600)
+    lock            taken (flock) by a save while it writes, so that two saves to one path take turns
+
+A data directory holds one raw file per column, in the host's byte order (little-endian): the four
+row-status columns (`state.bin`: generation << 32 | float32 priority bits, `length.bin`,
+`insert_seq.bin`, `times_sampled.bin`) and `field-<i>.bin` for the i-th field,
+`[capacity, max_steps, *shape]` of the field's dtype, rows without padding. `manifest.json` names the
+format and its version, the table's spec, capacity and max_steps, the allocator cursor (`next_seq`)
+and the last insert_seq handed out (`commit_seq`), and for every column its file, dtype, shape, byte
+size and CRC-32; the manifest has a CRC-32 of its own (`manifest_checksum`).
+
+Crash safety. A save writes a new data directory beside the current one, fsyncs every file and the
+directory, then points `current` at it by renaming a new symbolic link over the old one (one atomic
+rename), fsyncs `path`, and only then deletes the previous data directory. A process killed at any
+instant leaves `current` naming a complete data directory: the previous one until the rename, the
+new one after it (both are complete and fsynced at that moment, so a power loss before the final
+fsync of `path` gives either). What a killed save leaves behind (an unfinished data directory, a
+temporary link) is removed by the next save to the same path.
+
+A load opens the manifest and every column file before it reads any: a save that replaces the
+checkpoint meanwhile deletes names, not the files the load holds open.
+
+Format. Plain files and a JSON manifest, chosen by measurement: on a 1.08 GB table on the project's
+2-core machine (disk-backed /tmp, `python benchmarks/checkpoint_io.py --gib 1`), saves ran at
+0.28 GB/s (bounded by the disk: `dd conv=fsync` writes 0.2-0.4 GB/s there) and loads at 0.57 GB/s
+from the page cache, 0.42 GB/s from disk, against 0.11, 0.12 and 0.11 GB/s for orbax-checkpoint
+(tensorstore) on the same columns.
+
+Checksums are CRC-32 (zlib): they catch damaged and truncated files, not deliberate tampering. On
+this project's 2-core machine CRC-32 ran at 3.4 GB/s against 0.7 GB/s for BLAKE2b and 1.5 GB/s for
+SHA-256, and a save or load reads every byte once through it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import stat
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gear_jax._version import __version__
+from gear_jax.errors import CheckpointError, SpecError
+from gear_jax.spec import TableSpec
+
+if TYPE_CHECKING:
+    from gear_jax.table import Table
+
+FORMAT_NAME = "gear_jax.checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CURRENT = "current"
+LOCK = "lock"
+DATA_PREFIX = "data-"
+LINK_PREFIX = ".current-"
+CHECKSUM = "crc32"
+CHUNK_BYTES = 4 << 20  # bytes of rows (every column together) copied, checksummed and written at once
+MAX_MANIFEST_BYTES = 1 << 20
+# Waits (seconds) before each new copy of rows that changed while they were copied; rows still
+# changing after the last are saved as empty.
+RETRY_WAITS = (0.0, 0.0005, 0.002)
+
+_OUR_ENTRY = re.compile(r"^(data-[0-9a-f]+-[0-9a-f]{16}|\.current-[0-9a-f]{16})$")  # names saves make
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_GENERATION_SHIFT = np.uint64(32)
+_PRIORITY_BITS = np.uint64(0xFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class _Column:
+    """One file of a checkpoint: a row-status column or a field."""
+
+    name: str  # "state", "length", "insert_seq", "times_sampled", or "field:<field name>"
+    file: str
+    dtype: np.dtype
+    shape: tuple[int, ...]  # the first axis is the table's rows
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.row_bytes
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest entry, without the checksum."""
+        return {
+            "column": self.name,
+            "file": self.file,
+            "dtype": self.dtype.name,
+            "shape": list(self.shape),
+            "bytes": self.nbytes,
+        }
+
+
+STATUS_COLUMNS = (
+    ("state", "uint64"),
+    ("length", "int32"),
+    ("insert_seq", "uint64"),
+    ("times_sampled", "uint32"),
+)
+
+
+def _columns_for(spec: TableSpec) -> list[_Column]:
+    """Every column a checkpoint of a table of `spec` holds, in file order: status, then fields."""
+    columns = [
+        _Column(name, f"{name}.bin", np.dtype(dtype), (spec.capacity,)) for name, dtype in STATUS_COLUMNS
+    ]
+    for index, (name, field) in enumerate(spec.fields.items()):
+        columns.append(
+            _Column(
+                f"field:{name}",
+                f"field-{index:03d}.bin",
+                field.dtype,
+                (spec.capacity, spec.max_steps, *field.shape),
+            )
+        )
+    return columns
+
+
+def _table_views(table: Table) -> dict[str, np.ndarray]:
+    """The table's numpy views, by column name."""
+    views = {
+        "state": table._state,
+        "length": table._length,
+        "insert_seq": table._insert_seq,
+        "times_sampled": table._times_sampled,
+    }
+    views.update({f"field:{name}": column for name, column in table._columns.items()})
+    return views
+
+
+def _generation(states: np.ndarray) -> np.ndarray:
+    return states >> _GENERATION_SHIFT
+
+
+def _priority(states: np.ndarray) -> np.ndarray:
+    return (states & _PRIORITY_BITS).astype(np.uint32).view(np.float32)
+
+
+# -- saving ------------------------------------------------------------------------------------------
+
+
+def save(table: Table, path: str | os.PathLike[str]) -> None:
+    """Writes a checkpoint of `table` to the directory `path` (see the module docstring for the layout
+    and the crash-safety argument). Replaces an earlier checkpoint at `path` atomically.
+
+    Consistency: row by row. Every saved row is a committed row as it was at some instant during the
+    save, fields and status together; rows are copied a few MiB at a time, so two rows may come from
+    different instants (a row overwritten after its chunk was copied keeps its old contents, one
+    overwritten before keeps its new ones). Rows held by a writer (odd generation) when their chunk is
+    copied, and rows that change again on each of a few re-copies, are saved as empty rows (length 0,
+    priority 0, generation of their next publication), which load restores as unselectable. The
+    allocator cursor and the insert_seq counter are read after the last row. A table nobody writes
+    meanwhile is saved exactly.
+
+    Raises:
+      CheckpointError: `path` exists and is not a gear_jax checkpoint directory (a file, or a
+        non-empty directory without the `current` link), or the table is closed.
+    """
+    from gear_jax.errors import TableClosedError
+
+    try:
+        native = table._live()
+    except TableClosedError as e:
+        raise CheckpointError(f"checkpoint '{path}': can not save a closed table ({e})") from None
+    root = Path(os.fspath(path))
+    root_fd = _open_checkpoint_root(root)
+    try:
+        lock_fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=root_fd)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # released when the process dies, too
+            previous = _current_target(root_fd)
+            _remove_leftovers(root_fd, keep=previous)
+            data_name = f"{DATA_PREFIX}{time.time_ns():x}-{secrets.token_hex(8)}"
+            os.mkdir(data_name, 0o700, dir_fd=root_fd)
+            try:
+                _write_data_directory(table, native, root_fd, data_name)
+                link_name = f"{LINK_PREFIX}{secrets.token_hex(8)}"
+                os.symlink(data_name, link_name, dir_fd=root_fd)
+                os.replace(link_name, CURRENT, src_dir_fd=root_fd, dst_dir_fd=root_fd)  # the commit point
+                os.fsync(root_fd)
+            except BaseException:
+                if _current_target(root_fd) != data_name:
+                    _remove_entry(root_fd, data_name)
+                raise
+            if previous is not None and previous != data_name:
+                _remove_entry(root_fd, previous)
+                os.fsync(root_fd)
+        finally:
+            os.close(lock_fd)
+    finally:
+        os.close(root_fd)
+
+
+def _open_checkpoint_root(root: Path) -> int:
+    """The checkpoint directory `root`, made (mode 0700, parent fsynced) when missing; refuses a path
+    that holds something else."""
+    try:
+        os.mkdir(root, 0o700)
+        parent_fd = os.open(root.parent if str(root.parent) else ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(parent_fd)
+        finally:
+            os.close(parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except NotADirectoryError:
+        raise CheckpointError(f"checkpoint '{root}': the path exists and is not a directory") from None
+    try:
+        entries = set(os.listdir(root_fd))
+        # Without `current`, only what a killed first save leaves (the lock, its data directory and
+        # link) may be there: anything else is someone else's directory.
+        ours = LOCK in entries and all(e == LOCK or _OUR_ENTRY.match(e) for e in entries)
+        if entries and CURRENT not in entries and not ours:
+            raise CheckpointError(
+                f"checkpoint '{root}': the directory is not empty and holds no gear_jax checkpoint "
+                f"(no '{CURRENT}' link); save to a new path or an empty directory"
+            )
+        if CURRENT in entries:
+            _current_target(root_fd, root)  # refuses a foreign `current`
+    except BaseException:
+        os.close(root_fd)
+        raise
+    return root_fd
+
+
+def _current_target(root_fd: int, root: Path | None = None) -> str | None:
+    """The data directory `current` names, None when there is no `current` yet."""
+    try:
+        target = os.readlink(CURRENT, dir_fd=root_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            raise CheckpointError(
+                f"checkpoint '{root}': '{CURRENT}' is not a symbolic link; this is not a gear_jax checkpoint"
+            ) from None
+        raise
+    if not _is_plain_name(target) or not target.startswith(DATA_PREFIX):
+        raise CheckpointError(
+            f"checkpoint '{root}': '{CURRENT}' points at {target!r}, outside the checkpoint directory "
+            f"(expected a '{DATA_PREFIX}...' directory inside it)"
+        )
+    return target
+
+
+def _remove_leftovers(root_fd: int, keep: str | None) -> None:
+    """Removes what killed saves left: data directories `current` does not name, temporary links."""
+    for entry in os.listdir(root_fd):
+        if entry != keep and _OUR_ENTRY.match(entry):
+            _remove_entry(root_fd, entry)
+
+
+def _remove_entry(root_fd: int, entry: str) -> None:
+    """Removes the file, link or directory tree `entry` of the directory `root_fd`, never following links."""
+    try:
+        info = os.stat(entry, dir_fd=root_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+        try:
+            for inner in os.listdir(fd):
+                _remove_entry(fd, inner)
+        finally:
+            os.close(fd)
+        os.rmdir(entry, dir_fd=root_fd)
+    else:
+        os.unlink(entry, dir_fd=root_fd)
+
+
+def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: str) -> None:
+    """Writes every column and the manifest into the new data directory, each fsynced, then the directory."""
+    spec = table.spec
+    columns = _columns_for(spec)
+    views = _table_views(table)
+    data_fd = os.open(data_name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+    try:
+        fds: dict[str, int] = {}
+        try:
+            for c in columns:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fds[c.name] = os.open(c.file, flags, 0o600, dir_fd=data_fd)
+            checksums, saved_empty, states_summary = _stream_rows(native, spec, columns, views, fds)
+            next_seq, commit_seq = native.cursors()  # after the last row: no saved row is newer
+            for fd in fds.values():
+                os.fsync(fd)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "spec": spec.to_json(),
+            "capacity": spec.capacity,
+            "max_steps": spec.max_steps,
+            "next_seq": int(next_seq),
+            "commit_seq": int(commit_seq),
+            "size": states_summary[0],
+            "selectable": states_summary[1],
+            "rows_saved_empty": saved_empty,
+            "checksum": CHECKSUM,
+            "columns": [{**c.describe(), "checksum": f"{checksums[c.name]:08x}"} for c in columns],
+            "saved_at_unix_s": time.time(),
+            "gear_jax_version": __version__,
+        }
+        manifest["manifest_checksum"] = manifest_checksum(manifest)
+        text = json.dumps(manifest, indent=1).encode()
+        fd = os.open(
+            MANIFEST,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=data_fd,
+        )
+        try:
+            _write_all(fd, memoryview(text))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.fsync(data_fd)
+    finally:
+        os.close(data_fd)
+
+
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    """The CRC-32 of a manifest's canonical JSON without its own checksum: covers the values no column
+    checksum does (cursors, spec, the column checksums themselves)."""
+    body = {key: value for key, value in manifest.items() if key != "manifest_checksum"}
+    return f"{zlib.crc32(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()):08x}"
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class _ChunkBuffers:
+    """One chunk of rows of every column, contiguous, ready to checksum and write."""
+
+    def __init__(self, columns: list[_Column], rows: int):
+        self.arrays = {c.name: np.empty((rows, *c.shape[1:]), c.dtype) for c in columns}
+
+
+def _stream_rows(
+    native: Any,
+    spec: TableSpec,
+    columns: list[_Column],
+    views: dict[str, np.ndarray],
+    fds: dict[str, int],
+) -> tuple[dict[str, int], int, tuple[int, int]]:
+    """Copies the rows chunk by chunk (a seqlock read: states, fields and status, states again, then
+    re-copies of rows that changed), and writes each chunk on a second thread while the next is copied.
+
+    Returns the columns' CRC-32s, the count of rows saved as empty because they were being written,
+    and (size, selectable) of the saved rows.
+    """
+    capacity = spec.capacity
+    rows_per_chunk = max(1, min(capacity, CHUNK_BYTES // sum(c.row_bytes for c in columns)))
+    checksums = {c.name: 0 for c in columns}
+    saved_empty = size = selectable = 0
+    buffers = [_ChunkBuffers(columns, rows_per_chunk) for _ in range(2)]
+    pending: list[Future | None] = [None, None]
+
+    def write_chunk(chunk: _ChunkBuffers, rows: int) -> None:  # hashing and writing release the GIL
+        for c in columns:
+            data = memoryview(chunk.arrays[c.name][:rows].reshape(-1).view(np.uint8))
+            checksums[c.name] = zlib.crc32(data, checksums[c.name])
+            _write_all(fds[c.name], data)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gear_jax_checkpoint") as writer:
+        for index, start in enumerate(range(0, capacity, rows_per_chunk)):
+            stop = min(capacity, start + rows_per_chunk)
+            slot = index % 2
+            if pending[slot] is not None:
+                pending[slot].result()  # this buffer's previous chunk is written
+            chunk = buffers[slot]
+            empty = _copy_consistent_rows(native, views, chunk.arrays, start, stop)
+            states = chunk.arrays["state"][: stop - start]
+            saved_empty += empty
+            committed = (_generation(states) & np.uint64(1)) == 0
+            size += int(np.count_nonzero(committed & (chunk.arrays["length"][: stop - start] > 0)))
+            selectable += int(np.count_nonzero(committed & (_priority(states) > 0)))
+            pending[slot] = writer.submit(write_chunk, chunk, stop - start)
+        for future in pending:
+            if future is not None:
+                future.result()
+    return checksums, saved_empty, (size, selectable)
+
+
+def _copy_consistent_rows(
+    native: Any, views: dict[str, np.ndarray], out: dict[str, np.ndarray], start: int, stop: int
+) -> int:
+    """Copies rows [start, stop) of every column into `out` so that each row is a committed row as of
+    one instant, or an empty row; returns how many were saved as empty. `out["state"]` gets the states
+    the copies are consistent with."""
+    rows = stop - start
+    before = native.read_states(start, rows)
+    for name, view in views.items():
+        if name != "state":
+            np.copyto(out[name][:rows], view[start:stop])
+    after = native.read_states(start, rows)
+    unsettled = _unsettled(before, after)
+    for wait in RETRY_WAITS:
+        if not unsettled.any():
+            break
+        time.sleep(wait)
+        again = np.flatnonzero(unsettled)
+        before = native.read_states(start, rows)
+        for name, view in views.items():
+            if name != "state":
+                out[name][again] = view[start + again]
+        recheck = native.read_states(start, rows)
+        settled_now = np.zeros(rows, bool)
+        settled_now[again] = ~_unsettled(before[again], recheck[again])
+        after[settled_now] = recheck[settled_now]
+        unsettled &= ~settled_now
+    states = out["state"][:rows]
+    states[:] = after
+    empty = np.flatnonzero(unsettled)
+    if empty.size:
+        # The generation the row's writer will publish it with: an empty row that no Sample matches.
+        generation = (_generation(after[empty]) + np.uint64(1)) & ~np.uint64(1)
+        states[empty] = generation << _GENERATION_SHIFT
+        out["length"][empty] = 0
+        out["insert_seq"][empty] = 0
+        out["times_sampled"][empty] = 0
+    return int(empty.size)
+
+
+def _unsettled(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Rows whose copy may be torn: held by a writer (odd generation) or republished in between."""
+    generation = _generation(after)
+    return (_generation(before) != generation) | ((generation & np.uint64(1)) == 1)
+
+
+# -- loading -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Checkpoint:
+    """A validated manifest and the open files of its columns."""
+
+    root: Path
+    spec: TableSpec
+    manifest: dict[str, Any]
+    columns: list[_Column]
+    checksums: dict[str, int]
+    fds: dict[str, int]
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+
+def load(
+    path: str | os.PathLike[str],
+    create: Callable[[TableSpec], Table],
+) -> Table:
+    """Reads the checkpoint at `path` into a new table made by `create(spec)` (a fresh table: every
+    row empty, generation 0); see `Table.load`."""
+    checkpoint = _open_checkpoint(Path(os.fspath(path)))
+    try:
+        table = create(checkpoint.spec)
+        try:
+            _restore(table, checkpoint)
+        except BaseException:
+            table.close()
+            raise
+    finally:
+        checkpoint.close()
+    return table
+
+
+def _refuse(root: Path, reason: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint '{root}': {reason}")
+
+
+def _is_plain_name(name: Any) -> bool:
+    """Whether `name` names an entry of a directory itself: no separator, not '.' or '..'."""
+    return isinstance(name, str) and bool(_PLAIN_NAME.match(name)) and name not in (".", "..")
+
+
+def _open_checkpoint(root: Path) -> _Checkpoint:
+    """Resolves `current`, reads and checks the manifest, and opens every column file (so that a save
+    that replaces the checkpoint meanwhile can not delete them from under the load)."""
+    for attempt in range(3):
+        try:
+            return _open_checkpoint_once(root)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            time.sleep(0.05)  # a save replaced the checkpoint between the link and the files: again
+    raise AssertionError("unreachable")
+
+
+def _open_checkpoint_once(root: Path) -> _Checkpoint:
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint '{root}': no such directory") from None
+    except NotADirectoryError:
+        raise _refuse(root, "is not a directory; a checkpoint is a directory Table.save wrote") from None
+    try:
+        target = _current_target(root_fd, root)
+        if target is None:
+            raise _refuse(
+                root, f"no '{CURRENT}' link: this is not a gear_jax checkpoint (or no save finished)"
+            )
+        try:
+            data_fd = os.open(
+                target, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd
+            )
+        except FileNotFoundError:
+            raise
+        except OSError:
+            raise _refuse(root, f"'{CURRENT}' points at {target!r}, which is not a directory") from None
+    finally:
+        os.close(root_fd)
+    try:
+        manifest = _read_manifest(root, data_fd)
+        spec, columns, checksums = _check_manifest(root, manifest)
+        fds: dict[str, int] = {}
+        try:
+            for column in columns:
+                fds[column.name] = _open_column(root, data_fd, column)
+        except BaseException:
+            for fd in fds.values():
+                os.close(fd)
+            raise
+    finally:
+        os.close(data_fd)
+    return _Checkpoint(root, spec, manifest, columns, checksums, fds)
+
+
+def _read_manifest(root: Path, data_fd: int) -> dict[str, Any]:
+    try:
+        fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+    except FileNotFoundError:
+        raise _refuse(root, f"no {MANIFEST}: this is not a gear_jax checkpoint") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _refuse(root, f"{MANIFEST} is a symbolic link; refusing to follow it") from None
+        raise
+    try:
+        text = os.read(fd, MAX_MANIFEST_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise _refuse(root, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes: not a gear_jax manifest")
+    try:
+        manifest = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _refuse(
+            root, f"{MANIFEST} is not valid JSON ({e}): not a gear_jax checkpoint, or damaged"
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise _refuse(
+            root, f"{MANIFEST} has format {found!r}, not {FORMAT_NAME!r}: not a gear_jax checkpoint"
+        )
+    version = manifest.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _refuse(root, f"{MANIFEST} has an invalid format version {version!r}")
+    if version > FORMAT_VERSION:
+        raise _refuse(
+            root,
+            f"has checkpoint format version {version}, newer than this gear_jax reads ({FORMAT_VERSION}); "
+            "load it with a newer gear_jax",
+        )
+    if manifest.get("manifest_checksum") != manifest_checksum(manifest):
+        raise _refuse(root, f"{MANIFEST} is corrupted: its checksum does not match its contents")
+    return manifest
+
+
+def _check_manifest(root: Path, manifest: dict[str, Any]) -> tuple[TableSpec, list[_Column], dict[str, int]]:
+    """The spec, the columns it implies and their checksums, after checking the manifest against them."""
+    try:
+        spec = TableSpec.from_json(manifest["spec"])
+    except (KeyError, TypeError, ValueError, SpecError) as e:
+        raise _refuse(root, f"{MANIFEST} has no valid table spec ({e})") from None
+    if manifest.get("capacity") != spec.capacity or manifest.get("max_steps") != spec.max_steps:
+        raise _refuse(
+            root,
+            f"{MANIFEST} says capacity={manifest.get('capacity')}, max_steps={manifest.get('max_steps')}, "
+            f"but its spec has capacity={spec.capacity}, max_steps={spec.max_steps}",
+        )
+    for key in ("next_seq", "commit_seq"):
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+            raise _refuse(root, f"{MANIFEST} has an invalid {key} {value!r}")
+    if manifest.get("checksum") != CHECKSUM:
+        raise _refuse(
+            root, f"{MANIFEST} uses checksum {manifest.get('checksum')!r}; this gear_jax checks {CHECKSUM!r}"
+        )
+    entries = manifest.get("columns")
+    expected = _columns_for(spec)
+    if not isinstance(entries, list) or len(entries) != len(expected):
+        found = len(entries) if isinstance(entries, list) else entries
+        raise _refuse(root, f"{MANIFEST} lists {found} columns; its spec needs {len(expected)}")
+    columns, checksums = [], {}
+    for entry, column in zip(entries, expected):
+        if not isinstance(entry, dict):
+            raise _refuse(root, f"{MANIFEST} has a column entry that is not an object: {entry!r}")
+        name = entry.get("file")
+        if not _is_plain_name(name):
+            raise _refuse(
+                root,
+                f"{MANIFEST} names the file {name!r} for column {column.name!r}, which escapes the "
+                "checkpoint directory (absolute paths, separators and '..' are refused)",
+            )
+        described = {k: entry.get(k) for k in ("column", "dtype", "shape", "bytes")}
+        wanted = {k: v for k, v in column.describe().items() if k != "file"}
+        if described != wanted:
+            raise _refuse(
+                root,
+                f"{MANIFEST}'s entry for {name!r} is {described}, but the spec implies {wanted} "
+                "(spec and sizes do not match)",
+            )
+        try:
+            checksums[column.name] = int(entry["checksum"], 16)
+        except (KeyError, TypeError, ValueError):
+            raise _refuse(root, f"{MANIFEST} has no valid checksum for {name!r}") from None
+        columns.append(_Column(column.name, name, column.dtype, column.shape))
+    if len({c.file for c in columns}) != len(columns):
+        raise _refuse(root, f"{MANIFEST} names one file for two columns")
+    return spec, columns, checksums
+
+
+def _open_column(root: Path, data_fd: int, column: _Column) -> int:
+    """The column's file, opened for reading after checking it is a regular file of the manifest's size."""
+    try:
+        fd = os.open(column.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _refuse(
+                root, f"'{column.file}' is a symbolic link (it may point outside the checkpoint); refusing it"
+            ) from None
+        if e.errno == errno.ENOENT:
+            raise _refuse(root, f"'{column.file}' is missing (the checkpoint is incomplete)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _refuse(root, f"'{column.file}' is not a regular file")
+        if info.st_size < column.nbytes:
+            raise _refuse(
+                root,
+                f"'{column.file}' is truncated: {info.st_size} bytes, the manifest says {column.nbytes}",
+            )
+        if info.st_size > column.nbytes:
+            raise _refuse(
+                root,
+                f"'{column.file}' has {info.st_size} bytes, the manifest says {column.nbytes} "
+                "(spec and sizes do not match)",
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read_chunks(
+    checkpoint: _Checkpoint, column: _Column, rows_per_chunk: int, into: np.ndarray | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, rows) chunks of a column file, checksummed; raises CheckpointError after the last
+    chunk when the checksum does not match (or the file shrank meanwhile).
+
+    A second thread reads one chunk ahead while this one checksums the last (both release the GIL).
+    With `into` (the table's view of the column) C-contiguous, chunks are read straight into it and the
+    rows yielded are its own; otherwise into a buffer the caller copies from.
+    """
+    fd = checkpoint.fds[column.name]
+    capacity = column.shape[0]
+    direct = into is not None and into.flags.c_contiguous
+    buffers = (
+        [] if direct else [np.empty((rows_per_chunk, *column.shape[1:]), column.dtype) for _ in range(2)]
+    )
+
+    def read(start: int, slot: int) -> np.ndarray:
+        rows = min(rows_per_chunk, capacity - start)
+        array = into[start : start + rows] if direct else buffers[slot][:rows]
+        data = memoryview(array.reshape(-1).view(np.uint8))
+        offset, done = start * column.row_bytes, 0
+        while done < len(data):
+            got = os.preadv(fd, [data[done:]], offset + done)
+            if got == 0:
+                raise _refuse(checkpoint.root, f"'{column.file}' is truncated (it shrank while being read)")
+            done += got
+        return array
+
+    crc = 0
+    starts = list(range(0, capacity, rows_per_chunk))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gear_jax_checkpoint") as reader:
+        ahead = reader.submit(read, starts[0], 0)
+        for index, start in enumerate(starts):
+            array = ahead.result()
+            if index + 1 < len(starts):
+                ahead = reader.submit(read, starts[index + 1], (index + 1) % 2)
+            crc = zlib.crc32(memoryview(array.reshape(-1).view(np.uint8)), crc)
+            yield start, array
+    if crc != checkpoint.checksums[column.name]:
+        raise _refuse(
+            checkpoint.root,
+            f"'{column.file}' is corrupted: its CRC-32 is {crc:08x}, the manifest says "
+            f"{checkpoint.checksums[column.name]:08x}",
+        )
+
+
+def _restore(table: Table, checkpoint: _Checkpoint) -> None:
+    """Fills the new table: fields and status first (rows stay empty, so nothing reads them), then the
+    state words after every checksum passed, then the cursors and counters."""
+    views = _table_views(table)
+    max_steps = checkpoint.spec.max_steps
+    for column in checkpoint.columns:
+        if column.name == "state":
+            continue
+        rows_per_chunk = max(1, min(column.shape[0], CHUNK_BYTES // column.row_bytes))
+        view = views[column.name]
+        for start, rows in _read_chunks(checkpoint, column, rows_per_chunk, into=view):
+            if column.name == "length" and ((rows < 0) | (rows > max_steps)).any():
+                raise _refuse(checkpoint.root, f"'{column.file}' holds lengths outside [0, {max_steps}]")
+            if not view.flags.c_contiguous:  # else read into the view itself
+                view[start : start + len(rows)] = rows
+    state = next(c for c in checkpoint.columns if c.name == "state")
+    rows_per_chunk = max(1, min(state.shape[0], CHUNK_BYTES // state.row_bytes))
+    for _, states in _read_chunks(checkpoint, state, rows_per_chunk):  # checked whole before any row shows
+        priority = _priority(states)
+        if ((_generation(states) & np.uint64(1)) == 1).any() or not (
+            np.isfinite(priority) & (priority >= 0)
+        ).all():
+            raise _refuse(
+                checkpoint.root,
+                f"'{state.file}' holds rows no save writes (odd generations or bad priorities)",
+            )
+    native = table._live()
+    for start, states in _read_chunks(checkpoint, state, rows_per_chunk):
+        native.publish_restored_rows(start, states)
+    native.restore_cursors(checkpoint.manifest["next_seq"], checkpoint.manifest["commit_seq"])
