@@ -1,4 +1,5 @@
-"""The README's "Coming from SB3, flashbax or torchrl" code runs as written, on a real gymnasium CartPole."""
+"""The README's code runs as written: "Coming from SB3, flashbax or torchrl" on a real gymnasium CartPole,
+n-step transitions, and checkpoints."""
 
 import pathlib
 import re
@@ -71,3 +72,19 @@ def test_transitions_from_trajectories(namespace):
     assert table.size > 20 and table.row_status()["priority"].sum() > 1_900  # priorities count transitions
     namespace["q"] = lambda params, x: x @ params
     assert namespace["learner_step"](jnp.ones((4, 2)), jnp.ones((4, 2)), jax.random.key(1)) is None
+
+
+def test_checkpoints(tmp_path):
+    (code,) = blocks_of("### Checkpoints")
+    assert '"/data/replay"' in code
+    spec = gj.TableSpec({"obs": gj.Field((3,), "float32"), "action": gj.Field((), "int32")}, capacity=8)
+    with gj.Table.create(spec) as table:
+        table.insert({"obs": np.arange(15, dtype=np.float32).reshape(5, 3), "action": np.arange(5)})
+        names = {"gj": gj, "table": table}
+        code = code.replace('"/data/replay"', repr(str(tmp_path / "replay")))
+        exec(compile(code, "README.md", "exec"), names)
+        with names["restored"] as restored:
+            assert restored.size == 5 and restored.name != table.name
+            np.testing.assert_array_equal(restored._columns["obs"], table._columns["obs"])
+            for key, value in table.row_status().items():
+                np.testing.assert_array_equal(restored.row_status()[key], value)
