@@ -62,7 +62,7 @@ def spec_json_offset(table):
 
 def forge_spec_json(table, data, spec_hash=None):
     """Replaces the header's spec JSON with `data` (bytes), and its hash with `spec_hash` when given."""
-    write_at(table, spec_json_offset(table), data)
+    write_at(table, table.spec_json_at, data)
     write_at(table, SPEC_JSON_BYTES, struct.pack("<I", len(data)))
     if spec_hash is not None:
         write_at(table, SPEC_HASH, struct.pack("<Q", spec_hash))
@@ -70,12 +70,14 @@ def forge_spec_json(table, data, spec_hash=None):
 
 @pytest.fixture
 def tables():
-    """Creates tables (closed when the test ends); each knows its layout as `native_layout`."""
+    """Creates tables (closed when the test ends); each knows its layout as `native_layout` and where its
+    header keeps the spec JSON as `spec_json_at`."""
     made = []
 
     def make(fields, capacity=4, max_steps=1):
         table = gj.Table.create(gj.TableSpec(fields, capacity=capacity, max_steps=max_steps))
         table.native_layout = table._native.layout()
+        table.spec_json_at = spec_json_offset(table)
         made.append(table)
         return table
 
