@@ -63,6 +63,13 @@ def _narrow_dtype(dtype: Any, narrow: bool) -> np.dtype:
     return np.dtype(NARROWED_DTYPES.get(result.name, result)) if narrow else result
 
 
+def _clip(value: Any, limit: int = 80) -> str:
+    """repr(value) for a message, cut to `limit` characters: values of a damaged file may be huge."""
+    text = value if isinstance(value, BaseException) else repr(value)
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _named(what: str, make: Any, *args: Any) -> Any:
     """`make(*args)`, with a SpecError's message prefixed by `what` (the field it is about)."""
     try:
@@ -269,10 +276,35 @@ class TableSpec:
 
     @classmethod
     def from_json(cls, text: str) -> TableSpec:
-        data = json.loads(text)
+        """The spec of `to_json`'s text. Raises SpecError, saying what is wrong, for any other text (a
+        table header's, say, that another process damaged)."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, digits past int's limit, nesting
+            raise SpecError(f"spec JSON does not parse ({_clip(e)})") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"spec JSON is {_clip(data)}, not an object")
         if data.get("format") != SPEC_FORMAT:
-            raise SpecError(f"spec format {data.get('format')!r} is not {SPEC_FORMAT}")
-        fields = {n: Field(tuple(shape), dtype) for n, shape, dtype in data["fields"]}
+            raise SpecError(f"spec format {_clip(data.get('format'))} is not {SPEC_FORMAT}")
+        missing = [key for key in ("capacity", "max_steps", "fields") if key not in data]
+        if missing:
+            raise SpecError(f"spec JSON lacks {missing}")
+        entries = data["fields"]
+        if not isinstance(entries, list):
+            raise SpecError(f"spec JSON fields are {_clip(entries)}, not a list")
+        fields: dict[str, Field] = {}
+        for i, entry in enumerate(entries):
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+                raise SpecError(f"spec JSON field {i} is {_clip(entry)}, not [name, shape, dtype]")
+            name, shape, dtype = entry
+            if name in fields:
+                raise SpecError(f"spec JSON names field {_clip(name)} twice")
+            if not isinstance(shape, list) or not isinstance(dtype, str):
+                raise SpecError(
+                    f"spec JSON field {_clip(name)} has shape {_clip(shape)} and dtype {_clip(dtype)}; "
+                    "expected a list of dimensions and a dtype name"
+                )
+            fields[name] = _named(f"field {_clip(name)}", Field, tuple(shape), dtype)
         return cls(fields=fields, capacity=data["capacity"], max_steps=data["max_steps"])
 
     @property

@@ -23,6 +23,7 @@ from gear_jax.casting import (
 )
 from gear_jax.errors import (
     InvalidArgumentError,
+    SpecError,
     TableClosedError,
     TableMismatchError,
     TableNotFoundError,
@@ -197,16 +198,13 @@ class Table:
                 "check the name (table.name of the creator)"
             ) from None
         try:
-            stored = TableSpec.from_json(native.spec_json)
-            if stored.spec_hash != native.spec_hash:
-                raise TableMismatchError(
-                    f"table '{name}' has a header whose spec hash does not match its spec"
-                )
+            stored = _stored_spec(name, native)
             if spec is not None and spec != stored:
                 raise TableMismatchError(
-                    f"table '{name}' has spec {stored.to_json()}, not the requested {spec.to_json()}"
+                    f"table '{name}' (/dev/shm/{name}) has spec {stored.to_json()}, "
+                    f"not the requested {spec.to_json()}"
                 )
-        except Exception:
+        except BaseException:
             native.close()
             raise
         return cls(native, stored, casting)
@@ -557,6 +555,55 @@ class Table:
         return checkpoint.load(
             path, lambda spec: cls.create(spec, name=name, pin=pin, reuse=False, casting=casting)
         )
+
+
+def _stored_spec(name: str, native: Any) -> TableSpec:
+    """The spec in the header of the table `name` (attached as `native`), checked against the header's
+    layout; TableMismatchError, naming the file and what is wrong, for a damaged or forged header.
+
+    Everything a view or a writer of this process addresses comes from the spec (shapes, dtypes) over
+    the layout (offsets, strides; checked by the native attach): a spec that the layout does not hold
+    would read and write other rows' bytes.
+    """
+    where = f"Table.attach: '/dev/shm/{name}'"
+    try:
+        text = native.spec_json_bytes.decode("utf-8")
+        stored = TableSpec.from_json(text)
+    except UnicodeDecodeError as e:
+        raise TableMismatchError(
+            f"{where} has a damaged spec in its header: its JSON is not UTF-8 ({e})"
+        ) from None
+    except SpecError as e:
+        reason = str(e) if len(str(e)) <= 1000 else str(e)[:997] + "..."
+        raise TableMismatchError(f"{where} has a damaged spec in its header: {reason}") from None
+    if stored.spec_hash != native.spec_hash:
+        raise TableMismatchError(f"{where} has a damaged header: its spec hash does not match its spec")
+    layout = native.layout()
+    fields = layout["fields"]
+    problem = None
+    if len(fields) != len(stored.fields):
+        problem = f"its spec has {len(stored.fields)} fields, its layout {len(fields)} fields"
+    elif stored.capacity != layout["capacity"]:
+        problem = f"its spec has capacity={stored.capacity}, its layout capacity={layout['capacity']}"
+    elif stored.max_steps != layout["max_steps"]:
+        problem = f"its spec has max_steps={stored.max_steps}, its layout max_steps={layout['max_steps']}"
+    else:
+        for (field_name, field), (_, row_stride, step_bytes) in zip(stored.fields.items(), fields):
+            if field.step_bytes != step_bytes:
+                problem = (
+                    f"its spec gives field {field_name!r} (shape {field.shape}, {field.dtype.name}) "
+                    f"{field.step_bytes} bytes a step, its layout {step_bytes}"
+                )
+            elif row_stride < step_bytes * stored.max_steps:
+                problem = (
+                    f"its layout puts the rows of field {field_name!r} {row_stride} bytes apart, fewer "
+                    f"than max_steps x {step_bytes} bytes a step"
+                )
+            if problem:
+                break
+    if problem:
+        raise TableMismatchError(f"{where} has a spec that does not match its layout: {problem}")
+    return stored
 
 
 class EpisodeWriter:

@@ -55,8 +55,9 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
     bool ok = StateGeneration(before) == generation && (generation & 1u) == 0;
     int64_t steps = 0;
     if (ok) {
-      const int64_t length = LoadRelaxed(&t.length[row]);
-      steps = std::clamp<int64_t>(length - starts[i], 0, window);
+      const int32_t length = LoadRelaxed(&t.length[row]);
+      ok = LengthInRange(length, t.max_steps);  // else a damaged file: the row is invalid, nothing read
+      steps = ok ? std::clamp<int64_t>(length - starts[i], 0, window) : 0;
     }
     for (int32_t f = 0; f < r.num_fields; ++f) {
       const FieldView& field = t.fields[r.field_ids[f]];

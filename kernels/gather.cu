@@ -132,8 +132,10 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
     const uint64_t before = device::LoadAcquire(&t.state[row]);
     ok = StateGeneration(before) == generation && (generation & 1u) == 0;
     if (ok) {
-      const int64_t length = device::LoadRelaxed(&t.length[row]);
-      steps = length - start < 0 ? 0 : (length - start > window ? window : length - start);
+      const int32_t length = device::LoadRelaxed(&t.length[row]);
+      ok = LengthInRange(length, t.max_steps);  // else a damaged file: the row is invalid, nothing read
+      const int64_t left = ok ? length - start : 0;
+      steps = left < 0 ? 0 : (left > window ? window : left);
     }
   }
   for (int32_t f = 0; f < r.num_fields; ++f) {

@@ -25,6 +25,9 @@ KernelStatus ScatterPrioritiesCpu(const TableView& t, const int32_t* indices, co
     uint64_t current = LoadAcquire(word);
     // Retry only while the generation still matches: a failed exchange reloads `current`.
     while (StateGeneration(current) == generation && (generation & 1u) == 0 && generation != 0) {
+      // A row whose length is out of range (abandoned: 0; or a damaged file) never becomes selectable,
+      // whatever generation a Sample carries. Read after the state: it is the length published with it.
+      if (priorities[i] > 0.0f && !LengthInRange(LoadRelaxed(&t.length[indices[i]]), t.max_steps)) break;
       const float old_priority = StatePriority(current);
       if (CompareExchange(word, &current, MakeState(generation, priorities[i]))) {
         const bool was = old_priority > 0.0f, is = priorities[i] > 0.0f;

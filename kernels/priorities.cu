@@ -40,6 +40,8 @@ __device__ bool SetPriority(const TableView& t, int64_t row, uint32_t generation
   uint64_t* word = &t.state[row];
   uint64_t current = device::LoadAcquire(word);
   while (StateGeneration(current) == generation && (generation & 1u) == 0 && generation != 0) {
+    // Never makes a row of a length out of range selectable (priorities.cc).
+    if (priority > 0.0f && !LengthInRange(device::LoadRelaxed(&t.length[row]), t.max_steps)) return false;
     const float old_priority = StatePriority(current);
     if (device::CompareExchange(word, &current, MakeState(generation, priority),
                                 t.read_modify_write_atomics)) {

@@ -16,6 +16,11 @@ constexpr int64_t kPriorityBlock = 4096;
 
 KernelStatus Empty() { return KernelError(ErrorSite::kSampleEmpty); }
 
+// Whether a row of a selectable state may be picked: its length is in [1, max_steps] (LengthInRange).
+bool LengthUsable(const TableView& t, int64_t row) {
+  return LengthInRange(LoadRelaxed(&t.length[row]), t.max_steps);
+}
+
 void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
             uint64_t state, float probability) {
   out.indices[pick] = static_cast<int32_t>(row);
@@ -39,6 +44,7 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
   for (int64_t i = 0; i < r.batch_size; ++i) {
     first[i] = candidate(static_cast<uint32_t>(i), 0);
     __builtin_prefetch(&t.state[first[i]]);
+    __builtin_prefetch(&t.length[first[i]]);
     __builtin_prefetch(&t.times_sampled[first[i]]);
   }
   std::vector<std::pair<int64_t, uint64_t>> selectable;  // filled only if rejection keeps failing
@@ -50,13 +56,13 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
     for (int attempt = 0; attempt < kUniformAttempts && row < 0; ++attempt) {
       const int64_t c = attempt == 0 ? first[i] : candidate(pick, attempt);
       const uint64_t s = LoadAcquire(&t.state[c]);
-      if (StateSelectable(s)) row = c, state = s;
+      if (StateSelectable(s) && LengthUsable(t, c)) row = c, state = s;
     }
     if (row < 0) {
       if (!scanned) {
         for (int64_t k = 0; k < claimed; ++k) {
           uint64_t s = LoadAcquire(&t.state[k]);
-          if (StateSelectable(s)) selectable.emplace_back(k, s);
+          if (StateSelectable(s) && LengthUsable(t, k)) selectable.emplace_back(k, s);
         }
         scanned = true;
       }
@@ -126,7 +132,8 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
   if (!(total > 0.0)) return Empty();
 
   // Pass 2: the picks in increasing target order; each one walks from its block's start to the first
-  // row whose running prefix exceeds the target. A row whose state changed since pass 1 is skipped.
+  // row whose running prefix exceeds the target. A row whose state changed since pass 1 is skipped, as
+  // is the row a target falls on when its length is out of range (read only then: a damaged file).
   std::vector<std::pair<double, int64_t>> targets(r.batch_size);
   for (int64_t i = 0; i < r.batch_size; ++i) {
     targets[i] = {UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kSelect) * total, i};
@@ -145,19 +152,22 @@ KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, Sampl
       if (w <= 0.0) continue;
       const uint64_t s = LoadAcquire(&t.state[row]);
       if (s != states[row]) continue;
-      last_row = row, last_state = s;
       if (running + w > target) {
+        if (!LengthUsable(t, row)) continue;
+        last_row = row, last_state = s;
         Record(t, r, out, pick, row, s, static_cast<float>(w / total));
         assigned = true;
         break;
       }
+      last_row = row, last_state = s;
       running += w;
     }
     if (assigned) continue;
     // Rounding, or writers changing rows since pass 1: the target lies past the last row.
+    if (last_row >= 0 && !LengthUsable(t, last_row)) last_row = -1;
     for (int64_t k = claimed - 1; k >= 0 && last_row < 0; --k) {
       const uint64_t s = LoadAcquire(&t.state[k]);
-      if (weights[k] > 0.0 && s == states[k]) last_row = k, last_state = s;
+      if (weights[k] > 0.0 && s == states[k] && LengthUsable(t, k)) last_row = k, last_state = s;
     }
     if (last_row < 0) return Empty();
     Record(t, r, out, pick, last_row, last_state, static_cast<float>(weights[last_row] / total));
@@ -193,10 +203,16 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
   for (int64_t k = 0; k < claimed; ++k) {
     uint64_t s = LoadAcquire(&t.state[k]);
     if (!StateSelectable(s)) continue;
-    ++count;
     const uint64_t seq = method == SampleMethod::kTopK ? 0 : LoadRelaxed(&t.insert_seq[k]);
     Candidate c{OrderKey(method, seq, k, s), k, s};
-    if (have_threshold && !better(c, threshold)) continue;
+    // Behind the threshold, `best` already holds batch_size rows: the count (which only decides the
+    // errors) needs no length. A row that would enter `best` must have a length in range.
+    if (have_threshold && !better(c, threshold)) {
+      ++count;
+      continue;
+    }
+    if (!LengthUsable(t, k)) continue;
+    ++count;
     best.push_back(c);
     if (best.size() == 4 * keep) prune();
   }

@@ -29,6 +29,11 @@ unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + thre
 
 __device__ int64_t ThreadIndex() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 
+// Whether a row of state `s` may be picked: selectable, and its length in [1, max_steps] (sample.h).
+__device__ bool RowSelectable(const TableView& t, int64_t row, uint64_t s) {
+  return StateSelectable(s) && LengthInRange(device::LoadRelaxed(&t.length[row]), t.max_steps);
+}
+
 __device__ SampleRequest Seeded(SampleRequest r, const uint32_t* seed) {
   r.seed0 = seed[0];
   r.seed1 = seed[1];
@@ -63,7 +68,7 @@ __global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* 
     const int64_t drawn = static_cast<int64_t>(u * rows);
     const int64_t candidate = drawn < rows - 1 ? drawn : rows - 1;
     const uint64_t s = device::LoadAcquire(&t.state[candidate]);
-    if (StateSelectable(s)) {
+    if (RowSelectable(t, candidate, s)) {
       Record(t, r, out, i, candidate, StateGeneration(s), 0.0f);
       return;
     }
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
   } else {
     int64_t mine = 0;
     for (int64_t k = tid; k < rows; k += kThreads)
-      mine += StateSelectable(device::LoadAcquire(&t.state[k])) ? 1 : 0;
+      mine += RowSelectable(t, k, device::LoadAcquire(&t.state[k])) ? 1 : 0;
     const int64_t total = Reduce(temp.reduce).Sum(mine);
     if (tid == 0) selectable_rows = total;
     __syncthreads();
@@ -125,7 +130,7 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     for (int64_t first = 0; first < rows; first += kThreads) {
       const int64_t k = first + tid;
       const uint64_t s = k < rows ? device::LoadAcquire(&t.state[k]) : 0;
-      const int32_t selectable = StateSelectable(s) ? 1 : 0;
+      const int32_t selectable = k < rows && RowSelectable(t, k, s) ? 1 : 0;
       int32_t rank, tile_count;
       Scan(temp.scan).ExclusiveSum(selectable, rank, tile_count);
       if (selectable) {
@@ -243,7 +248,8 @@ __global__ void PrioritizedPickKernel(TableView t, SampleRequest r, const uint32
   const double total = rows > 0 ? prefix[rows - 1] : 0.0;
   auto try_record = [&](int64_t row) {
     const uint64_t s = device::LoadAcquire(&t.state[row]);
-    const double w = PriorityWeight(s, r.priority_exponent);
+    double w = PriorityWeight(s, r.priority_exponent);
+    if (w > 0.0 && !LengthInRange(device::LoadRelaxed(&t.length[row]), t.max_steps)) w = 0.0;  // sample.h
     if (w > 0.0) Record(t, r, out, i, row, StateGeneration(s), static_cast<float>(w / total));
     return w > 0.0;
   };
@@ -323,7 +329,7 @@ __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
     const uint64_t s = row < rows ? device::LoadAcquire(&t.state[row]) : 0;
     key[j] = kNoCandidate;
     value[j] = 0;
-    if (row < rows && StateSelectable(s)) {
+    if (row < rows && RowSelectable(t, row, s)) {
       ++selectable;
       key[j] = RowOrderKey(t, method, row, s);
       value[j] = (static_cast<uint64_t>(row) << 32) | StateGeneration(s);

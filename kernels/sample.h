@@ -2,7 +2,9 @@
 // CPU implementation in sample.cc; the CUDA one (sample.cu) keeps the same semantics.
 //
 // Every method selects only selectable rows (even generation, priority > 0) and records the generation
-// it saw, so that gather and update_priorities can tell when the row was overwritten since.
+// it saw, so that gather and update_priorities can tell when the row was overwritten since. A row whose
+// length is outside [1, max_steps] (LengthInRange; only a damaged or forged file has one of priority
+// > 0) is never picked; the table's counter `selectable` and prioritized weights still count it.
 //  - uniform: each selectable row with probability 1/V (rejection over the claimed rows, then an exact
 //    fallback scan after kUniformAttempts rejections, so the distribution is exactly uniform);
 //  - prioritized: row i with probability p_i^a / sum_j p_j^a (block sums, then a prefix walk per

@@ -73,7 +73,8 @@ KernelStatus SampleAtCpu(const TableView& t, const SampleAtRequest& r, const flo
     picks[next].row = last_row, picks[next].state = last_state, picks[next].weight = last_weight;
   }
   for (const PendingPick& p : picks) {
-    if (p.row < 0) {  // no row of positive weight
+    // No row of positive weight, or the row's length is out of range (a damaged file: sample_at.h).
+    if (p.row < 0 || !LengthInRange(LoadRelaxed(&t.length[p.row]), t.max_steps)) {
       RecordFailed(out, p.pick);
       continue;
     }

@@ -174,7 +174,10 @@ __global__ void __launch_bounds__(SampleAtPolicy::kPickWarps * 32)
     ReportError(error, t.read_modify_write_atomics, ErrorSite::kSampleAtWeightOverflow, 0, 0, 0);
   }
   if (!leader) return;
-  if (found.row < 0) {  // not this table's, no row of positive weight, or an overflow
+  // A row whose length is out of range gets the failed-pick marker (sample_at.h).
+  if (found.row >= 0 && !LengthInRange(device::LoadRelaxed(&t.length[found.row]), t.max_steps))
+    found.row = -1;
+  if (found.row < 0) {  // not this table's, no row of positive weight, a damaged length, or an overflow
     out.indices[pick] = 0;
     out.generations[pick] = 1;
     out.probabilities[pick] = 0.0f;

@@ -11,6 +11,9 @@
 //    row of positive weight (no error). Otherwise the pick is the first row, in row order, whose inclusive
 //    cumulative weight exceeds the target (a target >= the total takes the last row of positive weight),
 //    with probability w / total and, with a window, a start drawn as sample draws it (WindowStart).
+//    A pick whose row has a length outside [1, max_steps] (only a damaged or forged file has such a
+//    row of positive weight) gets the failed-pick marker too: weights and totals read the state column
+//    alone, so such a row still weighs in them.
 #pragma once
 
 #include <cstdint>

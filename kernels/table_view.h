@@ -71,4 +71,9 @@ GEAR_HD bool StateSelectable(uint64_t state) {
   return (StateGeneration(state) & 1u) == 0 && StatePriority(state) > 0.0f;
 }
 
+// Whether a row's length is one a writer can publish: [1, max_steps]. The length column is data of the
+// shared file, not layout: a row of any other length (an abandoned row, or a damaged or forged file) is
+// never selected, never made selectable and never gathered as valid, so that no read leaves its row.
+GEAR_HD bool LengthInRange(int32_t length, int32_t max_steps) { return length >= 1 && length <= max_steps; }
+
 }  // namespace gear

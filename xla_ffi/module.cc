@@ -96,6 +96,8 @@ py::dict Layout(OpenTable& self) {
   SharedTable& table = self.table();
   const TableHeader* h = table.header();
   py::dict layout;
+  layout["capacity"] = h->capacity;
+  layout["max_steps"] = h->max_steps;
   layout["state"] = h->state_offset;
   layout["length"] = h->length_offset;
   layout["insert_seq"] = h->insert_seq_offset;
@@ -344,6 +346,8 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("name", &OpenTable::name)
       .def_property_readonly("creator", &OpenTable::creator)
       .def_property_readonly("spec_json", [](OpenTable& s) { return s.table().spec_json(); })
+      // The same bytes, undecoded: a damaged header's need not be UTF-8 (Table.attach decodes them).
+      .def_property_readonly("spec_json_bytes", [](OpenTable& s) { return py::bytes(s.table().spec_json()); })
       .def_property_readonly("spec_hash", [](OpenTable& s) { return s.table().header()->spec_hash; })
       .def_property_readonly("total_bytes", [](OpenTable& s) { return s.table().total_bytes(); })
       .def_property_readonly("pinned", [](OpenTable& s) { return s.table().pinned(); })

@@ -192,6 +192,41 @@ bool LayoutFits(const TableHeader& h, uint64_t size) {
   return true;
 }
 
+// What is wrong with the columns of a header that LayoutFits a mapping (empty: nothing). They must be
+// exactly where PlanTable puts them for the header's capacity, max_steps and step sizes: then no two
+// columns overlap, each is aligned as the kernels assume, and every row of a field holds max_steps
+// steps within its own stride. The spec JSON is checked against this layout by gear_jax.Table.attach.
+std::string LayoutProblem(const TableHeader& h, uint64_t size) {
+  std::vector<int64_t> step_bytes;
+  for (int f = 0; f < h.num_fields; ++f) step_bytes.push_back(h.fields[f].step_bytes);
+  TablePlan plan{};
+  try {
+    plan = PlanTable(h.capacity, h.max_steps, step_bytes, std::string());
+  } catch (const std::exception& e) {
+    return std::string("its layout can not be planned (") + e.what() + ")";
+  }
+  if (plan.total_bytes > size) {
+    return "its layout needs " + std::to_string(plan.total_bytes) + " bytes, the file holds " +
+           std::to_string(size);
+  }
+  const TableHeader& want = plan.layout;
+  if (h.state_offset != want.state_offset || h.length_offset != want.length_offset ||
+      h.insert_seq_offset != want.insert_seq_offset || h.times_sampled_offset != want.times_sampled_offset ||
+      h.writer_pid_offset != want.writer_pid_offset) {
+    return "its row status columns are not where its layout puts them";
+  }
+  for (int f = 0; f < h.num_fields; ++f) {
+    const FieldLayout &have = h.fields[f], &planned = want.fields[f];
+    if (have.offset != planned.offset || have.row_stride != planned.row_stride) {
+      return "the column of field " + std::to_string(f) + " (offset " + std::to_string(have.offset) +
+             ", row stride " + std::to_string(have.row_stride) +
+             ") is not where its layout puts it (offset " + std::to_string(planned.offset) + ", row stride " +
+             std::to_string(planned.row_stride) + ")";
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 bool ProcessAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
@@ -467,7 +502,7 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < sizeof(TableHeader)) {
     close(fd);
-    throw FormatError("shared-memory object '" + name + "' is not a gear_jax table (too small)");
+    throw FormatError("'" + ShmFile(name) + "' is not a gear_jax table (too small)");
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -485,10 +520,20 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
   } else if (h->format_version != kFormatVersion) {
     problem = "has table format " + std::to_string(h->format_version) + ", this gear_jax reads format " +
               std::to_string(kFormatVersion);
-  } else if (h->total_bytes != size || h->spec_json_bytes >= kSpecJsonCapacity || !LayoutFits(*h, size)) {
-    problem = "has a damaged header";
+  } else if (h->total_bytes != size) {
+    problem = "has a damaged header: it gives the table " + std::to_string(h->total_bytes) +
+              " bytes, the file holds " + std::to_string(size);
+  } else if (h->spec_json_bytes >= kSpecJsonCapacity) {
+    problem = "has a damaged header: its spec JSON length " + std::to_string(h->spec_json_bytes) +
+              " is past the " + std::to_string(kSpecJsonCapacity) + " bytes it has room for";
+  } else if (!LayoutFits(*h, size)) {
+    problem = "has a damaged header: its layout (capacity " + std::to_string(h->capacity) + ", max_steps " +
+              std::to_string(h->max_steps) + ", " + std::to_string(h->num_fields) +
+              " fields) has sizes out of range or columns outside the file";
+  } else if (std::string layout = LayoutProblem(*h, size); !layout.empty()) {
+    problem = "has a damaged header: " + layout;
   }
-  if (!problem.empty()) throw FormatError("shared-memory object '" + name + "' " + problem);
+  if (!problem.empty()) throw FormatError("'" + ShmFile(name) + "' " + problem);
   // A process of another PID namespace than the creator's: from now on no process may judge a pid of
   // this table by kill(pid, 0). Set before this process signs in or writes (see PidMayBeAlive).
   if (Load(&h->creator_pid_namespace) != PidNamespace()) Store(&h->mixed_pid_namespaces, 1u);
