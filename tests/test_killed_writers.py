@@ -25,6 +25,31 @@ TIMEOUT = 90  # seconds for all the kills of one table (a few on an idle machine
 WRITERS = 4  # writer processes alive at a time
 LONGEST_DELAY = 0.002  # seconds between kills: uniform in [0, this]
 
+# The kill loop both killer scripts end with: forks `width` writers running `loops` (the script's own),
+# then `kills` times sleeps a random moment, SIGKILLs a random writer and forks a replacement.
+KILL_LOOP = """
+    def spawn(k):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                loops[k % len(loops)](k)
+            finally:
+                os._exit(0)
+        return pid
+
+    children = [spawn(k) for k in range(width)]
+    for i in range(kills):
+        time.sleep(rng.uniform(0.0, delay))
+        j = rng.randrange(width)
+        os.kill(children[j], signal.SIGKILL)
+        os.waitpid(children[j], 0)
+        children[j] = spawn(j + width * (i + 1))
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    print("done", flush=True)
+"""
+
 # The parent of the writers, a small process (numpy and the native module only, no JAX): forks are
 # cheap. argv = native module path, table name, kills, seed, writers at a time, longest delay (s).
 KILLER = """
@@ -77,27 +102,6 @@ KILLER = """
                 table.commit(row, 2, float(i % 3 != 0))
 
     loops = [insert_loop, row_loop, insert_loop, episode_loop]
-
-    def spawn(k):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                loops[k % len(loops)](k)
-            finally:
-                os._exit(0)
-        return pid
-
-    children = [spawn(k) for k in range(width)]
-    for i in range(kills):
-        time.sleep(rng.uniform(0.0, delay))
-        j = rng.randrange(width)
-        os.kill(children[j], signal.SIGKILL)
-        os.waitpid(children[j], 0)
-        children[j] = spawn(j + width * (i + 1))
-    for pid in children:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    print("done", flush=True)
 """
 
 
@@ -147,7 +151,7 @@ def test_killed_writers_leave_no_row_held_and_counts_right(make_table, capacity,
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=capacity, max_steps=2)
     args = [gj._native.__file__, table.name, kills, seed, WRITERS, LONGEST_DELAY]
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(KILLER), *map(str, args)],
+        [sys.executable, "-c", textwrap.dedent(KILLER + KILL_LOOP), *map(str, args)],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -205,27 +209,6 @@ PUBLIC_API_KILLER = """
                 pass  # every row held by live writers for the moment
 
     loops = [episode_loop, episode_loop, add_loop]
-
-    def spawn(k):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                loops[k % len(loops)](k)
-            finally:
-                os._exit(0)
-        return pid
-
-    children = [spawn(k) for k in range(width)]
-    for i in range(kills):
-        time.sleep(rng.uniform(0.0, delay))
-        j = rng.randrange(width)
-        os.kill(children[j], signal.SIGKILL)
-        os.waitpid(children[j], 0)
-        children[j] = spawn(j + width * (i + 1))
-    for pid in children:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    print("done", flush=True)
 """
 
 
@@ -239,7 +222,16 @@ def test_kill_storm_of_episode_writers_and_inserters(make_table):
         max_steps=max_steps,
     )
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(PUBLIC_API_KILLER), table.name, str(kills), "3", "3", "0.01"],
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(PUBLIC_API_KILLER + KILL_LOOP),
+            table.name,
+            str(kills),
+            "3",
+            "3",
+            "0.01",
+        ],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
