@@ -126,12 +126,14 @@ def nursery() -> None:
         children[j] = spawn(k)
         k += 1
         if time.monotonic() > next_report:
-            print(f"kills {kills} writers {' '.join(map(str, children))}", flush=True)
+            # Measured here, where the writers' pids are current (they change many times a second).
+            private = private_mib(os.getpid()) + sum(private_mib(p) for p in children)
+            print(f"kills {kills} private_mib {private:.1f}", flush=True)
             next_report += 1.0
     for pid in children:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    print(f"kills {kills} writers", flush=True)
+    print(f"kills {kills} private_mib 0", flush=True)
     print("stopped", flush=True)
 
 
@@ -214,14 +216,15 @@ def learner() -> dict:
         text=True,
     )
     os.set_blocking(nursery_proc.stdout.fileno(), False)
-    kills, writer_pids = 0, []
+    kills, writers_private = 0, 0.0
 
     def read_nursery() -> None:
-        nonlocal kills, writer_pids
+        nonlocal kills, writers_private
         while line := nursery_proc.stdout.readline():
             if line.startswith("kills "):
                 parts = line.split()
-                kills, writer_pids = int(parts[1]), [int(p) for p in parts[3:]]
+                kills = int(parts[1])
+                writers_private = float(parts[3]) or writers_private
 
     while table.size < FLAGS.batch_size:  # wait for a first few rows
         time.sleep(0.1)
@@ -255,7 +258,7 @@ def learner() -> dict:
                 entries, shm_mib = shm_entries(
                     (
                         table.name,
-                        *(f"gear_jax_pool_{p}_" for p in (os.getpid(), nursery_proc.pid, *writer_pids)),
+                        *(f"gear_jax_pool_{p}_" for p in (os.getpid(), nursery_proc.pid)),
                     )
                 )
                 seconds = now - window_start
@@ -273,9 +276,7 @@ def learner() -> dict:
                     "shm_entries": entries,
                     "shm_mib": round(shm_mib, 1),
                     "learner_private_mib": round(private_mib(os.getpid()), 1),
-                    "writers_private_mib": round(
-                        private_mib(nursery_proc.pid) + sum(private_mib(p) for p in writer_pids), 1
-                    ),
+                    "writers_private_mib": round(writers_private, 1),  # the nursery's and its writers' sum
                 }
                 series.append(point)
                 logging.info("%s", " ".join(f"{k}={v}" for k, v in point.items()))
