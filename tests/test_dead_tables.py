@@ -418,6 +418,7 @@ while True:
         except RuntimeError:
             print("lost", flush=True)
         own.close()
+        native.pool_clear()  # close pooled it; no process of this namespace would ever sweep the name
         os._exit(0)
     _, status = os.waitpid(child, 0)
     if os.waitstatus_to_exitcode(status) != 3:
