@@ -58,6 +58,7 @@ import numpy as np
 from gear_jax._version import __version__
 from gear_jax.errors import CheckpointError, SpecError
 from gear_jax.spec import TableSpec
+from gear_jax.table import STATE_GENERATION_SHIFT, state_generation, state_priority
 
 if TYPE_CHECKING:
     from gear_jax.table import Table
@@ -78,8 +79,6 @@ RETRY_WAITS = (0.0, 0.0005, 0.002)
 
 _OUR_ENTRY = re.compile(r"^(data-[0-9a-f]+-[0-9a-f]{16}|\.current-[0-9a-f]{16})$")  # names saves make
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-_GENERATION_SHIFT = np.uint64(32)
-_PRIORITY_BITS = np.uint64(0xFFFFFFFF)
 
 
 @dataclass(frozen=True)
@@ -145,14 +144,6 @@ def _table_views(table: Table) -> dict[str, np.ndarray]:
     }
     views.update({f"field:{name}": column for name, column in table._columns.items()})
     return views
-
-
-def _generation(states: np.ndarray) -> np.ndarray:
-    return states >> _GENERATION_SHIFT
-
-
-def _priority(states: np.ndarray) -> np.ndarray:
-    return (states & _PRIORITY_BITS).astype(np.uint32).view(np.float32)
 
 
 # -- saving ------------------------------------------------------------------------------------------
@@ -397,9 +388,9 @@ def _stream_rows(
             empty = _copy_consistent_rows(native, views, chunk.arrays, start, stop)
             states = chunk.arrays["state"][: stop - start]
             saved_empty += empty
-            committed = (_generation(states) & np.uint64(1)) == 0
+            committed = (state_generation(states) & np.uint64(1)) == 0
             size += int(np.count_nonzero(committed & (chunk.arrays["length"][: stop - start] > 0)))
-            selectable += int(np.count_nonzero(committed & (_priority(states) > 0)))
+            selectable += int(np.count_nonzero(committed & (state_priority(states) > 0)))
             pending[slot] = writer.submit(write_chunk, chunk, stop - start)
         for future in pending:
             if future is not None:
@@ -439,8 +430,8 @@ def _copy_consistent_rows(
     empty = np.flatnonzero(unsettled)
     if empty.size:
         # The generation the row's writer will publish it with: an empty row that no Sample matches.
-        generation = (_generation(after[empty]) + np.uint64(1)) & ~np.uint64(1)
-        states[empty] = generation << _GENERATION_SHIFT
+        generation = (state_generation(after[empty]) + np.uint64(1)) & ~np.uint64(1)
+        states[empty] = generation << STATE_GENERATION_SHIFT
         out["length"][empty] = 0
         out["insert_seq"][empty] = 0
         out["times_sampled"][empty] = 0
@@ -449,8 +440,8 @@ def _copy_consistent_rows(
 
 def _unsettled(before: np.ndarray, after: np.ndarray) -> np.ndarray:
     """Rows whose copy may be torn: held by a writer (odd generation) or republished in between."""
-    generation = _generation(after)
-    return (_generation(before) != generation) | ((generation & np.uint64(1)) == 1)
+    generation = state_generation(after)
+    return (state_generation(before) != generation) | ((generation & np.uint64(1)) == 1)
 
 
 # -- loading -----------------------------------------------------------------------------------------
@@ -745,8 +736,8 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
     state = next(c for c in checkpoint.columns if c.name == "state")
     rows_per_chunk = max(1, min(state.shape[0], CHUNK_BYTES // state.row_bytes))
     for _, states in _read_chunks(checkpoint, state, rows_per_chunk):  # checked whole before any row shows
-        priority = _priority(states)
-        if ((_generation(states) & np.uint64(1)) == 1).any() or not (
+        priority = state_priority(states)
+        if ((state_generation(states) & np.uint64(1)) == 1).any() or not (
             np.isfinite(priority) & (priority >= 0)
         ).all():
             raise _refuse(

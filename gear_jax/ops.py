@@ -366,9 +366,9 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
     """
     table = _check_table(table, "update_priorities")
     b = _check_sample(sample, "update_priorities", table)
-    dtype = getattr(priorities, "dtype", None)
-    if dtype is None or not isinstance(priorities, jax.Array | jax.core.Tracer):
-        dtype = np.asarray(priorities).dtype  # host values: lists, numpy arrays
+    # Host values (lists, numpy arrays, PyTorch tensors) are looked at through numpy.
+    is_jax = isinstance(priorities, jax.Array | jax.core.Tracer)
+    dtype = priorities.dtype if is_jax else np.asarray(priorities).dtype
     if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
         raise InvalidArgumentError(f"update_priorities: priorities has dtype {dtype}; expected floats")
     priorities = jnp.asarray(priorities)

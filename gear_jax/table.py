@@ -49,6 +49,21 @@ def _check_name(name: Any, op: str, creating: bool) -> str:
     return name
 
 
+# A row's state word (kernels/table_view.h): its generation in the high 32 bits (odd while a writer holds
+# the row), its priority's float32 bits in the low 32.
+STATE_GENERATION_SHIFT = np.uint64(32)
+
+
+def state_generation(states: np.ndarray) -> np.ndarray:
+    """The generations (uint64) of state words."""
+    return states >> STATE_GENERATION_SHIFT
+
+
+def state_priority(states: np.ndarray) -> np.ndarray:
+    """The priorities (float32) of state words."""
+    return (states & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
+
+
 def _torch_loaded() -> bool:
     """Whether PyTorch is imported: only then can a value be a device tensor."""
     return "torch" in sys.modules
@@ -335,8 +350,8 @@ class Table:
         self._live()
         state = self._state.copy()
         return {
-            "generation": (state >> np.uint64(32)).astype(np.uint32),
-            "priority": (state & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32),
+            "generation": state_generation(state).astype(np.uint32),
+            "priority": state_priority(state),
             "length": self._length.copy(),
             "insert_seq": self._insert_seq.copy(),
             "times_sampled": self._times_sampled.copy(),
@@ -588,18 +603,14 @@ def _stored_spec(name: str, native: Any) -> TableSpec:
     elif stored.max_steps != layout["max_steps"]:
         problem = f"its spec has max_steps={stored.max_steps}, its layout max_steps={layout['max_steps']}"
     else:
-        for (field_name, field), (_, row_stride, step_bytes) in zip(stored.fields.items(), fields):
+        # Strides need no look: the native attach found every column exactly where the layout's
+        # capacity, max_steps and step sizes put it (rows of max_steps steps each).
+        for (field_name, field), (_, _, step_bytes) in zip(stored.fields.items(), fields):
             if field.step_bytes != step_bytes:
                 problem = (
                     f"its spec gives field {field_name!r} (shape {field.shape}, {field.dtype.name}) "
                     f"{field.step_bytes} bytes a step, its layout {step_bytes}"
                 )
-            elif row_stride < step_bytes * stored.max_steps:
-                problem = (
-                    f"its layout puts the rows of field {field_name!r} {row_stride} bytes apart, fewer "
-                    f"than max_steps x {step_bytes} bytes a step"
-                )
-            if problem:
                 break
     if problem:
         raise TableMismatchError(f"{where} has a spec that does not match its layout: {problem}")

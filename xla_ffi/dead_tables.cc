@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,11 +14,11 @@
 #include <random>
 
 #include "xla_ffi/shared_table.h"
+#include "xla_ffi/table_pool.h"
 
 namespace gear {
 namespace {
 
-constexpr char kPoolPrefix[] = "gear_jax_pool_";          // table_pool.cc
 constexpr char kRemovingPrefix[] = "gear_jax_removing_";  // a table on its way out (RemoveIfDead)
 constexpr int64_t kSweepEveryNs = 1'000'000'000;
 
@@ -60,12 +59,6 @@ std::string RemovingName() {
   return kRemovingPrefix + std::to_string(CurrentPid()) + "_" + suffix;
 }
 
-int64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 std::vector<std::string> ShmNames() {
   std::vector<std::string> names;
   DIR* dir = opendir("/dev/shm");
@@ -92,7 +85,7 @@ std::optional<TableRecord> InspectTable(const std::string& name) {
   r.inode = static_cast<uint64_t>(copy.st.st_ino);
   r.device = static_cast<uint64_t>(copy.st.st_dev);
   r.format_version = h.format_version;
-  r.pool = StartsWith(name, kPoolPrefix);
+  r.pool = StartsWith(name, kPoolNamePrefix);
   if (h.format_version != kFormatVersion) {
     r.state = "other-format";  // its header is laid out otherwise: nothing more is read
     return r;

@@ -69,12 +69,6 @@ uint32_t SlotWindows(uint64_t slot) { return static_cast<uint32_t>(slot >> 32); 
 constexpr int64_t kCheckEveryNs = 10'000'000;
 constexpr int64_t kCheckAtMostEveryNs = 1'000'000'000;
 
-int64_t MonotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 // Signs process `me` in to a free slot (or one left by a dead process); -1 when every slot is taken.
 int SignIn(TableHeader* h, int32_t me) {
   for (int slot = 0; slot < kMaxAttachments; ++slot) {
@@ -128,7 +122,8 @@ class MappedMemories {
     }
   }
   void InChild() {
-    // Only async-signal-safe calls here (getpid, kill, atomics): the parent may have had other threads.
+    // Only async-signal-safe calls here (getpid, kill, stat of /proc/self/ns/pid, atomics): the parent
+    // may have had other threads.
     const int32_t me = static_cast<int32_t>(getpid());
     for (TableMemory* memory : memories_) {
       if (IsTable(memory)) memory->set_attach_slot(SignIn(Header(memory), me));
@@ -230,6 +225,12 @@ std::string LayoutProblem(const TableHeader& h, uint64_t size) {
 }  // namespace
 
 bool ProcessAlive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+int64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 uint64_t PidNamespace() {
   CurrentPid();  // registers the reset after a fork

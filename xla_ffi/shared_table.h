@@ -110,6 +110,8 @@ bool PidsComparable(const TableHeader* h);
 // that share /dev/shm but not a PID namespace see each other's processes as gone (or as others): their
 // pids are unknown here, taken for alive, so nothing of theirs is reclaimed.
 bool PidMayBeAlive(const TableHeader* h, int32_t pid);
+// CLOCK_MONOTONIC in nanoseconds.
+int64_t MonotonicNs();
 // Where glibc keeps the object shm_open("/name") opens; renaming it there renames the object.
 std::string ShmFile(const std::string& name);
 

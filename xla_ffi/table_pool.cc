@@ -14,7 +14,6 @@
 namespace gear {
 namespace {
 
-constexpr char kPoolPrefix[] = "gear_jax_pool_";
 constexpr int64_t kDefaultMaxTables = 8;
 constexpr uint64_t kDefaultMaxBytes = uint64_t{16} << 30;
 
@@ -62,7 +61,7 @@ void TablePool::ForgetIfForkedLocked() {
 void TablePool::RemoveOrphans() {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return;
-  const std::string prefix = kPoolPrefix;
+  const std::string prefix = kPoolNamePrefix;
   while (dirent* entry = readdir(dir)) {
     const std::string name = entry->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
@@ -88,8 +87,8 @@ bool TablePool::Offer(const std::shared_ptr<SharedTable>& table, int64_t handle)
   RemoveOrphans();
   // pid (for the orphan sweep), then a random part: pids repeat across containers sharing /dev/shm.
   static thread_local std::mt19937_64 random(std::random_device{}());
-  const std::string pool_name = kPoolPrefix + std::to_string(owner_pid_) + "_" + std::to_string(next_id_++) +
-                                "_" + std::to_string(random());
+  const std::string pool_name = kPoolNamePrefix + std::to_string(owner_pid_) + "_" +
+                                std::to_string(next_id_++) + "_" + std::to_string(random());
   if (!table->RenameForPool(pool_name)) {
     ++stats_.refused;
     return false;

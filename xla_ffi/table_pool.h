@@ -30,6 +30,10 @@
 
 namespace gear {
 
+// The names of closed tables the pool keeps: gear_jax_pool_<pid>_<n>_<random> (gear_jax.table's
+// POOL_NAME_PREFIX says the same to Python).
+inline constexpr char kPoolNamePrefix[] = "gear_jax_pool_";
+
 struct PooledTable {
   int64_t handle;                      // the closed table's registry handle, for the next table
   uint64_t spec_hash;                  // the closed table's spec
