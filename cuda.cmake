@@ -29,7 +29,7 @@ set(GEAR_JAX_CUDA_OPTIONS -Xcompiler=-Wall,-Wextra)
 
 # Kernels: CUDA and CUB, no XLA, no Python.
 add_library(gear_kernels_cuda STATIC kernels/sample.cu kernels/sample_at.cu kernels/gather.cu
-  kernels/priorities.cu)
+  kernels/priorities.cu kernels/priority_index.cu)
 target_include_directories(gear_kernels_cuda PUBLIC "${CMAKE_CURRENT_SOURCE_DIR}")
 target_include_directories(gear_kernels_cuda SYSTEM PUBLIC "${GEAR_JAX_CCCL_INCLUDE_DIR}")
 target_compile_options(gear_kernels_cuda PRIVATE ${GEAR_JAX_CUDA_OPTIONS})

@@ -2,7 +2,11 @@
 // Lock-free 32/64-bit atomics are address-free, so they work in memory mapped by several processes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
+
+#include "table_view.h"
 
 namespace gear {
 
@@ -26,6 +30,33 @@ inline void FenceRelease() { __atomic_thread_fence(__ATOMIC_RELEASE); }
 template <typename T>
 inline T FetchAdd(T* p, T v) {
   return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL);
+}
+
+inline uint32_t LoadAcquire(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+// Raises the change counters (table_view.h) of `row`, after its state word changed.
+inline void NoteRowChanged(const TableView& t, int64_t row) {
+  for (int level = 0; level < kChangeLevels; ++level) {
+    FetchAdd<uint32_t>(&t.change_counts[ChangeLevelStart(t.capacity, level) + (row >> ChangeShift(level))],
+                       1u);
+  }
+}
+
+// NoteRowChanged for `n` rows whose state words changed, with one add per distinct group at levels 1
+// and 2 (all of level 0 first, then level 1, then level 2: each after every change it covers).
+inline void NoteRowsChanged(const TableView& t, const int32_t* rows, int64_t n) {
+  if (n <= 0) return;
+  std::vector<int64_t> groups(static_cast<size_t>(n));
+  for (int level = 0; level < kChangeLevels; ++level) {
+    for (int64_t i = 0; i < n; ++i) groups[i] = rows[i] >> ChangeShift(level);
+    auto end = groups.end();
+    if (level > 0) {
+      std::sort(groups.begin(), groups.end());
+      end = std::unique(groups.begin(), groups.end());
+    }
+    uint32_t* counters = t.change_counts + ChangeLevelStart(t.capacity, level);
+    for (auto g = groups.begin(); g != end; ++g) FetchAdd<uint32_t>(&counters[*g], 1u);
+  }
 }
 
 }  // namespace gear

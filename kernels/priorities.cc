@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "atomics.h"
 #include "gather.h"
@@ -19,6 +20,8 @@ KernelStatus ScatterPrioritiesCpu(const TableView& t, const int32_t* indices, co
     }
   }
   int32_t count = 0;
+  std::vector<int32_t> changed;  // rows whose state word this call changed
+  changed.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     uint64_t* word = &t.state[indices[i]];
     const uint32_t generation = generations[i];
@@ -32,11 +35,13 @@ KernelStatus ScatterPrioritiesCpu(const TableView& t, const int32_t* indices, co
       if (CompareExchange(word, &current, MakeState(generation, priorities[i]))) {
         const bool was = old_priority > 0.0f, is = priorities[i] > 0.0f;
         if (was != is) FetchAdd<int64_t>(t.selectable, is ? 1 : -1);
+        changed.push_back(indices[i]);
         ++count;
         break;
       }
     }
   }
+  NoteRowsChanged(t, changed.data(), static_cast<int64_t>(changed.size()));
   *updated = count;
   return {};
 }

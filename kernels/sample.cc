@@ -12,8 +12,6 @@
 namespace gear {
 namespace {
 
-constexpr int64_t kPriorityBlock = 4096;
-
 KernelStatus Empty() { return KernelError(ErrorSite::kSampleEmpty); }
 
 // Whether a row of a selectable state may be picked: its length is in [1, max_steps] (LengthInRange).
@@ -78,100 +76,6 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
   float probability = 1.0f / static_cast<float>(std::max<int64_t>(count, 1));
   for (int64_t i = 0; i < r.batch_size; ++i) out.probabilities[i] = probability;
   if (out.selectable != nullptr) *out.selectable = SelectableCount(count);
-  return {};
-}
-
-// p^a of every row by state word, per thread. A weight is a function of the state word and the
-// exponent alone, so one memo serves every table; between two samples only the rows written or
-// updated since are recomputed (a pow costs far more than the compare). State 0 (never written) has
-// weight 0, so zeroed vectors are a valid memo.
-struct WeightMemo {
-  float exponent = 1.0f;
-  std::vector<uint64_t> states;
-  std::vector<double> weights;
-
-  void Prepare(int64_t rows, float a) {
-    if (a != exponent) {
-      std::fill(states.begin(), states.end(), 0);
-      std::fill(weights.begin(), weights.end(), 0.0);
-      exponent = a;
-    }
-    if (static_cast<int64_t>(states.size()) < rows) {
-      states.resize(static_cast<size_t>(rows), 0);
-      weights.resize(static_cast<size_t>(rows), 0.0);
-    }
-  }
-};
-
-KernelStatus SamplePrioritized(const TableView& t, const SampleRequest& r, SampleResult out) {
-  const int64_t claimed = ClaimedRows(t);
-  const int64_t num_blocks = (claimed + kPriorityBlock - 1) / kPriorityBlock;
-  thread_local WeightMemo memo;
-  memo.Prepare(claimed, r.priority_exponent);
-  uint64_t* states = memo.states.data();
-  double* weights = memo.weights.data();
-  // Pass 1: refresh the weights of rows whose state changed; sum each block in row order.
-  std::vector<double> block_start(num_blocks + 1, 0.0);
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    double sum = 0.0;
-    const int64_t end = std::min(claimed, (b + 1) * kPriorityBlock);
-    for (int64_t k = b * kPriorityBlock; k < end; ++k) {
-      const uint64_t s = LoadRelaxed(&t.state[k]);
-      if (s != states[k]) {
-        states[k] = s;
-        weights[k] = PriorityWeight(s, r.priority_exponent);
-      }
-      sum += weights[k];
-    }
-    block_start[b + 1] = block_start[b] + sum;
-  }
-  const double total = block_start[num_blocks];
-  if (std::isinf(total)) {
-    return KernelError(ErrorSite::kSampleWeightOverflow);
-  }
-  if (!(total > 0.0)) return Empty();
-
-  // Pass 2: the picks in increasing target order; each one walks from its block's start to the first
-  // row whose running prefix exceeds the target. A row whose state changed since pass 1 is skipped, as
-  // is the row a target falls on when its length is out of range (read only then: a damaged file).
-  std::vector<std::pair<double, int64_t>> targets(r.batch_size);
-  for (int64_t i = 0; i < r.batch_size; ++i) {
-    targets[i] = {UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kSelect) * total, i};
-  }
-  std::sort(targets.begin(), targets.end());
-  int64_t block = 0, row = 0;
-  double running = 0.0;
-  int64_t last_row = -1;
-  uint64_t last_state = 0;
-  for (const auto& [target, pick] : targets) {
-    while (block + 1 < num_blocks && block_start[block + 1] <= target) ++block;
-    if (block * kPriorityBlock > row) row = block * kPriorityBlock, running = block_start[block];
-    bool assigned = false;
-    for (; row < claimed; ++row) {
-      const double w = weights[row];
-      if (w <= 0.0) continue;
-      const uint64_t s = LoadAcquire(&t.state[row]);
-      if (s != states[row]) continue;
-      if (running + w > target) {
-        if (!LengthUsable(t, row)) continue;
-        last_row = row, last_state = s;
-        Record(t, r, out, pick, row, s, static_cast<float>(w / total));
-        assigned = true;
-        break;
-      }
-      last_row = row, last_state = s;
-      running += w;
-    }
-    if (assigned) continue;
-    // Rounding, or writers changing rows since pass 1: the target lies past the last row.
-    if (last_row >= 0 && !LengthUsable(t, last_row)) last_row = -1;
-    for (int64_t k = claimed - 1; k >= 0 && last_row < 0; --k) {
-      const uint64_t s = LoadAcquire(&t.state[k]);
-      if (weights[k] > 0.0 && s == states[k] && LengthUsable(t, k)) last_row = k, last_state = s;
-    }
-    if (last_row < 0) return Empty();
-    Record(t, r, out, pick, last_row, last_state, static_cast<float>(weights[last_row] / total));
-  }
   return {};
 }
 
@@ -241,7 +145,7 @@ KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request,
   if (request.method == SampleMethod::kUniform) return SampleUniform(table, request, out);
   if (out.selectable != nullptr) *out.selectable = SelectableCount(LoadRelaxed(table.selectable));
   switch (request.method) {
-    case SampleMethod::kPrioritized: return SamplePrioritized(table, request, out);
+    case SampleMethod::kPrioritized: break;  // through a priority index: SampleIndexedCpu
     case SampleMethod::kFifo:
     case SampleMethod::kLifo:
     case SampleMethod::kTopK: return SampleOrdered(table, request, out);

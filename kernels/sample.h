@@ -7,8 +7,8 @@
 // > 0) is never picked; the table's counter `selectable` and prioritized weights still count it.
 //  - uniform: each selectable row with probability 1/V (rejection over the claimed rows, then an exact
 //    fallback scan after kUniformAttempts rejections, so the distribution is exactly uniform);
-//  - prioritized: row i with probability p_i^a / sum_j p_j^a (block sums, then a prefix walk per
-//    sorted pick);
+//  - prioritized: row i with probability p_i^a / sum_j p_j^a, through an index over the priorities
+//    (priority_index.h: SampleIndexedCpu; SampleRowsCpu refuses the method);
 //  - fifo / lifo: the batch_size oldest / newest committed rows, oldest / newest first;
 //  - topk: the batch_size highest priorities, highest first, ties to the lower row id.
 // With fewer selectable rows than batch_size, fifo/lifo/topk fail (kSampleTooFew), unless the request

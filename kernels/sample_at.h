@@ -1,6 +1,5 @@
 // The building blocks of sharded prioritized sampling, one table at a time: the total weight of a
 // table's selectable rows, and the selection of the row at a given point of its cumulative weight.
-// CPU implementation in sample_at.cc; the CUDA one (sample_at.cu) keeps the same semantics.
 //
 // Weights are those of prioritized sample (selection.h: PriorityWeight, w = p^a over selectable rows,
 // in double), over the claimed rows [0, ClaimedRows(table)).
@@ -11,9 +10,14 @@
 //    row of positive weight (no error). Otherwise the pick is the first row, in row order, whose inclusive
 //    cumulative weight exceeds the target (a target >= the total takes the last row of positive weight),
 //    with probability w / total and, with a window, a start drawn as sample draws it (WindowStart).
-//    A pick whose row has a length outside [1, max_steps] (only a damaged or forged file has such a
-//    row of positive weight) gets the failed-pick marker too: weights and totals read the state column
-//    alone, so such a row still weighs in them.
+//    Through the priority index (priority_index.h), "in row order" holds up to the rounding of the
+//    tree's partial sums; a row of a length outside [1, max_steps] (only a damaged or forged file has
+//    one of positive priority) weighs nothing and does not count; a pick whose row changed since the
+//    index's refresh gets the failed-pick marker. The scan of every row (sample_at.cu, for GPU
+//    exponents past the index's limit) reads the state column alone: there, such a row still weighs
+//    in, and a pick that lands on it gets the marker.
+//  - total weight with exponent 0 (the count alone, which the sharded layer asks for) reads the table's
+//    counter of selectable rows instead of the rows.
 #pragma once
 
 #include <cstdint>
@@ -34,13 +38,7 @@ struct SampleAtRequest {
 // Whether a target names a pick of this table: >= 0 and not NaN.
 GEAR_HD bool TargetIsMine(float target) { return target >= 0.0f; }
 
-// *total = float32(sum of p^a over the selectable rows), *count = their number. Fails (nothing written)
-// when the sum is not finite in float32.
-KernelStatus TotalWeightCpu(const TableView& table, float priority_exponent, float* total, int32_t* count);
-
-// One pick per target (see the top of this file). Fails (outputs undefined) when the sum of the weights
-// is not finite.
-KernelStatus SampleAtCpu(const TableView& table, const SampleAtRequest& request, const float* targets,
-                         SampleResult out);
+// The CPU implementations go through the table's priority index (priority_index.h: TotalWeightIndexedCpu,
+// SampleAtIndexedCpu); the CUDA ones are in sample_at.cu (the index's, and a scan of every row).
 
 }  // namespace gear

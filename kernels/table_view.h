@@ -39,10 +39,12 @@ struct TableView {
   int64_t capacity = 0;
   int32_t max_steps = 0;
   int32_t num_fields = 0;
-  uint64_t* state = nullptr;           // [capacity] generation << 32 | priority bits
-  int32_t* length = nullptr;           // [capacity] committed steps
-  uint64_t* insert_seq = nullptr;      // [capacity] commit order (1, 2, ...), for fifo/lifo
-  uint32_t* times_sampled = nullptr;   // [capacity]
+  uint64_t* state = nullptr;          // [capacity] generation << 32 | priority bits
+  int32_t* length = nullptr;          // [capacity] committed steps
+  uint64_t* insert_seq = nullptr;     // [capacity] commit order (1, 2, ...), for fifo/lifo
+  uint32_t* times_sampled = nullptr;  // [capacity]
+  // Change counters (ChangeCounters below): [ChangeCounterCount(capacity)], level 0 first.
+  uint32_t* change_counts = nullptr;
   const uint64_t* next_seq = nullptr;  // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
   int64_t* selectable = nullptr;       // count of rows with an even generation and priority > 0
   // Whether a kernel may use read-modify-write atomics on this memory: true on the host (CPU atomics) and
@@ -51,6 +53,29 @@ struct TableView {
   bool read_modify_write_atomics = true;
   FieldView fields[kMaxFields];
 };
+
+// Change counters: which rows' state words changed, for the processes that keep an index over the
+// priorities (priority_index.h) and must find what changed since they last looked without reading every
+// row. Three levels of uint32 counters: level k counts the state changes of each group of
+// 2^ChangeShift(k) rows (16, 1,024 and 65,536 rows). Whoever changes a row's state word raises the
+// counter of its group at level 0, then at level 1, then at level 2 (NoteRowChanged, NoteRowsChanged:
+// atomic adds, each after the state change). A reader loads a level-2 counter before the level-1
+// counters under it, those before the level-0 counters under them, and those before the rows' state
+// words: a change it missed has raised a counter it will see raised on its next look. (A counter
+// wraps after 2^32 changes of its group between two looks, which no writer comes near.)
+inline constexpr int kChangeLevels = 3;
+GEAR_HD int ChangeShift(int level) { return 4 + 6 * level; }
+
+GEAR_HD int64_t ChangeGroups(int64_t capacity, int level) {
+  return (capacity + (int64_t{1} << ChangeShift(level)) - 1) >> ChangeShift(level);
+}
+// Where level `level` starts in the change-counter column.
+GEAR_HD int64_t ChangeLevelStart(int64_t capacity, int level) {
+  int64_t start = 0;
+  for (int k = 0; k < level; ++k) start += ChangeGroups(capacity, k);
+  return start;
+}
+GEAR_HD int64_t ChangeCounterCount(int64_t capacity) { return ChangeLevelStart(capacity, kChangeLevels); }
 
 GEAR_HD uint32_t StateGeneration(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
 

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/atomics.h"
 #include "kernels/gather.h"
 #include "kernels/priorities.h"
+#include "kernels/priority_index.h"
 #include "kernels/sample.h"
 #include "kernels/sample_at.h"
 #include "xla/ffi/api/ffi.h"
@@ -49,6 +51,12 @@ ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                    starts->typed_data(),
                    nullptr,
                    selectable->typed_data()};
+  if (request.method == SampleMethod::kPrioritized) {
+    if (request.batch_size == 0) return ffi::Error::Success();
+    *out.selectable = SelectableCount(LoadRelaxed(table->view().selectable));
+    const PriorityIndexes::Held index = table->priority_indexes().ForCpu(table->view(), priority_exponent);
+    return KernelFailure(SampleIndexedCpu(table->view(), index.view(), request, out));
+  }
   return KernelFailure(SampleRowsCpu(table->view(), request, out));
 }
 
@@ -125,8 +133,14 @@ ffi::Error TotalWeightImpl(ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32>
       error.failure()) {
     return error;
   }
-  return KernelFailure(
-      TotalWeightCpu(table->view(), priority_exponent, total->typed_data(), count->typed_data()));
+  if (priority_exponent == 0.0f) {  // the count alone (sample_at.h): the table's counter
+    const int32_t selectable = SelectableCount(LoadRelaxed(table->view().selectable));
+    *total->typed_data() = static_cast<float>(selectable);
+    *count->typed_data() = selectable;
+    return ffi::Error::Success();
+  }
+  const PriorityIndexes::Held index = table->priority_indexes().ForCpu(table->view(), priority_exponent);
+  return KernelFailure(TotalWeightIndexedCpu(index.view(), total->typed_data(), count->typed_data()));
 }
 
 ffi::Error SampleAtImpl(ffi::Buffer<ffi::U32> seed, ffi::Buffer<ffi::F32> targets, ffi::AnyBuffer /*after*/,
@@ -146,7 +160,8 @@ ffi::Error SampleAtImpl(ffi::Buffer<ffi::U32> seed, ffi::Buffer<ffi::F32> target
   request.seed1 = seed.typed_data()[1];
   SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
                    starts->typed_data()};
-  return KernelFailure(SampleAtCpu(table->view(), request, targets.typed_data(), out));
+  const PriorityIndexes::Held index = table->priority_indexes().ForCpu(table->view(), priority_exponent);
+  return KernelFailure(SampleAtIndexedCpu(table->view(), index.view(), request, targets.typed_data(), out));
 }
 
 }  // namespace

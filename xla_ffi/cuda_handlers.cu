@@ -55,6 +55,7 @@
 #include "kernels/device_error.cuh"
 #include "kernels/gather.cuh"
 #include "kernels/priorities.cuh"
+#include "kernels/priority_index.cuh"
 #include "kernels/sample.cuh"
 #include "kernels/sample_at.cuh"
 #include "kernels/scratch.cuh"
@@ -117,6 +118,9 @@ struct CudaTable {
   const CudaPinning::DeviceSide* side = nullptr;
 };
 
+ffi::Error EnqueueIndexRefresh(cudaStream_t stream, const CudaTable& t, int64_t handle, float exponent,
+                               const char* op, std::shared_ptr<IndexSlot>* slot);
+
 // Resolves (handle, spec hash) on `device`, then fails with the error an earlier call left, if any.
 ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* op, CudaTable* out) {
   if (ffi::Error error = ResolveTable(handle, spec_hash, &out->table); error.failure()) return error;
@@ -168,18 +172,30 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
       error.failure()) {
     return error;
   }
-  const int64_t rows = ClaimedRows(t.table->view());
-  void* memory;
-  if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), "sample", &memory);
-      error.failure()) {
-    return error;
-  }
   SampleResult out{indices->typed_data(),
                    generations->typed_data(),
                    probabilities->typed_data(),
                    starts->typed_data(),
                    nullptr,
                    selectable->typed_data()};
+  if (request.method == SampleMethod::kPrioritized && request.batch_size > 0) {
+    std::shared_ptr<IndexSlot> slot;
+    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, "sample", &slot);
+        error.failure()) {
+      return error;
+    }
+    if (slot != nullptr) {
+      return Launched(SampleIndexedCuda(t.side->view, slot->index->DeviceView(), request, seed.typed_data(),
+                                        out, t.side->error_device, stream),
+                      "sample");
+    }
+  }
+  const int64_t rows = ClaimedRows(t.table->view());
+  void* memory;
+  if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), "sample", &memory);
+      error.failure()) {
+    return error;
+  }
   return Launched(SampleRowsCuda(t.side->view, request, rows, seed.typed_data(), memory, out,
                                  t.side->error_device, stream),
                   "sample");
@@ -274,6 +290,54 @@ class RetiredTables {
   std::mutex mutex_;
   std::vector<std::shared_ptr<SharedTable>> tables_;
 };
+
+// A refresh of a GPU's priority index (xla_ffi/priority_indexes.h), owned by its host callback.
+struct IndexRefresh {
+  std::shared_ptr<SharedTable> table;  // keeps the mapping and its host view until the callback ran
+  int64_t handle;
+  std::shared_ptr<IndexSlot> slot;  // the table's index list keeps it too: never the last reference here
+};
+
+// The host callback (cudaHostFn_t): brings the index up to the rows before the stream's next kernel
+// reads it. Makes no CUDA call.
+void RunIndexRefresh(void* arg) {
+  std::unique_ptr<IndexRefresh> call(static_cast<IndexRefresh*>(arg));
+  {
+    std::lock_guard<std::mutex> lock(call->slot->busy);
+    try {
+      call->slot->index->Refresh(call->table->view());
+    } catch (const std::exception&) {
+      // Out of host memory for the refresh's list: the walk reads the tree as it was, and every pick
+      // still checks that its row is as the index saw it.
+    }
+  }
+  call->slot.reset();
+  if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
+}
+
+// The index of `exponent` for this call's stream, with its refresh enqueued ahead of the kernel that
+// reads it; *slot stays null when the table keeps PriorityIndexes::kMaxDeviceIndexes others (the call
+// then scans every row, as before the index).
+ffi::Error EnqueueIndexRefresh(cudaStream_t stream, const CudaTable& t, int64_t handle, float exponent,
+                               const char* op, std::shared_ptr<IndexSlot>* slot) {
+  try {
+    *slot = t.table->priority_indexes().ForDevice(reinterpret_cast<uintptr_t>(stream),
+                                                  t.table->view().capacity, exponent, MappedIndexMemory);
+  } catch (const std::bad_alloc&) {
+    return OpError(ffi::ErrorCode::kResourceExhausted, op,
+                   "cannot allocate pinned host memory for the priority index of table '" + t.table->name() +
+                       "' (about 16 bytes per row)");
+  }
+  if (*slot == nullptr) return ffi::Error::Success();
+  auto call = std::unique_ptr<IndexRefresh>(new IndexRefresh{t.table, handle, *slot});
+  const cudaError_t status = cudaLaunchHostFunc(stream, RunIndexRefresh, call.get());
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    return CudaFailure(op, "cannot enqueue the priority index's refresh", status);
+  }
+  call.release();  // the callback owns it now
+  return ffi::Error::Success();
+}
 
 // Where the arrays of a host scatter lie in its staging chunk.
 struct ScatterStaging {
@@ -434,6 +498,20 @@ ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllo
       error.failure()) {
     return error;
   }
+  if (priority_exponent == 0.0f) {  // the count alone (sample_at.h): the table's counter
+    return Launched(TotalFromCounterCuda(t.side->view, total->typed_data(), count->typed_data(), stream),
+                    kOp);
+  }
+  std::shared_ptr<IndexSlot> slot;
+  if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, kOp, &slot);
+      error.failure()) {
+    return error;
+  }
+  if (slot != nullptr) {
+    return Launched(TotalWeightIndexedCuda(t.side->view, slot->index->DeviceView(), total->typed_data(),
+                                           count->typed_data(), t.side->error_device, stream),
+                    kOp);
+  }
   const int64_t rows = ClaimedRows(t.table->view());
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, TotalWeightScratchBytes(rows), kOp, &memory);
@@ -462,14 +540,26 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
       error.failure()) {
     return error;
   }
+  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
+                   starts->typed_data()};
+  if (request.batch_size > 0) {
+    std::shared_ptr<IndexSlot> slot;
+    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, kOp, &slot);
+        error.failure()) {
+      return error;
+    }
+    if (slot != nullptr) {
+      return Launched(SampleAtIndexedCuda(t.side->view, slot->index->DeviceView(), request, seed.typed_data(),
+                                          targets.typed_data(), out, t.side->error_device, stream),
+                      kOp);
+    }
+  }
   const int64_t rows = ClaimedRows(t.table->view());
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, SampleAtScratchBytes(request, rows), kOp, &memory);
       error.failure()) {
     return error;
   }
-  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
-                   starts->typed_data()};
   return Launched(SampleAtCuda(t.side->view, request, rows, seed.typed_data(), targets.typed_data(), memory,
                                out, t.side->error_device, stream),
                   kOp);

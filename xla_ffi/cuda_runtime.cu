@@ -1,12 +1,15 @@
 #include "xla_ffi/cuda_runtime.h"
 
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <new>
 
 #include "kernels/device_error.cuh"
+#include "kernels/priority_index.h"
 
 namespace gear {
 namespace {
@@ -114,6 +117,46 @@ std::unique_ptr<CudaPinning> CudaPinning::Pin(uint8_t* base, size_t bytes, bool 
   return pinning;
 }
 
+namespace {
+
+class MappedMemory : public IndexMemory {
+ public:
+  void* Allocate(size_t bytes) override {
+    void* data = nullptr;
+    if (cudaHostAlloc(&data, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    void* device = nullptr;
+    if (cudaHostGetDevicePointer(&device, data, 0) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeHost(data);
+      throw std::bad_alloc();
+    }
+    std::memset(data, 0, bytes);
+    host_ = static_cast<uint8_t*>(data);
+    device_ = static_cast<uint8_t*>(device);
+    allocated_by_pid_ = getpid();
+    return data;
+  }
+  void Free(void* data, size_t) override {
+    if (getpid() == allocated_by_pid_) cudaFreeHost(data);  // a forked child makes no CUDA call
+    cudaGetLastError();
+  }
+  const void* DeviceAddress(const void* host) const override {
+    return device_ + (static_cast<const uint8_t*>(host) - host_);
+  }
+
+ private:
+  uint8_t* host_ = nullptr;
+  uint8_t* device_ = nullptr;
+  pid_t allocated_by_pid_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<IndexMemory> MappedIndexMemory() { return std::make_unique<MappedMemory>(); }
+
 void CudaPinning::SynchronizeDevicesUsed() {
   int current = 0;
   const bool restore = cudaGetDevice(&current) == cudaSuccess;
@@ -122,6 +165,12 @@ void CudaPinning::SynchronizeDevicesUsed() {
   }
   if (restore) cudaSetDevice(current);
   cudaGetLastError();
+}
+
+void CudaPinning::WaitForKernels() {
+  if (!pinned_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  SynchronizeDevicesUsed();
 }
 
 void CudaPinning::Quiesce() {

@@ -39,6 +39,11 @@ bool DescribeCudaDevice(int device, CudaDeviceInfo* info, std::string* error);
 // (cached per device; false when unknown).
 bool HostNativeAtomics(int device);
 
+class IndexMemory;  // kernels/priority_index.h
+// Memory for a GPU's priority index: pinned host memory, mapped for every device (cudaHostAlloc). Throws
+// std::bad_alloc when CUDA cannot allocate it.
+std::unique_ptr<IndexMemory> MappedIndexMemory();
+
 class CudaPinning {
  public:
   // Registers `bytes` at `base` (cudaHostRegister, mapped and portable) when `want` is set and the
@@ -57,6 +62,8 @@ class CudaPinning {
   // the error records and forgets the device views (they follow the old table's layout). Callers make
   // sure no handler still works on the old table (nothing else holds a DeviceSide then).
   void Quiesce();
+  // Waits for the kernels of every device that used the memory (nothing else changes).
+  void WaitForKernels();
 
   // What kernels on one device use: the table's view through the device's mapping, and the record of
   // data errors of this table on this device (pinned host memory: host and device address).

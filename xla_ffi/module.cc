@@ -103,6 +103,7 @@ py::dict Layout(OpenTable& self) {
   layout["insert_seq"] = h->insert_seq_offset;
   layout["times_sampled"] = h->times_sampled_offset;
   layout["writer_pid"] = h->writer_pid_offset;
+  layout["change_counts"] = h->change_counts_offset;
   py::list fields;
   for (int f = 0; f < h->num_fields; ++f) {
     fields.append(py::make_tuple(h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes));
@@ -168,7 +169,11 @@ int64_t PublishRestoredRows(OpenTable& self, int64_t start,
   int64_t taken = 0;
   for (int64_t i = 0; i < count; ++i) {
     uint64_t empty = 0;
-    if (!CompareExchange(&view.state[start + i], &empty, saved[i])) ++taken;
+    if (!CompareExchange(&view.state[start + i], &empty, saved[i])) {
+      ++taken;
+    } else {
+      NoteRowChanged(view, start + i);
+    }
   }
   return taken;
 }

@@ -172,7 +172,8 @@ bool LayoutFits(const TableHeader& h, uint64_t size) {
            offset >= sizeof(TableHeader) && end <= size;
   };
   if (!inside(h.state_offset, 8) || !inside(h.length_offset, 4) || !inside(h.insert_seq_offset, 8) ||
-      !inside(h.times_sampled_offset, 4) || !inside(h.writer_pid_offset, 4)) {
+      !inside(h.times_sampled_offset, 4) || !inside(h.writer_pid_offset, 4) ||
+      !inside(h.change_counts_offset, 4)) {
     return false;
   }
   for (int f = 0; f < h.num_fields; ++f) {
@@ -207,7 +208,7 @@ std::string LayoutProblem(const TableHeader& h, uint64_t size) {
   const TableHeader& want = plan.layout;
   if (h.state_offset != want.state_offset || h.length_offset != want.length_offset ||
       h.insert_seq_offset != want.insert_seq_offset || h.times_sampled_offset != want.times_sampled_offset ||
-      h.writer_pid_offset != want.writer_pid_offset) {
+      h.writer_pid_offset != want.writer_pid_offset || h.change_counts_offset != want.change_counts_offset) {
     return "its row status columns are not where its layout puts them";
   }
   for (int f = 0; f < h.num_fields; ++f) {
@@ -321,6 +322,12 @@ void TableMemory::Quiesce() {
 #endif
 }
 
+void TableMemory::WaitForKernels() {
+#if GEAR_JAX_WITH_CUDA
+  if (cuda_ && mapped_by_pid_ == CurrentPid()) cuda_->WaitForKernels();
+#endif
+}
+
 int64_t RowStride(int64_t row_bytes) {
   return static_cast<int64_t>(RoundUp(row_bytes, row_bytes >= 1024 ? 128 : 16));
 }
@@ -335,6 +342,7 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   view_.length = reinterpret_cast<int32_t*>(base_ + h->length_offset);
   view_.insert_seq = reinterpret_cast<uint64_t*>(base_ + h->insert_seq_offset);
   view_.times_sampled = reinterpret_cast<uint32_t*>(base_ + h->times_sampled_offset);
+  view_.change_counts = reinterpret_cast<uint32_t*>(base_ + h->change_counts_offset);
   view_.next_seq = &h->next_seq;
   view_.selectable = &h->selectable;
   for (int f = 0; f < h->num_fields; ++f) {
@@ -344,6 +352,8 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
 }
 
 SharedTable::~SharedTable() {
+  // A kernel enqueued earlier may still read a GPU's priority index, which goes with this object.
+  if (priority_indexes_.HasDeviceIndexes()) memory_->WaitForKernels();
   // Frees this open's writer slot (the process may attach again, and slots are few).
   const int64_t mine = writer_slot_.load(std::memory_order_acquire);
   if (mine != 0 && static_cast<int32_t>(mine >> 32) == CurrentPid() && static_cast<int32_t>(mine) >= 0) {
@@ -383,6 +393,8 @@ TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64
   layout.insert_seq_offset = column(rows * sizeof(uint64_t));
   layout.times_sampled_offset = column(rows * sizeof(uint32_t));
   layout.writer_pid_offset = column(rows * sizeof(int32_t));
+  layout.change_counts_offset =
+      column(static_cast<uint64_t>(ChangeCounterCount(capacity)) * sizeof(uint32_t));
   for (size_t f = 0; f < step_bytes.size(); ++f) {
     if (step_bytes[f] < 1) throw std::invalid_argument("every field needs at least one byte per step");
     int64_t row_bytes = 0;
@@ -685,6 +697,7 @@ int64_t SharedTable::ClaimRow(bool* reclaimed, uint64_t* claimed_state) {
       const uint32_t generation = StateGeneration(state);
       claimed = MakeState(generation + ((generation & 1u) ? 2u : 1u), 0.0f);
     } while (!Cas(&view_.state[row], &state, claimed));
+    NoteRowChanged(view_, row);
     if ((StateGeneration(state) & 1u) == 0) {  // the row was counted: count it out
       if (StatePriority(state) > 0.0f) Add<int64_t>(&h->selectable, -1);
       if (LoadRelaxed(&view_.length[row]) > 0) Add<int64_t>(&h->size, -1);
@@ -708,6 +721,7 @@ void SharedTable::PublishRow(int64_t row, uint64_t held, int32_t length, float p
   if (!Cas(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, priority))) {
     throw std::runtime_error(NotHeld(row));
   }
+  NoteRowChanged(view_, row);
   Add<int64_t>(&h->size, 1);
   if (priority > 0.0f) Add<int64_t>(&h->selectable, 1);
   // Given back only now (release: a claimer that reads 0 sees the publication): until here, a death
@@ -764,6 +778,7 @@ void SharedTable::Abandon(int64_t row) {
   if (!Cas(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, 0.0f))) {
     throw std::runtime_error(NotHeld(row));
   }
+  NoteRowChanged(view_, row);
   __atomic_store_n(&owners()[row], 0, __ATOMIC_RELEASE);
 }
 

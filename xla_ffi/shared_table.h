@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/table_view.h"
+#include "xla_ffi/priority_indexes.h"
 
 namespace gear {
 
@@ -33,7 +34,7 @@ struct CudaPinningDeleter {
 };
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 4;  // 4: creator pid and PID namespace in the header
+inline constexpr uint32_t kFormatVersion = 5;  // 5: change counters (table_view.h) after the status columns
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =
@@ -56,6 +57,7 @@ struct TableHeader {
   int32_t max_steps;
   int32_t num_fields;
   uint64_t state_offset, length_offset, insert_seq_offset, times_sampled_offset, writer_pid_offset;
+  uint64_t change_counts_offset;  // uint32[ChangeCounterCount(capacity)]
   FieldLayout fields[kMaxFields];
   alignas(64) uint64_t next_seq;    // allocation cursor (row = seq % capacity)
   alignas(64) uint64_t commit_seq;  // last insert_seq handed out
@@ -131,6 +133,8 @@ class TableMemory {
   void Pin(bool want);
   // Waits until no kernel enqueued earlier still reads the memory and clears the kernels' error records.
   void Quiesce();
+  // Waits until no kernel enqueued earlier still reads the memory (or an index of a table in it).
+  void WaitForKernels();
   // The attach slot this mapping signed in to; signed out when the memory goes, after its kernels.
   // A forked child signs in to a slot of its own for every mapping it inherits (shared_table.cc, "Forks").
   void set_attach_slot(int slot) { attach_slot_ = slot; }
@@ -198,6 +202,8 @@ class SharedTable {
   // Whether the memory is registered with CUDA (pinned and mapped into the GPUs' address space).
   bool pinned() const { return memory_->pinned(); }
   CudaPinning* cuda() const { return memory_->cuda(); }
+  // This process's indexes over the table's priorities (prioritized sampling, total weights).
+  PriorityIndexes& priority_indexes() { return priority_indexes_; }
 
   // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0, its
   // pid in the owner word).
@@ -261,6 +267,7 @@ class SharedTable {
   std::atomic<int64_t> writer_slot_{0};  // this process's writer slot: pid << 32 | slot (0: none yet)
   std::atomic<int64_t> next_check_ns_{0};
   std::atomic<int64_t> check_interval_ns_{0};
+  PriorityIndexes priority_indexes_;  // a GPU's may still be read by a kernel: see ~SharedTable
 };
 
 }  // namespace gear

@@ -1,0 +1,63 @@
+// The priority indexes (kernels/priority_index.h) one open table keeps in this process: one per priority
+// exponent and place, made on first use. A place is the CPU, or one CUDA stream (whose kernels read an
+// index the host refreshes in the stream's order, in pinned memory mapped for the GPU).
+//
+// CPU indexes: at most kMaxCpuIndexes exponents; the one used least recently gives way to a new one
+// (rebuilt on its next use: one pass over the rows). Each is refreshed and read under its own lock, so
+// threads of this process that sample one table take turns.
+// GPU indexes: at most kMaxDeviceIndexes per table, never evicted (a kernel may still read one); a
+// further exponent samples by the scan of every row instead (sample.cu). Their memory goes with the
+// SharedTable, after its kernels are done.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kernels/priority_index.h"
+
+namespace gear {
+
+// One index and the lock its users take turns under.
+struct IndexSlot {
+  std::mutex busy;
+  std::unique_ptr<PriorityIndex> index;
+};
+
+class PriorityIndexes {
+ public:
+  static constexpr int kMaxCpuIndexes = 4;
+  static constexpr int kMaxDeviceIndexes = 4;
+  static constexpr uintptr_t kCpu = ~uintptr_t{0};  // no stream's address
+
+  // An index held for one call (declared in this order: the lock goes before the slot).
+  struct Held {
+    std::shared_ptr<IndexSlot> slot;
+    std::unique_lock<std::mutex> lock;
+    const PriorityTreeView& view() const { return slot->index->view(); }
+  };
+  // The CPU's index for `exponent`, locked and refreshed from `table`.
+  Held ForCpu(const TableView& table, float exponent);
+
+  // The index of `exponent` for a device place (a CUDA stream), made with memory from `make_memory` on
+  // first use; nullptr when kMaxDeviceIndexes others exist. The caller refreshes it in the stream's
+  // order, under its lock, and the stream's kernels read it after.
+  std::shared_ptr<IndexSlot> ForDevice(uintptr_t place, int64_t rows, float exponent,
+                                       const std::function<std::unique_ptr<IndexMemory>()>& make_memory);
+  bool HasDeviceIndexes();
+
+ private:
+  struct Entry {
+    uintptr_t place;
+    float exponent;
+    std::shared_ptr<IndexSlot> slot;
+    uint64_t last_use;
+  };
+  std::mutex mutex_;  // guards entries_ and uses_
+  std::vector<Entry> entries_;
+  uint64_t uses_ = 0;
+};
+
+}  // namespace gear
