@@ -74,6 +74,12 @@ def parser() -> argparse.ArgumentParser:
         "--methods", default="uniform,prioritized,fifo,lifo,topk", help="sample, sharded: selection methods"
     )
     p.add_argument("--priority_exponent", type=float, default=0.6, help="exponent of prioritized sampling")
+    p.add_argument(
+        "--workloads",
+        default="static",
+        help="priorities: static (sample only, op prioritized) and/or update (a learner step: set the B "
+        "priorities sampled by the previous step, then sample; op prioritized+update), e.g. static,update",
+    )
     p.add_argument("--writers", default="1,2", help="insert: writer processes")
     p.add_argument("--world_size", default="1,2,4", help="actor_learner: actor processes")
     p.add_argument("--insert_batch", type=int, default=32, help="actor_learner: rows per actor insert")
@@ -107,6 +113,11 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
     unknown = [s for s in args.systems if s not in known]
     if unknown:
         p.error(f"--systems {unknown} are not systems of the {args.suite} suite; choose from {list(known)}")
+    if args.suite == "priorities":
+        try:
+            priorities.parse_workloads(args.workloads)
+        except ValueError as e:
+            p.error(str(e))
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
     return args

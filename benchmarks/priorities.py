@@ -1,28 +1,50 @@
-"""The `priorities` suite: prioritized sampling of B picks from N rows against one read of the priorities.
+"""The `priorities` suite: prioritized sampling of B picks from N rows, against the usual ways to do it
+and against one read of the priorities.
 
-gear_jax runs a jitted `gj.sample(..., method="prioritized")` (no gather), which makes one pass over
-the rows' state words (uint64, the priority in its low half). The reference `priority_read` reads
-that state column once over the same memory path (see `references`). Both records account N x 8
-bytes per step, so their GB/s compare directly, and gear_jax's records carry
-`time_ratio_vs_priority_read` (its p50 / the read's p50; the target is at most 1.5).
+gear_jax runs a jitted `gj.sample(..., method="prioritized")` (no gather), which walks its priority
+index (a sum tree per exponent kept up to date from per-row change counters). Its baselines:
+
+- `numpy_cumsum`: numpy `cumsum` of p^a over all N rows + `searchsorted` of B targets, per step (host).
+- `flashbax_sumtree`: flashbax's sum tree holding the same p^a, jitted `stratified_sample` of B.
+- `jnp_take`: device-resident `jnp.cumsum` + `searchsorted`.
+- `priority_read` (reference): one read of the table's state column (see `references`).
+
+Workloads (`--workloads`): `static` (op "prioritized", the default: priorities never change) and
+`update` (op "prioritized+update", a learner step: first set new priorities of the B rows the previous
+step picked, then sample, so that an index must follow B changes per step). Every record accounts
+N x 8 bytes per step (the state column), so GB/s compare directly; gear_jax's records carry
+`speedup_vs_<system>` for each baseline and `time_ratio_vs_priority_read` (its p50 / the read's p50;
+the target for the static workload is at most 1.5).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 from collections.abc import Callable
 from typing import Any
 
 import gear_jax as gj
-from gear_jax.bench.common import GEAR, PRIORITY_READ, parse_ints
+from gear_jax.bench.common import GEAR, PRIORITY_READ, Unavailable, make_record, parse_ints, parse_names
 from gear_jax.bench.data import Dataset, cap_rows
-from gear_jax.bench.references import STATE_BYTES
-from gear_jax.bench.selection import measure
-from gear_jax.bench.systems import Workload
+from gear_jax.bench.display import progress
+from gear_jax.bench.references import STATE_BYTES, PriorityReadSystem
+from gear_jax.bench.selection import failure
+from gear_jax.bench.systems import (
+    FlashbaxSumTreeSystem,
+    GearSystem,
+    GearUpdateSystem,
+    JnpCumsumUpdateSystem,
+    JnpSystem,
+    NumpyCumsumSystem,
+    System,
+    Workload,
+)
 
 DEFAULTS = {"table_rows": "1000000,10000000,100000000", "item_bytes": "8", "batch_size": "1024"}
 PLOT = {"x": "table_rows", "y": "bytes_per_s", "label": "GB/s of the state column (8 B per row)"}
-SYSTEMS = (GEAR, "jnp_take", PRIORITY_READ)  # jnp_take: device-resident cumsum + searchsorted
+SYSTEMS = (GEAR, NumpyCumsumSystem.name, FlashbaxSumTreeSystem.name, "jnp_take", PRIORITY_READ)
+WORKLOADS = {"static": "prioritized", "update": "prioritized+update"}  # --workloads -> op
 PROBE_ROWS = 4096
 
 
@@ -34,13 +56,83 @@ def table_bytes_per_row(item_bytes: int) -> int:
         return -(-probe.nbytes // PROBE_ROWS)
 
 
+def parse_workloads(text: str) -> list[str]:
+    """`"static,update"` -> ["static", "update"]; ValueError for a name not in WORKLOADS."""
+    names = parse_names(text)
+    unknown = [w for w in names if w not in WORKLOADS]
+    if not names or unknown:
+        raise ValueError(f"--workloads {text!r}: choose from {sorted(WORKLOADS)}")
+    return names
+
+
+def build(name: str, work: Workload, updates: bool) -> System:
+    """The system `name` holding the workload's priorities, for the static or the update workload."""
+    if name == PRIORITY_READ:  # one read of the priorities, whichever the workload
+        return PriorityReadSystem(work)
+    if name == NumpyCumsumSystem.name:
+        return NumpyCumsumSystem(work, updates)
+    if name == FlashbaxSumTreeSystem.name:
+        return FlashbaxSumTreeSystem(work, updates)
+    if name == GEAR:
+        return GearUpdateSystem(work) if updates else GearSystem(work)
+    if name == "jnp_take":
+        return JnpCumsumUpdateSystem(work) if updates else JnpSystem(work)
+    raise ValueError(f"{name} is not a system of the priorities suite")
+
+
+def measure(
+    work: Workload,
+    point: dict[str, Any],
+    workload: str,
+    batch_sizes: list[int],
+    args: argparse.Namespace,
+    note: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Records of every system in `args.systems` at `point` + each batch size, op WORKLOADS[workload].
+
+    As `selection.measure`, with this suite's systems: one holds the priorities at a time; a baseline
+    that is unavailable or fails is skipped with a note; a gear_jax failure propagates.
+    """
+    op, records = WORKLOADS[workload], []
+    for name in args.systems:
+        where = f"{name} at {point} {op}"
+        try:
+            system = build(name, work, workload == "update")
+        except Exception as e:  # noqa: BLE001 - a baseline failing is reported, not fatal
+            if name == GEAR and not isinstance(e, Unavailable):
+                raise
+            note(f"skipped {where}: {failure(e)}")
+            continue
+        try:
+            with progress(len(batch_sizes) * args.iters, f"{name} {op}") as bar:
+                latencies = system.latencies(batch_sizes, args.warmup, args.iters, bar.update)
+            detail = system.describe()
+        except Exception as e:  # noqa: BLE001
+            if name == GEAR:
+                raise
+            note(f"skipped {where}: {failure(e)}")
+            continue
+        finally:
+            system.close()
+            gc.collect()
+        if detail:
+            note(detail)
+        for b in batch_sizes:
+            record = make_record({**point, "batch_size": b}, name, op, latencies[b], *system.work_per_step(b))
+            if system.measured_as:
+                record["measured_as"] = system.measured_as
+            records.append(record)
+    return records
+
+
 def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Records for every table size x item size, each system timing all batch sizes.
+    """Records for every table size x item size x workload, each system timing all batch sizes.
 
     Table sizes are capped so that two tables fit in `--mem_budget_gib` (one system holds its table
     at a time; the second leaves room for filling and freeing).
     """
     batch_sizes = parse_ints(args.batch_size)
+    workloads = parse_workloads(args.workloads)
     records = []
     for requested in parse_ints(args.table_rows):
         for item_bytes in parse_ints(args.item_bytes):
@@ -58,5 +150,6 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
                 scan_bytes=rows * STATE_BYTES,
             )
             point = {"table_rows": rows, "item_bytes": item_bytes}
-            records += measure(work, point, "prioritized", batch_sizes, args, note)
+            for workload in workloads:
+                records += measure(work, point, workload, batch_sizes, args, note)
     return records

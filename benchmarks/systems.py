@@ -480,6 +480,192 @@ class FlashbaxSystem(System):
         jax.tree_util.tree_map(lambda x: x.delete(), self.state)
 
 
+def update_values(i: jax.Array, batch_size: int) -> jax.Array:
+    """float32[B] in [0.1, 1): the new priorities a learner step `i` writes (jitted code)."""
+    key = jax.random.fold_in(jax.random.key(1), i)
+    return jax.random.uniform(key, (batch_size,), minval=0.1, maxval=1.0)
+
+
+class GearUpdateSystem(GearSystem):
+    """gear_jax, learner workload: one jitted step sets the priorities of the B rows the previous
+    step sampled (`gj.update_priorities`), then samples B rows after it (`after=`), so that the
+    priority index follows B changes per step. Prioritized selection only, no gather."""
+
+    def make_step(self, batch_size: int) -> Step:
+        table, exponent = self.table, self.work.priority_exponent
+
+        def pick(i: jax.Array, after: Any) -> gj.Sample:
+            key = jax.random.fold_in(jax.random.key(0), i)
+            return gj.sample(
+                table, key, batch_size, method="prioritized", priority_exponent=exponent, after=after
+            )
+
+        @jax.jit
+        def run(i: jax.Array, previous: gj.Sample) -> gj.Sample:
+            return pick(i, gj.update_priorities(table, previous, update_values(i, batch_size)))
+
+        previous = jax.block_until_ready(jax.jit(pick)(0, None))
+
+        def step(i: int) -> gj.Sample:
+            nonlocal previous
+            previous = jax.block_until_ready(run(i, previous))
+            return previous
+
+        return step
+
+
+class JnpCumsumUpdateSystem(System):
+    """JAX, learner workload: float32 priorities in a device array; one jitted step (the array
+    donated) writes the B priorities of the rows the previous step picked, then `cumsum(p**a)` +
+    `searchsorted` as jnp_take. Selection only (it holds no rows)."""
+
+    name = "jnp_take"
+
+    def __init__(self, work: Workload):
+        super().__init__(work)
+        self.weights = jnp.asarray(work.data.priorities())
+
+    def make_step(self, batch_size: int) -> Step:
+        n, exponent = self.work.data.rows, self.work.priority_exponent
+
+        def pick(i: jax.Array, weights: jax.Array) -> jax.Array:
+            cdf = jnp.cumsum(weights**exponent)
+            u = jax.random.uniform(jax.random.fold_in(jax.random.key(0), i), (batch_size,)) * cdf[-1]
+            return jnp.minimum(jnp.searchsorted(cdf, u, side="right"), n - 1)
+
+        def run(i: jax.Array, weights: jax.Array, previous: jax.Array) -> tuple[jax.Array, jax.Array]:
+            weights = weights.at[previous].set(update_values(i, batch_size))
+            return weights, pick(i, weights)
+
+        run = jax.jit(run, donate_argnums=1)
+        previous = jax.block_until_ready(jax.jit(pick)(0, self.weights))
+
+        def step(i: int) -> jax.Array:
+            nonlocal previous
+            self.weights, previous = jax.block_until_ready(run(i, self.weights, previous))
+            return previous
+
+        return step
+
+    def describe(self) -> str:
+        return f"jnp_take holds its priorities on {where(self.weights)}"
+
+    def close(self) -> None:
+        self.weights.delete()
+
+
+class NumpyCumsumSystem(System):
+    """numpy on the host: p**a of every row in a float64 array, made once; each step `np.cumsum` of
+    it into a preallocated array and `np.searchsorted` of B uniform targets (the usual
+    prioritized sampling without an index). With `updates`, each step first writes the new p**a of
+    the B rows the previous step picked."""
+
+    name = "numpy_cumsum"
+
+    def __init__(self, work: Workload, updates: bool = False):
+        super().__init__(work)
+        self.updates = updates
+        self.weights = work.data.priorities().astype(np.float64) ** work.priority_exponent
+        self.cdf = np.empty_like(self.weights)
+        self.rng = np.random.default_rng(0)
+
+    def pick(self, batch_size: int) -> np.ndarray:
+        """Row ids int64[B], row r with probability p_r^a / sum p^a."""
+        cdf = np.cumsum(self.weights, out=self.cdf)
+        picks = np.searchsorted(cdf, self.rng.random(batch_size) * cdf[-1], side="right")
+        return np.minimum(picks, len(cdf) - 1)
+
+    def make_step(self, batch_size: int) -> Step:
+        if not self.updates:
+            return lambda i: self.pick(batch_size)
+        exponent, previous = self.work.priority_exponent, self.pick(batch_size)
+
+        def step(i: int) -> np.ndarray:
+            nonlocal previous
+            new = self.rng.uniform(0.1, 1.0, batch_size).astype(np.float32)
+            self.weights[previous] = new.astype(np.float64) ** exponent
+            previous = self.pick(batch_size)
+            return previous
+
+        return step
+
+    def close(self) -> None:
+        del self.weights, self.cdf
+
+
+def sum_tree_nodes(leaves: np.ndarray) -> tuple[np.ndarray, int]:
+    """(float32 nodes, depth) of a flashbax sum tree over `leaves` (`flashbax.buffers.sum_tree`'s
+    layout: level d at [2^d - 1, 2^(d+1) - 1), the leaves at the bottom, zeros past them), each
+    parent the sum of its children, built level by level in numpy in float64 and rounded once."""
+    depth = max(0, int(np.ceil(np.log2(len(leaves)))))
+    level = np.zeros(2**depth, np.float64)
+    level[: len(leaves)] = leaves
+    nodes = np.empty(2 ** (depth + 1) - 1, np.float32)
+    for d in range(depth, -1, -1):
+        nodes[2**d - 1 : 2 ** (d + 1) - 1] = level
+        level = level.reshape(-1, 2).sum(axis=1) if d else level
+    return nodes, depth
+
+
+class FlashbaxSumTreeSystem(System):
+    """flashbax's sum tree (`flashbax.buffers.sum_tree`, what its prioritised buffers sample with),
+    holding p**a of every row; each step a jitted `stratified_sample` of B. With `updates`, one
+    jitted step (the tree donated) first sets the new p**a of the B rows the previous step picked,
+    with the batch setter flashbax's buffers use on this backend (`set_batch_bincount` on GPU and
+    TPU, `set_batch_scan` on CPU), then samples."""
+
+    name = "flashbax_sumtree"
+
+    def __init__(self, work: Workload, updates: bool = False):
+        super().__init__(work)
+        try:
+            from flashbax.buffers import sum_tree
+            from flashbax.buffers.prioritised_trajectory_buffer import SET_BATCH_FN
+        except ImportError as e:
+            raise Unavailable(f"flashbax is not installed ({e})") from None
+        self.sum_tree, self.updates = sum_tree, updates
+        self.backend = jax.default_backend()
+        self.set_batch = SET_BATCH_FN.get(self.backend, sum_tree.set_batch_scan)
+        leaves = work.data.priorities().astype(np.float64) ** work.priority_exponent
+        nodes, depth = sum_tree_nodes(leaves)
+        empty = sum_tree.init(work.data.rows)
+        if empty.tree_depth != depth:
+            raise Unavailable(f"flashbax's sum tree has depth {empty.tree_depth}, expected {depth}")
+        self.state = empty.replace(nodes=jnp.asarray(nodes), max_recorded_priority=jnp.asarray(leaves.max()))
+
+    def make_step(self, batch_size: int) -> Step:
+        sum_tree, exponent = self.sum_tree, self.work.priority_exponent
+
+        def pick(i: jax.Array, state: Any) -> jax.Array:
+            return sum_tree.stratified_sample(state, batch_size, jax.random.fold_in(jax.random.key(0), i))
+
+        if not self.updates:
+            sample = jax.jit(pick)
+            return lambda i: jax.block_until_ready(sample(i, self.state))
+
+        def run(i: jax.Array, state: Any, previous: jax.Array) -> tuple[Any, jax.Array]:
+            state = self.set_batch(state, previous, update_values(i, batch_size) ** exponent)
+            return state, pick(i, state)
+
+        update = jax.jit(run, donate_argnums=1)
+        previous = jax.block_until_ready(jax.jit(pick)(0, self.state))
+
+        def step(i: int) -> jax.Array:
+            nonlocal previous
+            self.state, previous = jax.block_until_ready(update(i, self.state, previous))
+            return previous
+
+        return step
+
+    def describe(self) -> str:
+        setter = f"; updates with {self.set_batch.__name__} ({self.backend})" if self.updates else ""
+        nodes = self.state.nodes
+        return f"flashbax_sumtree holds its tree ({nodes.size} float32 nodes) on {where(nodes)}{setter}"
+
+    def close(self) -> None:
+        jax.tree_util.tree_map(lambda x: x.delete(), self.state)
+
+
 def import_torchrl() -> tuple[Any, Any]:
     """(torch, torchrl.data), with torchrl's info logging silenced and torch on one CPU thread.
 

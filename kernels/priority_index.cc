@@ -118,8 +118,10 @@ void PriorityIndex::Refresh(const TableView& t) {
     built_ = true;
     return;
   }
-  // The level-1 nodes over rows whose weight changed, in increasing order.
-  std::vector<int64_t> dirty;
+  // Pass 1, the counters alone: the level-0 groups whose counter moved, in increasing order.
+  static_assert(kTreeFanout == 16, "a level-0 change group is one node of level 1");
+  std::vector<int64_t>& groups = changed_groups_;
+  groups.clear();
   const int top = kChangeLevels - 1;
   const int64_t fan = int64_t{1} << (ChangeShift(1) - ChangeShift(0));  // groups per group of the level above
   for (int64_t g2 = 0; g2 < ChangeGroups(rows_, top); ++g2) {
@@ -136,24 +138,46 @@ void PriorityIndex::Refresh(const TableView& t) {
         const uint32_t v0 = LoadAcquire(&shared[0][g0]);
         if (v0 == counters[0][g0]) continue;
         counters[0][g0] = v0;
-        const int64_t row_end = std::min<int64_t>((g0 + 1) << ChangeShift(0), rows_);
-        for (int64_t row = g0 << ChangeShift(0); row < row_end; ++row) {
-          const uint64_t s = LoadAcquire(&t.state[row]);
-          if (s == seen_[row]) continue;
-          const double before = weights_[row];
-          SetLeafWeight(t, row, s);
-          // Compared as bits: 0 and -0 never occur, and a NaN weight can not (PriorityWeight).
-          if (weights_[row] != before && (dirty.empty() || dirty.back() != row / kTreeFanout)) {
-            dirty.push_back(row / kTreeFanout);
-          }
-        }
+        groups.push_back(g0);
       }
     }
+  }
+  // Pass 2, the rows of those groups (a few groups ahead prefetched): the level-1 nodes whose rows'
+  // weights changed, in increasing order.
+  constexpr size_t kAhead = 4;
+  std::vector<int64_t>& dirty = dirty_;
+  dirty.clear();
+  for (size_t k = 0; k < groups.size(); ++k) {
+    if (k + kAhead < groups.size()) {
+      const int64_t ahead = groups[k + kAhead] << ChangeShift(0);
+      __builtin_prefetch(&t.state[ahead]);
+      __builtin_prefetch(&t.state[ahead] + 8);
+      __builtin_prefetch(&seen_[ahead]);
+      __builtin_prefetch(&seen_[ahead] + 8);
+      __builtin_prefetch(&weights_[ahead]);
+      __builtin_prefetch(&weights_[ahead] + 8);
+    }
+    const int64_t g0 = groups[k];
+    const int64_t row_end = std::min<int64_t>((g0 + 1) << ChangeShift(0), rows_);
+    bool changed = false;
+    for (int64_t row = g0 << ChangeShift(0); row < row_end; ++row) {
+      const uint64_t s = LoadAcquire(&t.state[row]);
+      if (s == seen_[row]) continue;
+      const double before = weights_[row];
+      SetLeafWeight(t, row, s);
+      changed |= weights_[row] != before;  // weights are never NaN (PriorityWeight)
+    }
+    if (changed) dirty.push_back(g0);
   }
   // Every level above, recomputed from its children where one of them changed.
   for (int level = 1; level <= view_.levels && !dirty.empty(); ++level) {
     size_t parents = 0;
     for (size_t i = 0; i < dirty.size(); ++i) {
+      if (i + 4 < dirty.size()) {
+        const double* ahead = TreeChildren(view_, level, dirty[i + 4]);
+        __builtin_prefetch(ahead);
+        __builtin_prefetch(ahead + 8);
+      }
       RecomputeNode(level, dirty[i]);
       const int64_t parent = dirty[i] / kTreeFanout;
       if (parents == 0 || dirty[parents - 1] != parent) dirty[parents++] = parent;
@@ -182,6 +206,9 @@ bool StillAsSeen(const TableView& t, const PriorityTreeView& tree, int64_t row, 
   return *state == tree.seen[row] && LengthUsable(t, row);
 }
 
+void RedrawPick(const TableView& t, const PriorityTreeView& tree, const SampleRequest& r, double total,
+                SampleResult out, int64_t i);
+
 }  // namespace
 
 KernelStatus SampleIndexedCpu(const TableView& t, const PriorityTreeView& tree, const SampleRequest& r,
@@ -189,22 +216,68 @@ KernelStatus SampleIndexedCpu(const TableView& t, const PriorityTreeView& tree, 
   const double total = TreeTotal(tree);
   if (std::isinf(total)) return KernelError(ErrorSite::kSampleWeightOverflow);
   if (!(total > 0.0)) return KernelError(ErrorSite::kSampleEmpty);
-  for (int64_t i = 0; i < r.batch_size; ++i) {
-    const uint32_t pick = static_cast<uint32_t>(i);
-    bool assigned = false;
-    for (uint32_t attempt = 0; attempt < kIndexedAttempts && !assigned; ++attempt) {
-      const double target = UniformDouble(r.seed0, r.seed1, pick, attempt, Draw::kSelect) * total;
-      const int64_t row = DescendTree(tree, target);
-      uint64_t state = 0;
-      if (!StillAsSeen(t, tree, row, &state)) continue;
-      RecordPick(t, r.window, r.seed0, r.seed1, out, i, row, state,
-                 static_cast<float>(tree.weights[row] / total));
-      assigned = true;
+  // The first attempt of kLanes picks at a time, level by level: each step prefetches the children the
+  // next step reads, so that the picks' cache misses overlap instead of following one another.
+  constexpr int kLanes = 16;
+  for (int64_t base = 0; base < r.batch_size; base += kLanes) {
+    const int lanes = static_cast<int>(std::min<int64_t>(kLanes, r.batch_size - base));
+    double target[kLanes];
+    int64_t node[kLanes];
+    for (int j = 0; j < lanes; ++j) {
+      target[j] = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(base + j), 0, Draw::kSelect) * total;
+      node[j] = 0;
     }
-    if (!assigned) RecordFailed(out, i);
+    for (int level = tree.levels; level >= 1; --level) {
+      for (int j = 0; j < lanes; ++j) {
+        if (node[j] < 0) continue;
+        node[j] = DescendStep(tree, level, node[j], &target[j]);
+        if (node[j] < 0) continue;
+        const void* next = level > 1 ? static_cast<const void*>(TreeChildren(tree, level - 1, node[j]))
+                                     : static_cast<const void*>(&tree.seen[node[j]]);
+        __builtin_prefetch(next);
+        __builtin_prefetch(static_cast<const char*>(next) + 64);
+        if (level == 1) {
+          __builtin_prefetch(&t.state[node[j]]);
+          __builtin_prefetch(&t.length[node[j]]);
+          __builtin_prefetch(&t.times_sampled[node[j]]);
+        }
+      }
+    }
+    for (int j = 0; j < lanes; ++j) {
+      uint64_t state = 0;
+      if (!StillAsSeen(t, tree, node[j], &state)) {
+        node[j] = -1;  // drawn again below
+        continue;
+      }
+      RecordPick(t, r.window, r.seed0, r.seed1, out, base + j, node[j], state,
+                 static_cast<float>(tree.weights[node[j]] / total));
+    }
+    for (int j = 0; j < lanes; ++j) {
+      if (node[j] < 0) RedrawPick(t, tree, r, total, out, base + j);
+    }
   }
   return {};
 }
+
+namespace {
+
+// A pick whose first walk ended at a row that changed since the refresh: attempts 1, 2, ...
+void RedrawPick(const TableView& t, const PriorityTreeView& tree, const SampleRequest& r, double total,
+                SampleResult out, int64_t i) {
+  for (uint32_t attempt = 1; attempt < kIndexedAttempts; ++attempt) {
+    const double target =
+        UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), attempt, Draw::kSelect) * total;
+    const int64_t row = DescendTree(tree, target);
+    uint64_t state = 0;
+    if (!StillAsSeen(t, tree, row, &state)) continue;
+    RecordPick(t, r.window, r.seed0, r.seed1, out, i, row, state,
+               static_cast<float>(tree.weights[row] / total));
+    return;
+  }
+  RecordFailed(out, i);
+}
+
+}  // namespace
 
 KernelStatus TotalWeightIndexedCpu(const PriorityTreeView& tree, float* total, int32_t* count) {
   const float rounded = static_cast<float>(TreeTotal(tree));

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "errors.h"
 #include "sample.h"
@@ -45,36 +46,40 @@ struct PriorityTreeView {
 
 GEAR_HD double TreeTotal(const PriorityTreeView& v) { return v.nodes[v.level_start[v.levels]]; }
 
+// Where a level's children of a node lie: level 1's children are the rows' weights.
+GEAR_HD const double* TreeChildren(const PriorityTreeView& v, int level, int64_t node) {
+  return (level == 1 ? v.weights : v.nodes + v.level_start[level - 1]) + node * kTreeFanout;
+}
+
+// One step of the walk: from `node` at `level` to its child that holds `*target` (which loses the sums
+// before that child), or -1 when no child has a positive sum.
+GEAR_HD int64_t DescendStep(const PriorityTreeView& v, int level, int64_t node, double* target) {
+  const double* children = TreeChildren(v, level, node);
+  const int64_t first = node * kTreeFanout;
+  const int64_t count =
+      first + kTreeFanout < v.level_nodes[level - 1] ? kTreeFanout : v.level_nodes[level - 1] - first;
+  int64_t last_positive = -1;
+  double running = 0.0;
+  for (int64_t c = 0; c < count; ++c) {
+    const double w = children[c];
+    if (!(w > 0.0)) continue;
+    if (running + w > *target) {
+      *target -= running;
+      return first + c;
+    }
+    last_positive = c;
+    running += w;
+  }
+  if (last_positive < 0) return -1;
+  *target = INFINITY;  // the last row of positive weight under this child
+  return first + last_positive;
+}
+
 // The row the walk for `target` ends at (see the top of this file), or -1 when no row has a positive
 // weight. A target of +infinity takes the last row of positive weight.
 GEAR_HD int64_t DescendTree(const PriorityTreeView& v, double target) {
   int64_t node = 0;
-  for (int level = v.levels; level >= 1; --level) {
-    const double* children = level == 1 ? v.weights : v.nodes + v.level_start[level - 1];
-    const int64_t first = node * kTreeFanout;
-    const int64_t end =
-        first + kTreeFanout < v.level_nodes[level - 1] ? first + kTreeFanout : v.level_nodes[level - 1];
-    int64_t chosen = -1, last_positive = -1;
-    double running = 0.0;
-    for (int64_t c = first; c < end; ++c) {
-      const double w = children[c];
-      if (!(w > 0.0)) continue;
-      if (running + w > target) {
-        chosen = c;
-        break;
-      }
-      last_positive = c;
-      running += w;
-    }
-    if (chosen >= 0) {
-      target -= running;
-    } else {
-      if (last_positive < 0) return -1;
-      chosen = last_positive;
-      target = INFINITY;  // the last row of positive weight under this child
-    }
-    node = chosen;
-  }
+  for (int level = v.levels; level >= 1 && node >= 0; --level) node = DescendStep(v, level, node, &target);
   return node;
 }
 
@@ -135,6 +140,7 @@ class PriorityIndex {
   uint32_t* counters_;  // the change counters as of the last refresh
   bool built_ = false;
   PriorityTreeView view_;
+  std::vector<int64_t> changed_groups_, dirty_;  // a refresh's lists, kept for their capacity
 };
 
 // Prioritized sample (sample.h) through an index refreshed for the request's exponent. Each pick draws

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import gear_jax as gj
-from gear_jax.bench import common, cuda_copy, references, selection, systems
+from gear_jax.bench import common, cuda_copy, priorities, references, selection, systems
 from gear_jax.bench.data import Dataset
 from gear_jax.bench.systems import Workload
 
@@ -337,6 +338,69 @@ def test_priorities(tmp_path: Path) -> None:
         assert per_step == pytest.approx(8 * r["point"]["table_rows"])
     check_reference(report, "priority_read")
     assert (tmp_path / "priorities.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_priorities_baselines_and_update_workload(tmp_path: Path) -> None:
+    report = run_bench(
+        tmp_path, "priorities", "--table_rows=1000", "--batch_size=16", "--workloads=static,update"
+    )
+    points = grid(table_rows=[1000], item_bytes=[8], batch_size=[16])
+    always = ["gear_jax", "numpy_cumsum", "jnp_take", "priority_read"]
+    check_report(report, "priorities", points, always=always)
+    assert {r["op"] for r in report["records"]} == {"prioritized", "prioritized+update"}
+    ran = {(r["system"], r["op"]) for r in report["records"]}
+    for r in report["records"]:
+        if r["system"] == "gear_jax":  # a ratio against every baseline that ran at its point and op
+            baselines = {s for s, op in ran if op == r["op"] and s != "gear_jax"}
+            assert {f"speedup_vs_{s}" for s in baselines} <= set(r), (r["op"], sorted(r))
+            assert "time_ratio_vs_priority_read" in r
+
+
+def test_priorities_workloads_flag_refuses_unknown_names() -> None:
+    cmd = [sys.executable, "-m", "gear_jax.bench", "priorities", "--workloads=static,dynamic"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--workloads" in done.stderr, done.stderr
+
+
+def test_sum_tree_nodes_are_those_flashbax_sets() -> None:
+    sum_tree = pytest.importorskip("flashbax.buffers.sum_tree")
+    leaves = Dataset(1000, 1, 8).priorities().astype(np.float64) ** 0.6
+    nodes, depth = systems.sum_tree_nodes(leaves)
+    state = sum_tree.set_batch_scan(sum_tree.init(1000), jnp.arange(1000), jnp.asarray(leaves, jnp.float32))
+    assert depth == state.tree_depth and nodes.shape == state.nodes.shape
+    np.testing.assert_allclose(nodes, np.asarray(state.nodes), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gear_jax", "numpy_cumsum", "flashbax_sumtree", "jnp_take"])
+def test_priority_update_steps_set_the_priorities_of_their_last_picks(name: str) -> None:
+    """Each update step sets new priorities (p**a for the baselines) of the rows the step before picked
+    and of no other row, and picks row ids of the table."""
+    if name == "flashbax_sumtree":
+        pytest.importorskip("flashbax")
+    work = Workload(Dataset(64, 1, 8), "prioritized", 0.5, collect=False)
+    system = priorities.build(name, work, updates=True)
+    try:
+        step = system.make_step(8)
+        start = held_priorities(system)
+        picks = np.asarray(step(0).indices if name == "gear_jax" else step(0))
+        assert picks.shape == (8,) and ((0 <= picks) & (picks < 64)).all(), picks
+        first = held_priorities(system)
+        assert 1 <= np.count_nonzero(first != start) <= 8  # the picks made when the step was built
+        step(1)
+        changed = np.flatnonzero(held_priorities(system) != first)
+        assert 1 <= len(changed) and set(changed) <= set(picks.tolist()), (changed, picks)
+    finally:
+        system.close()
+
+
+def held_priorities(system: systems.System) -> np.ndarray:
+    """The priorities (gear_jax) or p**a (baselines) a system of the priorities suite holds, float64[N]."""
+    if isinstance(system, systems.GearSystem):
+        return system.table.row_status()["priority"].astype(np.float64)
+    if isinstance(system, systems.FlashbaxSumTreeSystem):
+        rows = jnp.arange(system.work.data.rows)
+        return np.asarray(system.sum_tree.get_batch(system.state, rows), np.float64)
+    return np.array(system.weights, np.float64)  # a copy: numpy_cumsum writes into its array
 
 
 def test_gather_only_systems_are_not_sample_systems() -> None:

@@ -216,6 +216,26 @@ def test_prioritized_over_many_rows_on_gpu(make_table, gpu):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("exponent", [0.6, 1.0])
+def test_prioritized_matches_cpu_exactly(make_table, gpu, exponent):
+    # The GPU walks a priority index the host builds (in pinned memory) with the CPU's code and targets:
+    # the same picks for the same key, also after updates and inserts the index must follow.
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=5000)
+    rng = np.random.default_rng(21)
+    priorities = rng.uniform(0.1, 3.0, 4000).astype(np.float32)
+    table.insert({"x": np.arange(4000, dtype=np.int32)}, priorities=priorities)
+    for step in range(3):
+        key = jax.random.key(step)
+        got = sample_on(gpu, table, key, 1000, method="prioritized", priority_exponent=exponent)
+        expected = sample_on(CPU, table, key, 1000, method="prioritized", priority_exponent=exponent)
+        assert_same_sample(got, expected)
+        assert (np.asarray(got.generations) % 2 == 0).all()
+        update_on(CPU, table, expected, rng.choice([0.0, 0.5, 4.0], 1000).astype(np.float32))
+        more = rng.uniform(0.1, 3.0, 700).astype(np.float32)
+        table.insert({"x": np.arange(700, dtype=np.int32)}, priorities=more)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "fields",
     [

@@ -37,7 +37,9 @@ def total_weight(table, exponent):
 def test_sampling_follows_inserts_wraps_and_updates(make_table, exponent):
     rng = np.random.default_rng(0)
     table = make_table(fields=X, capacity=3000)
-    table.insert({"x": np.arange(2000, dtype=np.int32)}, priorities=rng.uniform(0.1, 2.0, 2000).astype(np.float32))
+    table.insert(
+        {"x": np.arange(2000, dtype=np.int32)}, priorities=rng.uniform(0.1, 2.0, 2000).astype(np.float32)
+    )
     key = jax.random.key(0)
     sample = jax.jit(lambda k: gj.sample(table, k, 512, method="prioritized", priority_exponent=exponent))
     update = jax.jit(lambda s, p: gj.update_priorities(table, s, p))
@@ -46,7 +48,9 @@ def test_sampling_follows_inserts_wraps_and_updates(make_table, exponent):
         s = sample(k1)
         new = rng.choice([0.0, 0.5, 3.0, 10.0], 512).astype(np.float32)  # zeros leave the selectable set
         update(s, jnp.asarray(new))
-        table.insert({"x": np.arange(700, dtype=np.int32)}, priorities=rng.uniform(0.1, 5.0, 700).astype(np.float32))
+        table.insert(
+            {"x": np.arange(700, dtype=np.int32)}, priorities=rng.uniform(0.1, 5.0, 700).astype(np.float32)
+        )
     priorities = priorities_of(table)
     total, count = total_weight(table, exponent)
     assert count == int(np.sum(priorities > 0))
@@ -59,19 +63,25 @@ def test_many_exponents_take_turns(make_table):
     # More exponents than the CPU keeps indexes for: each comes back exact after it gave way.
     table = make_table(fields=X, capacity=500)
     rng = np.random.default_rng(1)
-    table.insert({"x": np.arange(500, dtype=np.int32)}, priorities=rng.uniform(0.5, 4.0, 500).astype(np.float32))
+    table.insert(
+        {"x": np.arange(500, dtype=np.int32)}, priorities=rng.uniform(0.5, 4.0, 500).astype(np.float32)
+    )
     exponents = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0]
     for round_ in range(2):
         for exponent in exponents:
             total, _ = total_weight(table, exponent)
             assert total == pytest.approx(exact_total(priorities_of(table), exponent), rel=1e-6)
-        table.insert({"x": np.arange(100, dtype=np.int32)}, priorities=rng.uniform(0.5, 4.0, 100).astype(np.float32))
+        table.insert(
+            {"x": np.arange(100, dtype=np.int32)}, priorities=rng.uniform(0.5, 4.0, 100).astype(np.float32)
+        )
 
 
 def test_same_key_same_sample(make_table):
     table = make_table(fields=X, capacity=1000)
     rng = np.random.default_rng(2)
-    table.insert({"x": np.arange(1000, dtype=np.int32)}, priorities=rng.uniform(0.5, 4.0, 1000).astype(np.float32))
+    table.insert(
+        {"x": np.arange(1000, dtype=np.int32)}, priorities=rng.uniform(0.5, 4.0, 1000).astype(np.float32)
+    )
     first = gj.sample(table, jax.random.key(5), 256, method="prioritized", priority_exponent=0.7)
     with gj.Table.attach(table.name) as other:  # another open builds its own index from the rows
         again = gj.sample(other, jax.random.key(5), 256, method="prioritized", priority_exponent=0.7)
@@ -87,7 +97,9 @@ def test_sample_at_is_the_row_order_prefix_rule(make_table):
     priorities = rng.integers(0, 5, 300).astype(np.float32)
     table.insert({"x": np.arange(300, dtype=np.int32)}, priorities=priorities)
     prefix = np.cumsum(priorities.astype(np.float64))
-    targets = np.concatenate([prefix[:-1][priorities[1:] > 0], rng.uniform(0, prefix[-1], 200)]).astype(np.float32)
+    targets = np.concatenate([prefix[:-1][priorities[1:] > 0], rng.uniform(0, prefix[-1], 200)]).astype(
+        np.float32
+    )
     got = jax.jit(lambda t: ops.sample_at(table, jax.random.key(0), t))(jnp.asarray(targets))
     expected = np.searchsorted(prefix, targets.astype(np.float64), side="right")
     np.testing.assert_array_equal(np.asarray(got.indices), expected)
@@ -103,14 +115,17 @@ def _churn(name, seconds, seed):
         while time.monotonic() < end:
             n = int(rng.integers(1, 64))
             table.insert(
-                {"x": np.arange(n, dtype=np.int32)}, priorities=rng.choice([0.0, 0.5, 1.0, 8.0], n).astype(np.float32)
+                {"x": np.arange(n, dtype=np.int32)},
+                priorities=rng.choice([0.0, 0.5, 1.0, 8.0], n).astype(np.float32),
             )
 
 
 def test_index_follows_writers_in_other_processes(make_table):
     table = make_table(fields=X, capacity=4000)
     rng = np.random.default_rng(4)
-    table.insert({"x": np.arange(4000, dtype=np.int32)}, priorities=rng.uniform(0.5, 2.0, 4000).astype(np.float32))
+    table.insert(
+        {"x": np.arange(4000, dtype=np.int32)}, priorities=rng.uniform(0.5, 2.0, 4000).astype(np.float32)
+    )
     sample = jax.jit(lambda k: gj.sample(table, k, 256, method="prioritized", priority_exponent=0.6))
     update = jax.jit(lambda s, p: gj.update_priorities(table, s, p))
     ctx = mp.get_context("spawn")
