@@ -197,6 +197,10 @@ def make_table(data: Dataset) -> gj.Table:
     for start, chunk in data.chunks():
         rows = chunk if data.steps > 1 else chunk[:, 0]
         table.insert({"x": rows}, priorities=priorities[start : start + len(chunk)])
+    # Every page of the status columns mapped in this process, as in a learner that has run a while:
+    # inserts never touch times_sampled, and a fresh page costs a fault at its first sample (at 1e7
+    # rows, the first 30 prioritized samples of 1,024 picks took 1.4 ms each, the next 0.4 ms).
+    table.row_status()
     return table
 
 

@@ -31,6 +31,7 @@ inline T FetchAdd(T* p, T v) {
 }
 
 inline uint32_t LoadAcquire(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline uint32_t LoadRelaxed(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 
 // Raises the change counters (table_view.h) of `row`, after its state word changed.
 inline void NoteRowChanged(const TableView& t, int64_t row) {

@@ -14,10 +14,13 @@ unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kPickThreads - 1)
 __device__ int64_t ThreadIndex() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 
 // The row a walk ended at, if the table still holds it as the index saw it and its length is usable.
-__device__ bool StillAsSeen(const TableView& t, const PriorityTreeView& tree, int64_t row, uint64_t* state) {
+// As in priority_index.cc: the length is checked where a window start reads it.
+__device__ bool StillAsSeen(const TableView& t, const PriorityTreeView& tree, int64_t row, int32_t window,
+                            uint64_t* state) {
   if (row < 0) return false;
   *state = device::LoadAcquire(&t.state[row]);
-  return *state == tree.seen[row] && LengthInRange(device::LoadRelaxed(&t.length[row]), t.max_steps);
+  return *state == tree.seen[row] &&
+         (window == 0 || LengthInRange(device::LoadRelaxed(&t.length[row]), t.max_steps));
 }
 
 __device__ void RecordPick(const TableView& t, int32_t window, uint32_t seed0, uint32_t seed1,
@@ -53,7 +56,7 @@ __global__ void SampleIndexedKernel(TableView t, PriorityTreeView tree, SampleRe
     const double target = UniformDouble(seed0, seed1, pick, attempt, Draw::kSelect) * total;
     const int64_t row = DescendTree(tree, target);
     uint64_t state = 0;
-    if (!StillAsSeen(t, tree, row, &state)) continue;
+    if (!StillAsSeen(t, tree, row, r.window, &state)) continue;
     RecordPick(t, r.window, seed0, seed1, out, i, row, state, static_cast<float>(tree.weights[row] / total));
     return;
   }
@@ -88,7 +91,7 @@ __global__ void SampleAtIndexedKernel(TableView t, PriorityTreeView tree, Sample
   }
   uint64_t state = 0;
   const int64_t row = TargetIsMine(targets[i]) && total > 0.0 ? DescendTree(tree, targets[i]) : -1;
-  if (!StillAsSeen(t, tree, row, &state)) {
+  if (!StillAsSeen(t, tree, row, r.window, &state)) {
     RecordFailed(out, i);
     return;
   }
