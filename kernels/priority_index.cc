@@ -54,18 +54,21 @@ PriorityIndex::PriorityIndex(int64_t rows, float exponent, std::unique_ptr<Index
   const size_t weights_at = 0;
   const size_t seen_at = Align64(weights_at + rows * sizeof(double));
   const size_t nodes_at = Align64(seen_at + rows * sizeof(uint64_t));
-  const size_t selectable_at = Align64(nodes_at + total_nodes * sizeof(double));
+  const size_t prefix_at = Align64(nodes_at + total_nodes * sizeof(double));
+  const size_t selectable_at = Align64(prefix_at + total_nodes * sizeof(double));
   const size_t counters_at = Align64(selectable_at + sizeof(int64_t));
   bytes_ = Align64(counters_at + ChangeCounterCount(rows) * sizeof(uint32_t));
   data_ = static_cast<uint8_t*>(memory_->Allocate(bytes_));
   weights_ = reinterpret_cast<double*>(data_ + weights_at);
   seen_ = reinterpret_cast<uint64_t*>(data_ + seen_at);
   nodes_ = reinterpret_cast<double*>(data_ + nodes_at);
+  prefix_ = reinterpret_cast<double*>(data_ + prefix_at);
   selectable_ = reinterpret_cast<int64_t*>(data_ + selectable_at);
   counters_ = reinterpret_cast<uint32_t*>(data_ + counters_at);
   view_.weights = weights_;
   view_.seen = seen_;
   view_.nodes = nodes_;
+  view_.prefix = prefix_;
   view_.selectable = selectable_;
 }
 
@@ -76,6 +79,7 @@ PriorityTreeView PriorityIndex::DeviceView() const {
   v.weights = static_cast<const double*>(memory_->DeviceAddress(weights_));
   v.seen = static_cast<const uint64_t*>(memory_->DeviceAddress(seen_));
   v.nodes = static_cast<const double*>(memory_->DeviceAddress(nodes_));
+  v.prefix = static_cast<const double*>(memory_->DeviceAddress(prefix_));
   v.selectable = static_cast<const int64_t*>(memory_->DeviceAddress(selectable_));
   return v;
 }
@@ -103,6 +107,17 @@ void PriorityIndex::RecomputeNode(int level, int64_t node) {
   nodes_[view_.level_start[level] + node] = sum;
 }
 
+void PriorityIndex::RecomputeRunningSums(int level, int64_t group) {
+  const int64_t first = view_.level_start[level] + group * kTreeFanout;
+  const int64_t end =
+      view_.level_start[level] + std::min<int64_t>((group + 1) * kTreeFanout, view_.level_nodes[level]);
+  double running = 0.0;
+  for (int64_t k = first; k < end; ++k) {
+    running += nodes_[k];
+    prefix_[k] = running;
+  }
+}
+
 void PriorityIndex::Refresh(const TableView& t) {
   uint32_t* counters[kChangeLevels];
   const uint32_t* shared[kChangeLevels];
@@ -120,6 +135,9 @@ void PriorityIndex::Refresh(const TableView& t) {
     for (int64_t row = 0; row < rows_; ++row) SetLeafWeight(t, row, LoadAcquire(&t.state[row]));
     for (int level = 1; level <= view_.levels; ++level) {
       for (int64_t node = 0; node < view_.level_nodes[level]; ++node) RecomputeNode(level, node);
+      for (int64_t group = 0; group * kTreeFanout < view_.level_nodes[level]; ++group) {
+        RecomputeRunningSums(level, group);
+      }
     }
     built_ = true;
     return;
@@ -189,6 +207,7 @@ void PriorityIndex::Refresh(const TableView& t) {
       if (parents == 0 || dirty[parents - 1] != parent) dirty[parents++] = parent;
     }
     dirty.resize(parents);
+    for (int64_t group : dirty) RecomputeRunningSums(level, group);  // the parents are the sibling groups
   }
 }
 

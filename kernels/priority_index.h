@@ -39,7 +39,10 @@ struct PriorityTreeView {
   const double* weights = nullptr;  // [rows] p^a of each row's seen state (0: not selectable)
   const uint64_t* seen = nullptr;   // [rows] the state word each weight comes from (see SetLeafWeight)
   const double* nodes = nullptr;    // every level of sums, level 1 (sums of rows) first
-  int64_t level_start[kMaxTreeLevels + 1] = {};  // level k's first node in `nodes` (k >= 1)
+  // The same levels as running sums within each group of kTreeFanout siblings (the walk's form):
+  // prefix[k] = nodes[group's first] + ... + nodes[k], added in that order.
+  const double* prefix = nullptr;
+  int64_t level_start[kMaxTreeLevels + 1] = {};  // level k's first node in `nodes` and `prefix` (k >= 1)
   int64_t level_nodes[kMaxTreeLevels + 1] = {};  // level k's node count (level 0: rows)
   const int64_t* selectable = nullptr;           // rows whose seen state is selectable (one int64)
 };
@@ -52,23 +55,38 @@ GEAR_HD const double* TreeChildren(const PriorityTreeView& v, int level, int64_t
 }
 
 // One step of the walk: from `node` at `level` to its child that holds `*target` (which loses the sums
-// before that child), or -1 when no child has a positive sum.
+// before that child), or -1 when no child has a positive sum. Children that are nodes are chosen from
+// their running sums (the first one above the target: no branch per child); rows from their weights,
+// added in the same order, so both give what a running sum over the children gives.
 GEAR_HD int64_t DescendStep(const PriorityTreeView& v, int level, int64_t node, double* target) {
   const double* children = TreeChildren(v, level, node);
   const int64_t first = node * kTreeFanout;
   const int64_t count =
       first + kTreeFanout < v.level_nodes[level - 1] ? kTreeFanout : v.level_nodes[level - 1] - first;
   int64_t last_positive = -1;
-  double running = 0.0;
-  for (int64_t c = 0; c < count; ++c) {
-    const double w = children[c];
-    if (!(w > 0.0)) continue;
-    if (running + w > *target) {
-      *target -= running;
-      return first + c;
+  if (level > 1) {
+    const double* running = v.prefix + v.level_start[level - 1] + first;
+    int64_t below = 0;  // children whose running sum is at most the target (running sums never fall)
+    for (int64_t c = 0; c < count; ++c) below += running[c] <= *target;
+    if (below < count) {  // that child's sum is > 0: its running sum rose above the one before
+      *target -= below > 0 ? running[below - 1] : 0.0;
+      return first + below;
     }
-    last_positive = c;
-    running += w;
+    for (int64_t c = 0; c < count; ++c) {
+      if (children[c] > 0.0) last_positive = c;
+    }
+  } else {
+    double running = 0.0;
+    for (int64_t c = 0; c < count; ++c) {
+      const double w = children[c];
+      if (!(w > 0.0)) continue;
+      if (running + w > *target) {
+        *target -= running;
+        return first + c;
+      }
+      last_positive = c;
+      running += w;
+    }
   }
   if (last_positive < 0) return -1;
   *target = INFINITY;  // the last row of positive weight under this child
@@ -127,6 +145,7 @@ class PriorityIndex {
  private:
   void SetLeafWeight(const TableView& table, int64_t row, uint64_t state);
   void RecomputeNode(int level, int64_t node);
+  void RecomputeRunningSums(int level, int64_t group);
 
   int64_t rows_;
   float exponent_;
@@ -136,6 +155,7 @@ class PriorityIndex {
   double* weights_;
   uint64_t* seen_;
   double* nodes_;
+  double* prefix_;
   int64_t* selectable_;
   uint32_t* counters_;  // the change counters as of the last refresh
   bool built_ = false;
