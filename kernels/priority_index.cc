@@ -259,8 +259,9 @@ KernelStatus SampleIndexedCpu(const TableView& t, const PriorityTreeView& tree, 
   if (std::isinf(total)) return KernelError(ErrorSite::kSampleWeightOverflow);
   if (!(total > 0.0)) return KernelError(ErrorSite::kSampleEmpty);
   // The first attempt of kLanes picks at a time, level by level: each step prefetches the children the
-  // next step reads, so that the picks' cache misses overlap instead of following one another.
-  constexpr int kLanes = 16;
+  // next step reads, so that the picks' cache misses overlap instead of following one another (and a
+  // prefetch has the other lanes' steps to arrive: TLB misses in a virtual machine take long).
+  constexpr int kLanes = 256;
   for (int64_t base = 0; base < r.batch_size; base += kLanes) {
     const int lanes = static_cast<int>(std::min<int64_t>(kLanes, r.batch_size - base));
     double target[kLanes];
