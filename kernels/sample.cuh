@@ -5,8 +5,9 @@
 //    (rows claimed later hold no committed data yet, and writers only ever add rows to that range).
 //  - The seed words are device memory (`seed`: uint32[2]); request.seed0 and request.seed1 are ignored.
 //  - uniform, fifo, lifo and topk pick exactly the rows SampleRowsCpu picks for the same seed and table
-//    contents, and draw the same window starts. prioritized draws from the same distribution (a prefix
-//    sum of p^a and one binary search per pick) but not the same rows.
+//    contents, and draw the same window starts. prioritized normally goes through the priority index
+//    (priority_index.cuh: the CPU's picks exactly); this scan (a prefix sum of p^a and one binary search
+//    per pick) serves exponents past the index's limit, with the same law but not the same rows.
 //  - Data errors are recorded in `error` (device address of a DeviceError): no selectable row, or fewer
 //    selectable rows than batch_size for fifo/lifo/topk. A pick that could not be made (every pick, for
 //    too few rows) holds row 0 with the odd generation 1, which gather marks invalid and
