@@ -677,7 +677,11 @@ int64_t SharedTable::Claim() {
   uint64_t held = 0;
   {
     WindowScope window{this, OpenWindow()};
-    ClaimRows(1, &row, &held, &reclaimed);
+    CountedOut out;
+    ClaimRows(1, &row, &held, &reclaimed, &out);
+    // The row stays held after the window closes: count it out now.
+    if (out.selectable != 0) Add<int64_t>(&header()->selectable, -out.selectable);
+    if (out.size != 0) Add<int64_t>(&header()->size, -out.size);
   }
   AfterWrites(reclaimed);
   return row;
@@ -687,14 +691,17 @@ int64_t SharedTable::Claim() {
 // the shared words change once per chunk rather than once per row, and the copies of its rows run back
 // to back, with no atomic instruction between them to wait for their stores:
 //   claim:   next_seq += n (one reservation; more when rows are held by others) | per row: owner CAS,
-//            state CAS | size, selectable -= the rows counted | change counters | lengths = 0
+//            state CAS | change counters | lengths = 0
 //   copy:    the field bytes of every row
-//   publish: commit_seq += n | per row: insert_seq, length, state CAS | change counters | size,
-//            selectable += | per row: owner = 0 (release)
+//   publish: commit_seq += n | per row: insert_seq, length, state CAS | change counters | size and
+//            selectable += the rows published - the rows the claims counted out | per row: owner = 0
+//            (release)
 // Every row goes through the same states as one claimed and committed alone, in the same order, inside
 // the one counter window of the batch; a writer killed at any instant holds its chunk's rows under a
 // pid that is gone (reclaimed by the next writer that reaches them) and leaves its window open (the
-// counters are recounted), as it would with one row. The change counters of a group are raised once
+// counters are recounted), as it would with one row. Between claim and publish, size and selectable
+// still count the chunk's rows that were counted before (they are exact again when the window closes,
+// which is all a recount needs). The change counters of a group are raised once
 // per chunk and phase, after every state change of the phase (level 0, then 1, then 2).
 namespace {
 
@@ -736,11 +743,12 @@ bool SharedTable::TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, 
   return true;
 }
 
-int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool* reclaimed) {
+int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool* reclaimed,
+                               CountedOut* counted) {
   TableHeader* h = header();
   const int64_t capacity = view_.capacity;
   const uint64_t limit = 2 * static_cast<uint64_t>(capacity) + 64;
-  int64_t got = 0, counted_size = 0, counted_selectable = 0;
+  int64_t got = 0;
   uint64_t tried = 0;
   while (got < want) {
     // A lap of the ring found rows held by others: publish what this writer holds rather than wait.
@@ -756,23 +764,21 @@ int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool
       const int64_t row = static_cast<int64_t>((first + k) % static_cast<uint64_t>(capacity));
       uint64_t before = 0;
       if (!TryClaimRow(row, &before, &held[got], reclaimed)) continue;
-      if ((StateGeneration(before) & 1u) == 0) {  // the row was counted: count it out below
-        counted_selectable += StatePriority(before) > 0.0f;
-        counted_size += LoadRelaxed(&view_.length[row]) > 0;
+      if ((StateGeneration(before) & 1u) == 0) {  // the row was counted: the caller counts it out
+        counted->selectable += StatePriority(before) > 0.0f;
+        counted->size += LoadRelaxed(&view_.length[row]) > 0;
       }
       rows[got++] = static_cast<int32_t>(row);
     }
   }
   NoteChunkChanged(view_, rows, got);
-  if (counted_selectable != 0) Add<int64_t>(&h->selectable, -counted_selectable);
-  if (counted_size != 0) Add<int64_t>(&h->size, -counted_size);
   FenceRelease();  // the odd generations become visible before any data this writer stores
   for (int64_t i = 0; i < got; ++i) StoreRelaxed(&view_.length[rows[i]], 0);
   return got;
 }
 
 void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                              int32_t length, const float* priorities) {
+                              int32_t length, const float* priorities, CountedOut counted) {
   TableHeader* h = header();
   const uint64_t first_seq = FetchAdd<uint64_t>(&h->commit_seq, static_cast<uint64_t>(n)) + 1;
   int32_t published[kInsertChunk];
@@ -793,8 +799,10 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
     selectable += priority > 0.0f;
   }
   NoteChunkChanged(view_, published, done);
-  if (done != 0) Add<int64_t>(&h->size, done);
-  if (selectable != 0) Add<int64_t>(&h->selectable, selectable);
+  // The rows' claims' counts and the publications' in one add each (none when they cancel out, as
+  // they do when a full ring is overwritten).
+  if (done != counted.size) Add<int64_t>(&h->size, done - counted.size);
+  if (selectable != counted.selectable) Add<int64_t>(&h->selectable, selectable - counted.selectable);
   // Given back only now (release: a claimer that reads 0 sees the publication): until here, a death
   // leaves the row to a reclaimer.
   for (int64_t i = 0; i < done; ++i) __atomic_store_n(&owners()[published[i]], 0, __ATOMIC_RELEASE);
@@ -858,7 +866,7 @@ void SharedTable::Commit(int64_t row, int32_t length, float priority) {
   {
     WindowScope window{this, OpenWindow()};
     const int32_t claimed = static_cast<int32_t>(row);
-    PublishRows(1, &claimed, &held, nullptr, length, &priority);
+    PublishRows(1, &claimed, &held, nullptr, length, &priority, CountedOut{});
   }
   AfterWrites(false);
 }
@@ -1034,10 +1042,11 @@ void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t 
     // One counter window for the batch: a recount cannot succeed while this process writes anyway.
     WindowScope window{this, OpenWindow()};
     for (int64_t b = 0; b < batch;) {
-      const int64_t n = ClaimRows(std::min(chunk, batch - b), rows + b, held, &reclaimed);
+      CountedOut counted;
+      const int64_t n = ClaimRows(std::min(chunk, batch - b), rows + b, held, &reclaimed, &counted);
       CopyRows(field_data, b, n, rows + b, steps, lengths);
       PublishRows(n, rows + b, held, lengths != nullptr ? lengths + b : nullptr, steps,
-                  priorities != nullptr ? priorities + b : nullptr);
+                  priorities != nullptr ? priorities + b : nullptr, counted);
       b += n;
     }
   }

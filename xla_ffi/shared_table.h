@@ -245,18 +245,24 @@ class SharedTable {
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;
   int32_t* owners() const { return reinterpret_cast<int32_t*>(base_ + header()->writer_pid_offset); }
+  // Rows counted in size and selectable before a claim, which the caller counts out (in one add).
+  struct CountedOut {
+    int64_t size = 0;
+    int64_t selectable = 0;
+  };
   // Claim and Commit inside a counter window the caller opened. ClaimRows claims up to `want` rows
   // (at least one; fewer when a lap of the ring found the others held) into rows[] and their new states
-  // into held[], and returns how many; it sets *reclaimed when it took a row over from a dead owner.
-  int64_t ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool* reclaimed);
+  // into held[], and returns how many; it sets *reclaimed when it took a row over from a dead owner, and
+  // adds to *counted the rows it took out of size and selectable.
+  int64_t ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool* reclaimed, CountedOut* counted);
   // Takes `row` (owner word, then state word) unless a live writer holds it; sets *before to the
   // state it replaced and *claimed to the new one.
   bool TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, bool* reclaimed);
   // Publishes rows[0, n) claimed as held[0, n): lengths (nullptr: `length` each) and priorities
-  // (nullptr: 1). A row taken from this writer meanwhile is left alone; the others are published, then
-  // NotHeld is thrown.
+  // (nullptr: 1), and moves size and selectable by the rows published less `counted` (the claims'). A
+  // row taken from this writer meanwhile is left alone; the others are published, then NotHeld is thrown.
   void PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                   int32_t length, const float* priorities);
+                   int32_t length, const float* priorities, CountedOut counted);
   // Copies rows[0, n), taken for rows first.. of the batch, from field_data (see Insert).
   void CopyRows(const std::vector<const uint8_t*>& field_data, int64_t first, int64_t n, const int32_t* rows,
                 int32_t steps, const int32_t* lengths);
