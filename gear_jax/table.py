@@ -98,6 +98,11 @@ class Table:
         self._spec = spec
         self._casting = check_casting(casting)
         self._steps = StepConverter(spec.fields)
+        lead = 2 if spec.is_trajectory else 1
+        # (name, dtype, ndim, shape, leading axes) of every field, for the checks of `_ready_batch`.
+        self._batch_layout = [
+            (name, f.dtype, lead + len(f.shape), tuple(f.shape), lead) for name, f in spec.fields.items()
+        ]
         self._finalizer = weakref.finalize(self, native.close)
         memory = np.frombuffer(native.mapping(), dtype=np.uint8)  # views keep the mapping alive
         layout = native.layout()
@@ -378,17 +383,19 @@ class Table:
             every refused field), bad priorities or lengths. Nothing is written then.
         """
         native = self._live()
-        if _torch_loaded() and isinstance(batch, Mapping) and any(map(is_device_tensor, batch.values())):
-            from gear_jax.torch import insert_tensors  # from the device straight into the rows
+        checked = self._ready_batch(batch)
+        if checked is None:
+            if _torch_loaded() and isinstance(batch, Mapping) and any(map(is_device_tensor, batch.values())):
+                from gear_jax.torch import insert_tensors  # from the device straight into the rows
 
-            return insert_tensors(self, batch, priorities, lengths)
-        arrays, rows, steps = self._check_batch(batch)
+                return insert_tensors(self, batch, priorities, lengths)
+            checked = self._check_batch(batch)
+        arrays, rows, steps = checked
         if rows == 0:
             return np.zeros((0,), np.int32)
-        priorities = self._check_priorities(priorities, rows)
-        if lengths is None:
-            lengths = np.full((rows,), steps, np.int32)
-        else:
+        if priorities is not None:  # None: 1 for every row (the native default)
+            priorities = self._check_priorities(priorities, rows)
+        if lengths is not None:  # None: `steps` for every row
             lengths = to_numpy(lengths, "lengths")
             if lengths.shape != (rows,) or not np.issubdtype(lengths.dtype, np.integer):
                 raise InvalidArgumentError(
@@ -401,8 +408,7 @@ class Table:
                     f"lengths[{bad[0]}] = {lengths[bad[0]]} is outside [1, {steps}] (the batch's time axis)"
                 )
             lengths = lengths.astype(np.int32)
-        buffers = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
-        return native.insert(buffers, rows, steps, lengths, priorities)
+        return native.insert(arrays, rows, steps, lengths, priorities)
 
     def add(self, row: Mapping[str, Any], priority: float = 1.0) -> int:
         """Inserts one row; returns its row id. The one-transition-per-call loop of a single environment.
@@ -455,6 +461,36 @@ class Table:
         ]
         return _native.RowWriter(self._live(), fields)
 
+    def _ready_batch(self, batch: Any) -> tuple[list[np.ndarray], int, int] | None:
+        """The common batch, checked without casting or copying: a dict of C-contiguous numpy arrays, each
+        of its field's dtype and shape, all with the same rows (and steps), at least one row. None for
+        anything else, which `_check_batch` converts or refuses."""
+        layout = self._batch_layout
+        if type(batch) is not dict or len(batch) != len(layout):
+            return None
+        arrays = []
+        lead_shape = None
+        for name, dtype, ndim, shape, lead in layout:
+            array = batch.get(name)
+            if (
+                type(array) is not np.ndarray
+                or (array.dtype is not dtype and array.dtype != dtype)
+                or array.ndim != ndim
+                or array.shape[lead:] != shape
+                or not array.flags.c_contiguous
+            ):
+                return None
+            if lead_shape is None:
+                lead_shape = array.shape[:lead]
+            elif array.shape[:lead] != lead_shape:
+                return None
+            arrays.append(array)
+        rows = lead_shape[0]
+        steps = lead_shape[1] if len(lead_shape) == 2 else 1
+        if rows == 0 or not 1 <= steps <= self._spec.max_steps:
+            return None
+        return arrays, rows, steps
+
     def _check_batch(self, batch: Mapping[str, Any]) -> tuple[list[np.ndarray], int, int]:
         if not isinstance(batch, Mapping):
             raise InvalidArgumentError(
@@ -493,7 +529,7 @@ class Table:
                     f"batch[{name!r}] has {b} rows and {t} steps, "
                     f"but earlier fields have {rows} rows and {steps} steps"
                 )
-            arrays.append(array)
+            arrays.append(np.ascontiguousarray(array))
         refuse(problems, self._casting)
         assert rows is not None and steps is not None
         if not 1 <= steps <= self._spec.max_steps and rows > 0:

@@ -49,47 +49,45 @@ py::dict PoolStats() {
   return out;
 }
 
-py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::buffer>& fields, int64_t batch,
+// fields: one C-contiguous numpy array per field (any dtype: only its bytes are read). lengths and
+// priorities: int32[batch] and float32[batch], or None for `steps` and 1.
+py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& fields, int64_t batch,
                             int32_t steps,
-                            py::array_t<int32_t, py::array::c_style | py::array::forcecast> lengths,
-                            py::array_t<float, py::array::c_style | py::array::forcecast> priorities) {
+                            const std::optional<py::array_t<int32_t, py::array::c_style>>& lengths,
+                            const std::optional<py::array_t<float, py::array::c_style>>& priorities) {
   const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
   SharedTable& table = *held;
   const TableView& view = table.view();
   if (static_cast<int32_t>(fields.size()) != view.num_fields) {
     throw std::invalid_argument("expected one array per field");
   }
+  if (batch < 0) throw std::invalid_argument("batch must be >= 0");
   if (steps < 1 || steps > view.max_steps) throw std::invalid_argument("steps outside [1, max_steps]");
-  if (lengths.size() != batch || priorities.size() != batch) {
+  if ((lengths && lengths->size() != batch) || (priorities && priorities->size() != batch)) {
     throw std::invalid_argument("lengths and priorities need one entry per row");
   }
-  std::vector<py::buffer_info> infos;
-  std::vector<const uint8_t*> data;
+  std::vector<const uint8_t*> data(static_cast<size_t>(view.num_fields));
   for (int32_t f = 0; f < view.num_fields; ++f) {
-    infos.push_back(fields[f].request());
-    const py::buffer_info& info = infos.back();
-    for (py::ssize_t d = info.ndim - 1, expected_stride = info.itemsize; d >= 0; --d) {
-      if (info.shape[d] > 1 && info.strides[d] != expected_stride) {
-        throw std::invalid_argument("field " + std::to_string(f) + " is not a C-contiguous array");
-      }
-      expected_stride *= info.shape[d];
+    const py::array& array = fields[f];
+    if (!(array.flags() & py::array::c_style)) {
+      throw std::invalid_argument("field " + std::to_string(f) + " is not a C-contiguous array");
     }
     const int64_t expected = batch * steps * view.fields[f].step_bytes;
-    if (info.size * info.itemsize != expected) {
-      throw std::invalid_argument("field " + std::to_string(f) + " holds " +
-                                  std::to_string(info.size * info.itemsize) + " bytes, expected " +
-                                  std::to_string(expected));
+    if (array.nbytes() != expected) {
+      throw std::invalid_argument("field " + std::to_string(f) + " holds " + std::to_string(array.nbytes()) +
+                                  " bytes, expected " + std::to_string(expected));
     }
-    data.push_back(static_cast<const uint8_t*>(info.ptr));
+    data[f] = static_cast<const uint8_t*>(array.data());
   }
-  std::vector<int32_t> rows;
+  py::array_t<int32_t> rows(static_cast<py::ssize_t>(batch));
+  int32_t* out = rows.mutable_data();
+  const int32_t* length_data = lengths ? lengths->data() : nullptr;
+  const float* priority_data = priorities ? priorities->data() : nullptr;
   {
     py::gil_scoped_release release;
-    rows = table.Insert(data, batch, steps, lengths.data(), priorities.data());
+    table.Insert(data, batch, steps, length_data, priority_data, out);
   }
-  py::array_t<int32_t> out(static_cast<py::ssize_t>(rows.size()));
-  std::memcpy(out.mutable_data(), rows.data(), rows.size() * sizeof(int32_t));
-  return out;
+  return rows;
 }
 
 py::dict Layout(OpenTable& self) {

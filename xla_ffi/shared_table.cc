@@ -26,6 +26,7 @@ namespace gear {
 namespace {
 
 constexpr uint64_t kColumnAlign = 4096;
+constexpr int kPopulateShift = 21;  // SharedTable::Populate maps 2 MiB blocks
 
 uint64_t RoundUp(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -345,6 +346,7 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   view_.change_counts = reinterpret_cast<uint32_t*>(base_ + h->change_counts_offset);
   view_.next_seq = &h->next_seq;
   view_.selectable = &h->selectable;
+  populated_ = std::make_unique<std::atomic<uint64_t>[]>(((memory_->bytes() - 1) >> kPopulateShift) / 64 + 1);
   for (int f = 0; f < h->num_fields; ++f) {
     view_.fields[f] =
         FieldView{base_ + h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes};
@@ -671,62 +673,159 @@ struct WindowScope {
 
 int64_t SharedTable::Claim() {
   bool reclaimed = false;
-  int64_t row = 0;
+  int32_t row = 0;
+  uint64_t held = 0;
   {
     WindowScope window{this, OpenWindow()};
-    row = ClaimRow(&reclaimed, nullptr);
+    CountedOut out;
+    ClaimRows(1, &row, &held, &reclaimed, &out);
+    // The row stays held after the window closes: count it out now.
+    if (out.selectable != 0) Add<int64_t>(&header()->selectable, -out.selectable);
+    if (out.size != 0) Add<int64_t>(&header()->size, -out.size);
   }
   AfterWrites(reclaimed);
   return row;
 }
 
-int64_t SharedTable::ClaimRow(bool* reclaimed, uint64_t* claimed_state) {
-  TableHeader* h = header();
-  int32_t* owner = owners();
-  const int32_t me = CurrentPid();
-  const int64_t capacity = view_.capacity;
-  for (int64_t attempt = 0; attempt < 2 * capacity + 64; ++attempt) {
-    const uint64_t seq = FetchAdd<uint64_t>(&h->next_seq, 1);
-    const int64_t row = static_cast<int64_t>(seq % static_cast<uint64_t>(capacity));
-    int32_t previous = Load(&owner[row]);
-    if (previous != 0 && PidMayBeAlive(h, previous)) continue;  // held, or being published, by a live writer
-    if (!Cas(&owner[row], &previous, me)) continue;             // another writer took it first
-    uint64_t state = Load(&view_.state[row]);
-    uint64_t claimed = 0;
-    do {  // fails only when a priority update lands in between
-      const uint32_t generation = StateGeneration(state);
-      claimed = MakeState(generation + ((generation & 1u) ? 2u : 1u), 0.0f);
-    } while (!Cas(&view_.state[row], &state, claimed));
-    NoteRowChanged(view_, row);
-    if ((StateGeneration(state) & 1u) == 0) {  // the row was counted: count it out
-      if (StatePriority(state) > 0.0f) Add<int64_t>(&h->selectable, -1);
-      if (LoadRelaxed(&view_.length[row]) > 0) Add<int64_t>(&h->size, -1);
+// Inserts. A batch is claimed, copied and published a chunk (up to kInsertChunk rows) at a time, so that
+// the shared words change once per chunk rather than once per row, and the copies of its rows run back
+// to back, with no atomic instruction between them to wait for their stores:
+//   claim:   next_seq += n (one reservation; more when rows are held by others) | per row: owner CAS,
+//            state CAS | change counters | lengths = 0
+//   copy:    the field bytes of every row
+//   publish: commit_seq += n | per row: insert_seq, length, state CAS | change counters | size and
+//            selectable += the rows published - the rows the claims counted out | per row: owner = 0
+//            (release)
+// Every row goes through the same states as one claimed and committed alone, in the same order, inside
+// the one counter window of the batch; a writer killed at any instant holds its chunk's rows under a
+// pid that is gone (reclaimed by the next writer that reaches them) and leaves its window open (the
+// counters are recounted), as it would with one row. Between claim and publish, size and selectable
+// still count the chunk's rows that were counted before (they are exact again when the window closes,
+// which is all a recount needs). The change counters of a group are raised once
+// per chunk and phase, after every state change of the phase (level 0, then 1, then 2).
+namespace {
+
+constexpr int64_t kInsertChunk = 256;
+
+// Raises the change counters of rows[0, n), whose state words changed before the call: at each level,
+// once per run of consecutive rows in one group (the rows of a chunk come in ring order).
+void NoteChunkChanged(const TableView& t, const int32_t* rows, int64_t n) {
+  for (int level = 0; level < kChangeLevels; ++level) {
+    uint32_t* counters = t.change_counts + ChangeLevelStart(t.capacity, level);
+    const int shift = ChangeShift(level);
+    int64_t last = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t group = rows[i] >> shift;
+      if (group != last) FetchAdd<uint32_t>(&counters[group], 1u);
+      last = group;
     }
-    FenceRelease();  // the odd generation becomes visible before any data this writer stores
-    StoreRelaxed(&view_.length[row], 0);
-    if (previous != 0) *reclaimed = true;
-    if (claimed_state != nullptr) *claimed_state = claimed;
-    return row;
   }
-  throw std::runtime_error("every row of table '" + name_ +
-                           "' is being written; raise capacity or end episodes sooner");
 }
 
-void SharedTable::PublishRow(int64_t row, uint64_t held, int32_t length, float priority) {
+}  // namespace
+
+bool SharedTable::TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, bool* reclaimed) {
   TableHeader* h = header();
-  StoreRelaxed(&view_.insert_seq[row], FetchAdd<uint64_t>(&h->commit_seq, 1) + 1);
-  StoreRelaxed(&view_.length[row], length);
-  // Publish (release: every byte of the row before the even generation), only if the row is still the
-  // one this writer claimed.
-  if (!Cas(&view_.state[row], &held, MakeState(StateGeneration(held) + 1, priority))) {
-    throw std::runtime_error(NotHeld(row));
+  int32_t* owner = owners();
+  int32_t previous = Load(&owner[row]);
+  if (previous != 0 && PidMayBeAlive(h, previous))
+    return false;                                                // held, or being published, by a live writer
+  if (!Cas(&owner[row], &previous, CurrentPid())) return false;  // another writer took it first
+  uint64_t state = Load(&view_.state[row]);
+  uint64_t next = 0;
+  do {  // fails only when a priority update lands in between
+    const uint32_t generation = StateGeneration(state);
+    next = MakeState(generation + ((generation & 1u) ? 2u : 1u), 0.0f);
+  } while (!Cas(&view_.state[row], &state, next));
+  if (previous != 0) *reclaimed = true;
+  *before = state;
+  *claimed = next;
+  return true;
+}
+
+int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool* reclaimed,
+                               CountedOut* counted) {
+  TableHeader* h = header();
+  const int64_t capacity = view_.capacity;
+  const uint64_t limit = 2 * static_cast<uint64_t>(capacity) + 64;
+  int64_t got = 0;
+  uint64_t tried = 0;
+  while (got < want) {
+    // A lap of the ring found rows held by others: publish what this writer holds rather than wait.
+    if (got > 0 && tried >= static_cast<uint64_t>(capacity)) break;
+    if (tried >= limit) {
+      throw std::runtime_error("every row of table '" + name_ +
+                               "' is being written; raise capacity or end episodes sooner");
+    }
+    const uint64_t ask = static_cast<uint64_t>(want - got);
+    const uint64_t first = FetchAdd<uint64_t>(&h->next_seq, ask);
+    tried += ask;
+    for (uint64_t k = 0; k < ask; ++k) {
+      const int64_t row = static_cast<int64_t>((first + k) % static_cast<uint64_t>(capacity));
+      uint64_t before = 0;
+      if (!TryClaimRow(row, &before, &held[got], reclaimed)) continue;
+      if ((StateGeneration(before) & 1u) == 0) {  // the row was counted: the caller counts it out
+        counted->selectable += StatePriority(before) > 0.0f;
+        counted->size += LoadRelaxed(&view_.length[row]) > 0;
+      }
+      rows[got++] = static_cast<int32_t>(row);
+    }
   }
-  NoteRowChanged(view_, row);
-  Add<int64_t>(&h->size, 1);
-  if (priority > 0.0f) Add<int64_t>(&h->selectable, 1);
+  NoteChunkChanged(view_, rows, got);
+  FenceRelease();  // the odd generations become visible before any data this writer stores
+  for (int64_t i = 0; i < got; ++i) StoreRelaxed(&view_.length[rows[i]], 0);
+  return got;
+}
+
+void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
+                              int32_t length, const float* priorities, CountedOut counted) {
+  TableHeader* h = header();
+  const uint64_t first_seq = FetchAdd<uint64_t>(&h->commit_seq, static_cast<uint64_t>(n)) + 1;
+  int32_t published[kInsertChunk];
+  int64_t done = 0, selectable = 0, lost = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = rows[i];
+    const float priority = priorities != nullptr ? priorities[i] : 1.0f;
+    StoreRelaxed(&view_.insert_seq[row], first_seq + static_cast<uint64_t>(i));
+    StoreRelaxed(&view_.length[row], lengths != nullptr ? lengths[i] : length);
+    // Publish (release: every byte of the row before the even generation), only if the row is still the
+    // one this writer claimed.
+    uint64_t expected = held[i];
+    if (!Cas(&view_.state[row], &expected, MakeState(StateGeneration(held[i]) + 1, priority))) {
+      if (lost < 0) lost = row;
+      continue;
+    }
+    published[done++] = static_cast<int32_t>(row);
+    selectable += priority > 0.0f;
+  }
+  NoteChunkChanged(view_, published, done);
+  // The rows' claims' counts and the publications' in one add each (none when they cancel out, as
+  // they do when a full ring is overwritten).
+  if (done != counted.size) Add<int64_t>(&h->size, done - counted.size);
+  if (selectable != counted.selectable) Add<int64_t>(&h->selectable, selectable - counted.selectable);
   // Given back only now (release: a claimer that reads 0 sees the publication): until here, a death
   // leaves the row to a reclaimer.
-  __atomic_store_n(&owners()[row], 0, __ATOMIC_RELEASE);
+  for (int64_t i = 0; i < done; ++i) __atomic_store_n(&owners()[published[i]], 0, __ATOMIC_RELEASE);
+  if (lost >= 0) throw std::runtime_error(NotHeld(lost));
+}
+
+void SharedTable::Populate(const uint8_t* from, const uint8_t* to) {
+  const uint64_t first = static_cast<uint64_t>(from - base_) >> kPopulateShift;
+  const uint64_t last = static_cast<uint64_t>(to - 1 - base_) >> kPopulateShift;
+  for (uint64_t block = first; block <= last; ++block) {
+    std::atomic<uint64_t>& word = populated_[block >> 6];
+    const uint64_t bit = uint64_t{1} << (block & 63);
+    if (word.load(std::memory_order_relaxed) & bit) continue;
+    // A read every 64 KiB: the kernel maps the pages around a read fault (the 64 KiB around it, by
+    // default) in one go, and maps shared memory writable, so the copies that follow take no fault
+    // (pages it left out fault one by one, as they would have).
+    const volatile uint8_t* page = base_ + (block << kPopulateShift);
+    const volatile uint8_t* end = base_ + std::min<uint64_t>((block + 1) << kPopulateShift, total_bytes());
+    uint8_t sink = 0;
+    for (; page < end; page += 65536) sink ^= *page;
+    (void)sink;
+    word.fetch_or(bit, std::memory_order_relaxed);
+  }
 }
 
 void SharedTable::AfterWrites(bool reclaimed) {
@@ -766,7 +865,8 @@ void SharedTable::Commit(int64_t row, int32_t length, float priority) {
   const uint64_t held = CheckOwned(row);
   {
     WindowScope window{this, OpenWindow()};
-    PublishRow(row, held, length, priority);
+    const int32_t claimed = static_cast<int32_t>(row);
+    PublishRows(1, &claimed, &held, nullptr, length, &priority, CountedOut{});
   }
   AfterWrites(false);
 }
@@ -895,38 +995,62 @@ void SharedTable::CheckCounts(bool force) {
   next_check_ns_.store(now + interval, std::memory_order_relaxed);
 }
 
-std::vector<int32_t> SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t batch,
-                                         int32_t steps, const int32_t* lengths, const float* priorities) {
+void SharedTable::CopyRows(const std::vector<const uint8_t*>& field_data, int64_t first, int64_t n,
+                           const int32_t* rows, int32_t steps, const int32_t* lengths) {
+  for (int32_t f = 0; f < view_.num_fields; ++f) {
+    const FieldView& field = view_.fields[f];
+    const int64_t source_stride = steps * field.step_bytes;
+    // Rows that follow each other in the ring follow each other in the column when a row is exactly
+    // `steps` steps long: a run of them, each copied whole, is one copy.
+    const bool runs = field.row_stride == source_stride;
+    const uint8_t* source = field_data[f] + first * source_stride;
+    for (int64_t i = 0; i < n;) {
+      const int64_t used = lengths != nullptr ? lengths[first + i] : steps;
+      int64_t j = i + 1;
+      if (runs && used == steps) {
+        while (j < n && rows[j] == rows[j - 1] + 1 && (lengths == nullptr || lengths[first + j] == steps))
+          ++j;
+      }
+      uint8_t* target = field.data + rows[i] * field.row_stride;
+      const size_t bytes = j - i > 1 ? static_cast<size_t>((j - i) * source_stride)
+                                     : static_cast<size_t>(used * field.step_bytes);
+      Populate(target, target + bytes);
+      std::memcpy(target, source + i * source_stride, bytes);
+      i = j;
+    }
+  }
+}
+
+void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
+                         const int32_t* lengths, const float* priorities, int32_t* rows) {
   for (int64_t b = 0; b < batch; ++b) {  // validate everything before claiming anything
-    if (lengths[b] < 1 || lengths[b] > steps) {
+    if (lengths != nullptr && (lengths[b] < 1 || lengths[b] > steps)) {
       throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
                                   " is outside [1, " + std::to_string(steps) + "]");
     }
-    if (!std::isfinite(priorities[b]) || priorities[b] < 0.0f) {
+    if (priorities != nullptr && (!std::isfinite(priorities[b]) || priorities[b] < 0.0f)) {
       throw std::invalid_argument("priorities[" + std::to_string(b) + "] = " + std::to_string(priorities[b]) +
                                   " must be finite and >= 0");
     }
   }
-  std::vector<int32_t> rows;
-  rows.reserve(static_cast<size_t>(batch));
+  // A chunk holds at most an eighth of the ring, so that writers filling a small table together still
+  // find free rows.
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(kInsertChunk, view_.capacity / 8));
+  uint64_t held[kInsertChunk];
   bool reclaimed = false;
   {
     // One counter window for the batch: a recount cannot succeed while this process writes anyway.
     WindowScope window{this, OpenWindow()};
-    for (int64_t b = 0; b < batch; ++b) {
-      uint64_t held = 0;
-      const int64_t row = ClaimRow(&reclaimed, &held);
-      for (int32_t f = 0; f < view_.num_fields; ++f) {
-        const FieldView& field = view_.fields[f];
-        std::memcpy(field.data + row * field.row_stride, field_data[f] + b * steps * field.step_bytes,
-                    static_cast<size_t>(lengths[b] * field.step_bytes));
-      }
-      PublishRow(row, held, lengths[b], priorities[b]);
-      rows.push_back(static_cast<int32_t>(row));
+    for (int64_t b = 0; b < batch;) {
+      CountedOut counted;
+      const int64_t n = ClaimRows(std::min(chunk, batch - b), rows + b, held, &reclaimed, &counted);
+      CopyRows(field_data, b, n, rows + b, steps, lengths);
+      PublishRows(n, rows + b, held, lengths != nullptr ? lengths + b : nullptr, steps,
+                  priorities != nullptr ? priorities + b : nullptr, counted);
+      b += n;
     }
   }
   AfterWrites(reclaimed);
-  return rows;
 }
 
 }  // namespace gear

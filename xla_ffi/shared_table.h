@@ -222,9 +222,12 @@ class SharedTable {
   void CheckCounts(bool force);
   // Throws std::out_of_range for a row id outside the table.
   void CheckRowInRange(int64_t row) const;
-  // Claims, copies and commits `batch` rows. field_data[f] points at [batch, steps, step_bytes[f]].
-  std::vector<int32_t> Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
-                              const int32_t* lengths, const float* priorities);
+  // Claims, copies and commits `batch` rows, writing their ids to rows[0, batch). field_data[f] points
+  // at [batch, steps, step_bytes[f]]. `lengths` (nullptr: every row `steps` long) and `priorities`
+  // (nullptr: 1) hold one entry per row; a bad one throws std::invalid_argument before anything is
+  // claimed. Rows are claimed, copied and published a chunk at a time (shared_table.cc, "Inserts").
+  void Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
+              const int32_t* lengths, const float* priorities, int32_t* rows);
 
   // The creator's close, first step: no attach succeeds from now on.
   void MarkClosed();
@@ -242,10 +245,30 @@ class SharedTable {
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;
   int32_t* owners() const { return reinterpret_cast<int32_t*>(base_ + header()->writer_pid_offset); }
-  // Claim and Commit inside a counter window the caller opened. ClaimRow sets *reclaimed when it took
-  // the row over from a dead owner, and *claimed_state (when given) to the row's new state.
-  int64_t ClaimRow(bool* reclaimed, uint64_t* claimed_state);
-  void PublishRow(int64_t row, uint64_t held, int32_t length, float priority);
+  // Rows counted in size and selectable before a claim, which the caller counts out (in one add).
+  struct CountedOut {
+    int64_t size = 0;
+    int64_t selectable = 0;
+  };
+  // Claim and Commit inside a counter window the caller opened. ClaimRows claims up to `want` rows
+  // (at least one; fewer when a lap of the ring found the others held) into rows[] and their new states
+  // into held[], and returns how many; it sets *reclaimed when it took a row over from a dead owner, and
+  // adds to *counted the rows it took out of size and selectable.
+  int64_t ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool* reclaimed, CountedOut* counted);
+  // Takes `row` (owner word, then state word) unless a live writer holds it; sets *before to the
+  // state it replaced and *claimed to the new one.
+  bool TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, bool* reclaimed);
+  // Publishes rows[0, n) claimed as held[0, n): lengths (nullptr: `length` each) and priorities
+  // (nullptr: 1), and moves size and selectable by the rows published less `counted` (the claims'). A
+  // row taken from this writer meanwhile is left alone; the others are published, then NotHeld is thrown.
+  void PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
+                   int32_t length, const float* priorities, CountedOut counted);
+  // Copies rows[0, n), taken for rows first.. of the batch, from field_data (see Insert).
+  void CopyRows(const std::vector<const uint8_t*>& field_data, int64_t first, int64_t n, const int32_t* rows,
+                int32_t steps, const int32_t* lengths);
+  // Maps the pages of [from, to) into this process before the first write to them (a write fault per
+  // 4 KiB page costs far more): once per 2 MiB block of the mapping.
+  void Populate(const uint8_t* from, const uint8_t* to);
   // After a write, outside its window: looks for a writer killed inside a window when this one
   // reclaimed a row, and repairs the counters if they are marked off (CheckCounts, throttled).
   void AfterWrites(bool reclaimed);
@@ -268,6 +291,8 @@ class SharedTable {
   std::atomic<int64_t> next_check_ns_{0};
   std::atomic<int64_t> check_interval_ns_{0};
   PriorityIndexes priority_indexes_;  // a GPU's may still be read by a kernel: see ~SharedTable
+  // One bit per 2 MiB block of the mapping: set once Populate mapped the block in this process.
+  std::unique_ptr<std::atomic<uint64_t>[]> populated_;
 };
 
 }  // namespace gear
