@@ -82,4 +82,10 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
   return {};
 }
 
+KernelStatus SampleGatherCpu(const TableView& t, const SampleRequest& sample, SampleResult picks,
+                             const GatherRequest& gather, GatherOutputs out) {
+  if (KernelStatus s = SampleRowsCpu(t, sample, picks); !s.ok()) return s;
+  return GatherRowsCpu(t, picks.indices, picks.generations, picks.starts, gather, out);
+}
+
 }  // namespace gear
