@@ -5,7 +5,8 @@ and the handler resolves them at run time. Random numbers come from the JAX key 
 words drawn with `jax.random.bits`), so a key gives the same sample on every run.
 
 `sample` and `gather` are declared free of side effects, so a jitted step made of them keeps JAX's
-fast C++ dispatch (an effectful custom call costs about 50 us more per call on the CPU), and XLA may
+fast C++ dispatch (an effectful custom call costs 50-350 us more per call on the CPU: docs/ARCHITECTURE.md,
+"Why the update stays an effect"; several steps per call in a `lax.scan` pay it once), and XLA may
 drop a sample whose result is unused. `update_priorities` is declared side-effecting, so it always
 runs. Side effects inside one jitted function are ordered only by data dependency:
 `update_priorities` returns a count that a later `sample(..., after=count)` takes, which orders the
