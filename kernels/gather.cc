@@ -13,8 +13,11 @@ namespace {
 // must overlap. Each pick's status line and the first line of its data are fetched kFirstLinesAhead
 // picks ahead (hundreds of requests in flight, no wait), then the rest of the data of the row about
 // kPrefetchBytesAhead bytes ahead (at least kMinPrefetchRows, at most kMaxPrefetchRows rows), so that its
-// misses overlap with the copy of the current row. On a 2-core EPYC, 1,024 random rows of 1 KiB: 8 rows ahead
-// copied in 0.20-0.26 ms, 4 rows ahead 0.29-0.32 ms, no prefetch 0.42-0.47 ms.
+// misses overlap with the copy of the current row. A standalone loop copying 1,024 random rows of 1 KiB
+// (2-core EPYC, loaded; medians of 300): no prefetch 0.34-0.47 ms, 4 rows ahead 0.23-0.33 ms, 8 rows
+// ahead 0.20-0.45 ms, first lines of all picks then 8 rows ahead 0.24-0.34 ms. The copy is bound by DRAM
+// latency and, on /dev/shm's 4 KiB pages, by page walks (numpy's np.take of the same rows is 1.25-1.35x
+// slower from a /dev/shm mapping than from its own huge-page memory).
 constexpr int64_t kFirstLinesAhead = 256;
 constexpr int64_t kPrefetchBytesAhead = 8192;
 constexpr int64_t kMinPrefetchRows = 4;
