@@ -28,6 +28,7 @@ from gear_jax.ops import (
     ordered_candidates,
     sample,
     sample_at,
+    sample_gather,
     total_weight,
     update_priorities,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "pool_stats",
     "sample",
     "sample_at",
+    "sample_gather",
     "sharded",
     "total_weight",
     "transitions",

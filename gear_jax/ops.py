@@ -5,7 +5,8 @@ and the handler resolves them at run time. Random numbers come from the JAX key 
 words drawn with `jax.random.bits`), so a key gives the same sample on every run.
 
 `sample` and `gather` are declared free of side effects, so a jitted step made of them keeps JAX's
-fast C++ dispatch (an effectful custom call costs about 50 us more per call on the CPU), and XLA may
+fast C++ dispatch (an effectful custom call costs 50-350 us more per call on the CPU: docs/ARCHITECTURE.md,
+"Why the update stays an effect"; several steps per call in a `lax.scan` pay it once), and XLA may
 drop a sample whose result is unused. `update_priorities` is declared side-effecting, so it always
 runs. Side effects inside one jitted function are ordered only by data dependency:
 `update_priorities` returns a count that a later `sample(..., after=count)` takes, which orders the
@@ -257,30 +258,38 @@ def sample(
         batch_size rows for fifo/lifo/topk, or was closed since the function was traced.
     """
     table = _check_table(table, "sample")
-    _check_batch_size(batch_size, "sample")
-    if method not in METHODS:
-        raise InvalidArgumentError(f"sample: method={method!r} is not one of {sorted(METHODS)}")
-    exponent = float(priority_exponent)
-    if not math.isfinite(exponent) or exponent < 0:
-        raise InvalidArgumentError(f"sample: priority_exponent={priority_exponent!r} must be finite and >= 0")
-    win = _check_window(table, window, "sample")
-    seed = _seed(key, "sample")
-    b = int(batch_size)
+    args, attrs, b, win = _sample_call(
+        table, key, batch_size, method, priority_exponent, window, after, "sample"
+    )
     _check_result_bytes("sample", b * PICK_BYTES, f"batch_size={b} picks")
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
-    indices, generations, probabilities, starts, selectable = jax.ffi.ffi_call(
-        _ffi.SAMPLE, out_types, has_side_effect=False
-    )(
-        seed,
-        _after(after),
-        method=np.int32(METHODS[method]),
-        priority_exponent=np.float32(exponent),
-        window=np.int32(win),
+    results = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False)(*args, **attrs)
+    return Sample(*results, window=win, table_handle=table.handle)
+
+
+def _sample_call(
+    table: Table,
+    key: jax.Array,
+    batch_size: Any,
+    method: Any,
+    priority_exponent: Any,
+    window: Any,
+    after: Any,
+    op: str,
+) -> tuple[tuple[jax.Array, jax.Array], dict[str, Any], int, int]:
+    """The checked arguments and attributes of a sample custom call, the batch size and the window."""
+    _check_batch_size(batch_size, op)
+    if method not in METHODS:
+        raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(METHODS)}")
+    exponent = _check_exponent(priority_exponent, op)
+    win = _check_window(table, window, op)
+    attrs = {
+        "method": np.int32(METHODS[method]),
+        "priority_exponent": np.float32(exponent),
+        "window": np.int32(win),
         **_attrs(table),
-    )
-    return Sample(
-        indices, generations, probabilities, starts, selectable, window=win, table_handle=table.handle
-    )
+    }
+    return (_seed(key, op), _after(after)), attrs, int(batch_size), win
 
 
 def gather(
@@ -302,6 +311,22 @@ def gather(
     """
     table = _check_table(table, "gather")
     b = _check_sample(sample, "gather", table)
+    chosen, out_types, attrs = _gather_plan(table, b, fields, window, sample.window, "gather")
+    results = jax.ffi.ffi_call(_ffi.GATHER, out_types)(
+        sample.indices.astype(jnp.int32),
+        sample.generations.astype(jnp.uint32),
+        sample.starts.astype(jnp.int32),
+        fields=attrs["fields"],
+        window=attrs["steps"],
+        **_attrs(table),
+    )
+    return _batch(chosen, results)
+
+
+def _gather_plan(
+    table: Table, b: int, fields: Any, window: Any, sample_window: int, op: str
+) -> tuple[list[str], list[jax.ShapeDtypeStruct], dict[str, np.ndarray]]:
+    """The fields to gather, the result types (valid first) and the attributes `fields` and `steps`."""
     names = list(table.spec.fields)
     if fields is None:
         chosen = names
@@ -310,18 +335,18 @@ def gather(
             fields = (fields,)
         if not isinstance(fields, Sequence) or not all(isinstance(f, str) for f in fields):
             raise InvalidArgumentError(
-                f"gather: fields={fields!r} must be a field name or a sequence of field names from {names}"
+                f"{op}: fields={fields!r} must be a field name or a sequence of field names from {names}"
             )
         chosen = list(fields)
         unknown = [f for f in chosen if f not in table.spec.fields]
         if unknown or not chosen:
             raise InvalidArgumentError(
-                f"gather: fields {unknown or chosen} are not among the table's fields {names}"
+                f"{op}: fields {unknown or chosen} are not among the table's fields {names}"
             )
     if table.spec.is_trajectory:
-        steps = _check_window(table, window, "gather") or sample.window or table.max_steps
+        steps = _check_window(table, window, op) or sample_window or table.max_steps
     else:
-        _check_window(table, window, "gather")
+        _check_window(table, window, op)
         steps = 1
     lead = (b, steps) if table.spec.is_trajectory else (b,)
     out_types = [jax.ShapeDtypeStruct(lead, jnp.bool_)]
@@ -329,21 +354,76 @@ def gather(
         jax.ShapeDtypeStruct((*lead, *table.spec.fields[f].shape), table.spec.fields[f].dtype) for f in chosen
     ]
     _check_result_bytes(
-        "gather",
+        op,
         sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in out_types),
         f"{b} picks x {steps} steps of {len(chosen)} fields",
     )
-    results = jax.ffi.ffi_call(_ffi.GATHER, out_types)(
-        sample.indices.astype(jnp.int32),
-        sample.generations.astype(jnp.uint32),
-        sample.starts.astype(jnp.int32),
-        fields=np.array([names.index(f) for f in chosen], np.int64),
-        window=np.int32(steps),
-        **_attrs(table),
-    )
+    attrs = {"fields": np.array([names.index(f) for f in chosen], np.int64), "steps": np.int32(steps)}
+    return chosen, out_types, attrs
+
+
+def _batch(chosen: list[str], results: Sequence[jax.Array]) -> dict[str, jax.Array]:
+    """gather's dict from the custom call's results (valid first, then one per field)."""
     out = dict(zip(chosen, results[1:]))
     out["valid"] = results[0]
     return out
+
+
+def sample_gather(
+    table: Table,
+    key: jax.Array,
+    batch_size: int,
+    fields: Sequence[str] | None = None,
+    method: str = "uniform",
+    priority_exponent: float = 1.0,
+    window: int | None = None,
+    after: Any = None,
+) -> tuple[Sample, dict[str, jax.Array]]:
+    """`sample` then `gather` of the picks, in one custom call on the CPU: the common learner step.
+
+    The same as `s = sample(table, key, batch_size, method, priority_exponent, window, after)` followed
+    by `gather(table, s, fields)`, with the same picks and data for the same key, at a lower cost per call
+    (one custom call and one table lookup instead of two; the gather finds the picked rows' states in the
+    cache). On other platforms it is exactly those two calls.
+
+    Args:
+      table, key, batch_size, method, priority_exponent, window, after: as for `sample`.
+      fields: as for `gather`; the gather's window is the sample's (max_steps without one).
+
+    Returns:
+      (Sample, batch): the `Sample` and `gather`'s dict of fields and `valid`.
+
+    Raises:
+      InvalidArgumentError: anything `sample` or `gather` refuses (at trace time).
+      gear_jax.EXECUTION_ERRORS: at run time, as `sample`.
+    """
+    table = _check_table(table, "sample_gather")
+    args, attrs, b, win = _sample_call(
+        table, key, batch_size, method, priority_exponent, window, after, "sample_gather"
+    )
+    _check_result_bytes("sample_gather", b * PICK_BYTES, f"batch_size={b} picks")
+    chosen, field_types, gather_attrs = _gather_plan(table, b, fields, None, win, "sample_gather")
+    pick_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
+
+    def fused(*args: jax.Array) -> tuple[jax.Array, ...]:
+        call = jax.ffi.ffi_call(_ffi.SAMPLE_GATHER, (*pick_types, *field_types), has_side_effect=False)
+        return tuple(call(*args, **attrs, **gather_attrs))
+
+    def separate(*args: jax.Array) -> tuple[jax.Array, ...]:
+        picks = jax.ffi.ffi_call(_ffi.SAMPLE, pick_types, has_side_effect=False)(*args, **attrs)
+        data = jax.ffi.ffi_call(_ffi.GATHER, field_types)(
+            picks[0],
+            picks[1],
+            picks[3],
+            fields=gather_attrs["fields"],
+            window=gather_attrs["steps"],
+            **_attrs(table),
+        )
+        return (*picks, *data)
+
+    results = jax.lax.platform_dependent(*args, cpu=fused, default=separate)
+    s = Sample(*results[:5], window=win, table_handle=table.handle)
+    return s, _batch(chosen, results[5:])
 
 
 def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after: Any = None) -> jax.Array:

@@ -9,20 +9,45 @@
 namespace gear {
 namespace {
 
-// Rows are copied one after another from random places: fetch the status and the first bytes of the
-// row kPrefetchRows ahead, so that its cache misses overlap with the copy of the current row.
-constexpr int64_t kPrefetchRows = 4;
-constexpr int64_t kPrefetchBytes = 2048;  // per field; the hardware prefetcher streams the rest
+// Rows are copied one after another from random places, and each copy waits on DRAM: the picks' misses
+// must overlap. Each pick's status line and the first line of its data are fetched kFirstLinesAhead
+// picks ahead (hundreds of requests in flight, no wait), then the rest of the data of the row about
+// kPrefetchBytesAhead bytes ahead (at least kMinPrefetchRows, at most kMaxPrefetchRows rows), so that its
+// misses overlap with the copy of the current row. A standalone loop copying 1,024 random rows of 1 KiB
+// (2-core EPYC, loaded; medians of 300): no prefetch 0.34-0.47 ms, 4 rows ahead 0.23-0.33 ms, 8 rows
+// ahead 0.20-0.45 ms, first lines of all picks then 8 rows ahead 0.24-0.34 ms. The copy is bound by DRAM
+// latency and, on /dev/shm's 4 KiB pages, by page walks (numpy's np.take of the same rows is 1.25-1.35x
+// slower from a /dev/shm mapping than from its own huge-page memory).
+constexpr int64_t kFirstLinesAhead = 256;
+constexpr int64_t kPrefetchBytesAhead = 8192;
+constexpr int64_t kMinPrefetchRows = 4;
+constexpr int64_t kMaxPrefetchRows = 16;
+constexpr int64_t kPrefetchBytes = 2048;  // per field and row; the hardware prefetcher streams the rest
 
-void PrefetchRow(const TableView& t, const GatherRequest& r, int64_t row, int64_t start) {
+const uint8_t* RowStart(const FieldView& field, int64_t row, int64_t start) {
+  return field.data + row * field.row_stride + start * field.step_bytes;
+}
+
+void PrefetchFirstLines(const TableView& t, const GatherRequest& r, int64_t row, int64_t start) {
   __builtin_prefetch(&t.state[row]);
   __builtin_prefetch(&t.length[row]);
+  for (int32_t f = 0; f < r.num_fields; ++f)
+    __builtin_prefetch(RowStart(t.fields[r.field_ids[f]], row, start));
+}
+
+void PrefetchRest(const TableView& t, const GatherRequest& r, int64_t row, int64_t start) {
   for (int32_t f = 0; f < r.num_fields; ++f) {
     const FieldView& field = t.fields[r.field_ids[f]];
-    const uint8_t* src = field.data + row * field.row_stride + start * field.step_bytes;
+    const uint8_t* src = RowStart(field, row, start);
     const int64_t bytes = std::min<int64_t>(r.window * field.step_bytes, kPrefetchBytes);
-    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(src + offset);
+    for (int64_t offset = 64; offset < bytes; offset += 64) __builtin_prefetch(src + offset);
   }
+}
+
+// Rows to prefetch ahead of the copy, for picks of `bytes` bytes each.
+int64_t PrefetchRows(int64_t bytes) {
+  return std::clamp<int64_t>(kPrefetchBytesAhead / std::max<int64_t>(bytes, 1), kMinPrefetchRows,
+                             kMaxPrefetchRows);
 }
 
 }  // namespace
@@ -43,12 +68,16 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
     }
   }
   const int64_t window = r.window;
-  for (int64_t i = 0; i < std::min(r.batch_size, kPrefetchRows); ++i)
-    PrefetchRow(t, r, indices[i], starts[i]);
+  int64_t pick_bytes = 0;
+  for (int32_t f = 0; f < r.num_fields; ++f) pick_bytes += window * t.fields[r.field_ids[f]].step_bytes;
+  const int64_t ahead = PrefetchRows(pick_bytes);
+  for (int64_t i = 0; i < std::min(r.batch_size, kFirstLinesAhead); ++i)
+    PrefetchFirstLines(t, r, indices[i], starts[i]);
+  for (int64_t i = 0; i < std::min(r.batch_size, ahead); ++i) PrefetchRest(t, r, indices[i], starts[i]);
   for (int64_t i = 0; i < r.batch_size; ++i) {
-    if (i + kPrefetchRows < r.batch_size) {
-      PrefetchRow(t, r, indices[i + kPrefetchRows], starts[i + kPrefetchRows]);
-    }
+    if (const int64_t k = i + kFirstLinesAhead; k < r.batch_size)
+      PrefetchFirstLines(t, r, indices[k], starts[k]);
+    if (const int64_t k = i + ahead; k < r.batch_size) PrefetchRest(t, r, indices[k], starts[k]);
     const int64_t row = indices[i];
     const uint32_t generation = generations[i];
     const uint64_t before = LoadAcquire(&t.state[row]);
@@ -62,7 +91,7 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
     for (int32_t f = 0; f < r.num_fields; ++f) {
       const FieldView& field = t.fields[r.field_ids[f]];
       uint8_t* dst = out.fields[f] + i * window * field.step_bytes;
-      const uint8_t* src = field.data + row * field.row_stride + starts[i] * field.step_bytes;
+      const uint8_t* src = RowStart(field, row, starts[i]);
       const int64_t copied = steps * field.step_bytes;
       if (copied > 0) std::memcpy(dst, src, static_cast<size_t>(copied));
       std::memset(dst + copied, 0, static_cast<size_t>(window * field.step_bytes - copied));
@@ -80,6 +109,12 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
     for (int64_t s = 0; s < window; ++s) out.valid[i * window + s] = ok && s < steps;
   }
   return {};
+}
+
+KernelStatus SampleGatherCpu(const TableView& t, const SampleRequest& sample, SampleResult picks,
+                             const GatherRequest& gather, GatherOutputs out) {
+  if (KernelStatus s = SampleRowsCpu(t, sample, picks); !s.ok()) return s;
+  return GatherRowsCpu(t, picks.indices, picks.generations, picks.starts, gather, out);
 }
 
 }  // namespace gear

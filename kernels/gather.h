@@ -31,4 +31,11 @@ KernelStatus CheckRowsInRange(const TableView& table, const int32_t* indices, in
 KernelStatus GatherRowsCpu(const TableView& table, const int32_t* indices, const uint32_t* generations,
                            const int32_t* starts, const GatherRequest& request, GatherOutputs out);
 
+// Sample + gather in one call, the common learner step: selects `sample.batch_size` rows with
+// SampleRowsCpu into `picks`, then gathers them into `out` (the caller makes `gather.batch_size` equal it).
+// The result equals SampleRowsCpu followed by GatherRowsCpu on its picks; the selection has just read every
+// picked row's state, so the gather's reads of it hit the cache.
+KernelStatus SampleGatherCpu(const TableView& table, const SampleRequest& sample, SampleResult picks,
+                             const GatherRequest& gather, GatherOutputs out);
+
 }  // namespace gear

@@ -104,6 +104,52 @@ ffi::Error GatherImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> gener
       GatherRowsCpu(view, indices.typed_data(), generations.typed_data(), starts.typed_data(), request, out));
 }
 
+// sample + gather in one call: SampleImpl's picks, then GatherImpl's copy of them (one table lookup, one
+// custom call; the selection has just read every picked row's state).
+ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
+                            ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
+                            ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
+                            ffi::ResultBuffer<ffi::S32> selectable, ffi::ResultBuffer<ffi::PRED> valid,
+                            ffi::RemainingRets fields_out, int64_t handle, int64_t spec_hash, int32_t method,
+                            float priority_exponent, int32_t window, ffi::Span<const int64_t> fields,
+                            int32_t steps) {
+  std::shared_ptr<SharedTable> table;
+  if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
+  const TableView& view = table->view();
+  SampleRequest request;
+  if (ffi::Error error = PrepareSample(seed.element_count(), method, priority_exponent, window,
+                                       indices->element_count(), &request);
+      error.failure()) {
+    return error;
+  }
+  request.seed0 = seed.typed_data()[0];
+  request.seed1 = seed.typed_data()[1];
+  const size_t picks = indices->element_count();
+  if (generations->element_count() != picks || probabilities->element_count() != picks ||
+      starts->element_count() != picks) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "sample_gather",
+                   "indices, generations, probabilities and starts must have one entry per pick");
+  }
+  GatherRequest gather;
+  GatherOutputs out;
+  if (ffi::Error error =
+          PrepareGather(view, picks, picks, picks, valid, fields_out, fields, steps, &gather, &out);
+      error.failure()) {
+    return error;
+  }
+  for (int32_t f = 0; f < gather.num_fields; ++f) {
+    AdviseHugePages(out.fields[f], static_cast<size_t>(gather.batch_size * steps *
+                                                       view.fields[gather.field_ids[f]].step_bytes));
+  }
+  SampleResult result{indices->typed_data(),
+                      generations->typed_data(),
+                      probabilities->typed_data(),
+                      starts->typed_data(),
+                      nullptr,
+                      selectable->typed_data()};
+  return KernelFailure(SampleGatherCpu(view, request, result, gather, out));
+}
+
 ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
                                 ffi::Buffer<ffi::F32> priorities, ffi::AnyBuffer /*after*/,
                                 ffi::ResultBuffer<ffi::S32> updated, int64_t handle, int64_t spec_hash) {
@@ -240,3 +286,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleAtCpu, gear::SampleAtImpl,
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<float>("priority_exponent")
                                   .Attr<int32_t>("window"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleGatherCpu, gear::SampleGatherImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()   // seed: uint32[2] from the key
+                                  .Arg<ffi::AnyBuffer>()          // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // indices: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()   // generations: uint32[B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // probabilities: float32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // starts: int32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // selectable: int32[] count N
+                                  .Ret<ffi::Buffer<ffi::PRED>>()  // valid: bool[B, steps]
+                                  .RemainingRets()                // one [B, steps, *shape] per field
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<int32_t>("method")
+                                  .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window")
+                                  .Attr<ffi::Span<const int64_t>>("fields")
+                                  .Attr<int32_t>("steps"));

@@ -227,6 +227,7 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCpu);
     cpu["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCpu);
     cpu["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCpu);
+    cpu["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCpu);  // CPU only: ops.sample_gather
     py::dict out;
     out["cpu"] = cpu;
 #if GEAR_JAX_WITH_CUDA
