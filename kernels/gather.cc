@@ -5,6 +5,7 @@
 #include <string>
 
 #include "atomics.h"
+#include "priority_index.h"
 
 namespace gear {
 namespace {
@@ -112,8 +113,11 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
 }
 
 KernelStatus SampleGatherCpu(const TableView& t, const SampleRequest& sample, SampleResult picks,
-                             const GatherRequest& gather, GatherOutputs out) {
-  if (KernelStatus s = SampleRowsCpu(t, sample, picks); !s.ok()) return s;
+                             const GatherRequest& gather, GatherOutputs out, const PriorityTreeView* tree) {
+  const KernelStatus selected = sample.method == SampleMethod::kPrioritized && tree != nullptr
+                                    ? SampleIndexedCpu(t, *tree, sample, picks)
+                                    : SampleRowsCpu(t, sample, picks);
+  if (!selected.ok()) return selected;
   return GatherRowsCpu(t, picks.indices, picks.generations, picks.starts, gather, out);
 }
 

@@ -11,6 +11,8 @@
 
 namespace gear {
 
+struct PriorityTreeView;  // priority_index.h
+
 struct GatherRequest {
   int64_t batch_size = 0;
   int32_t window = 1;  // steps per output row (1 for transition tables)
@@ -32,10 +34,13 @@ KernelStatus GatherRowsCpu(const TableView& table, const int32_t* indices, const
                            const int32_t* starts, const GatherRequest& request, GatherOutputs out);
 
 // Sample + gather in one call, the common learner step: selects `sample.batch_size` rows with
-// SampleRowsCpu into `picks`, then gathers them into `out` (the caller makes `gather.batch_size` equal it).
+// SampleRowsCpu (prioritized: SampleIndexedCpu through `tree`, the table's index refreshed for the
+// request's exponent) into `picks`, then gathers them into `out` (the caller makes `gather.batch_size`
+// equal it).
 // The result equals SampleRowsCpu followed by GatherRowsCpu on its picks; the selection has just read every
 // picked row's state, so the gather's reads of it hit the cache.
 KernelStatus SampleGatherCpu(const TableView& table, const SampleRequest& sample, SampleResult picks,
-                             const GatherRequest& gather, GatherOutputs out);
+                             const GatherRequest& gather, GatherOutputs out,
+                             const PriorityTreeView* tree = nullptr);
 
 }  // namespace gear

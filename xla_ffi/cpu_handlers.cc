@@ -147,6 +147,11 @@ ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/
                       starts->typed_data(),
                       nullptr,
                       selectable->typed_data()};
+  if (request.method == SampleMethod::kPrioritized && request.batch_size > 0) {
+    *result.selectable = SelectableCount(LoadRelaxed(view.selectable));
+    const PriorityIndexes::Held index = table->priority_indexes().ForCpu(view, priority_exponent);
+    return KernelFailure(SampleGatherCpu(view, request, result, gather, out, &index.view()));
+  }
   return KernelFailure(SampleGatherCpu(view, request, result, gather, out));
 }
 
