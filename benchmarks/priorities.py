@@ -20,16 +20,14 @@ the target for the static workload is at most 1.5).
 from __future__ import annotations
 
 import argparse
-import gc
 from collections.abc import Callable
 from typing import Any
 
 import gear_jax as gj
-from gear_jax.bench.common import GEAR, PRIORITY_READ, Unavailable, make_record, parse_ints, parse_names
+from gear_jax.bench.common import GEAR, PRIORITY_READ, parse_ints, parse_names
 from gear_jax.bench.data import Dataset, cap_rows
-from gear_jax.bench.display import progress
 from gear_jax.bench.references import STATE_BYTES, PriorityReadSystem
-from gear_jax.bench.selection import failure
+from gear_jax.bench.selection import measure
 from gear_jax.bench.systems import (
     FlashbaxSumTreeSystem,
     GearSystem,
@@ -80,51 +78,6 @@ def build(name: str, work: Workload, updates: bool) -> System:
     raise ValueError(f"{name} is not a system of the priorities suite")
 
 
-def measure(
-    work: Workload,
-    point: dict[str, Any],
-    workload: str,
-    batch_sizes: list[int],
-    args: argparse.Namespace,
-    note: Callable[[str], None],
-) -> list[dict[str, Any]]:
-    """Records of every system in `args.systems` at `point` + each batch size, op WORKLOADS[workload].
-
-    As `selection.measure`, with this suite's systems: one holds the priorities at a time; a baseline
-    that is unavailable or fails is skipped with a note; a gear_jax failure propagates.
-    """
-    op, records = WORKLOADS[workload], []
-    for name in args.systems:
-        where = f"{name} at {point} {op}"
-        try:
-            system = build(name, work, workload == "update")
-        except Exception as e:  # noqa: BLE001 - a baseline failing is reported, not fatal
-            if name == GEAR and not isinstance(e, Unavailable):
-                raise
-            note(f"skipped {where}: {failure(e)}")
-            continue
-        try:
-            with progress(len(batch_sizes) * args.iters, f"{name} {op}") as bar:
-                latencies = system.latencies(batch_sizes, args.warmup, args.iters, bar.update)
-            detail = system.describe()
-        except Exception as e:  # noqa: BLE001
-            if name == GEAR:
-                raise
-            note(f"skipped {where}: {failure(e)}")
-            continue
-        finally:
-            system.close()
-            gc.collect()
-        if detail:
-            note(detail)
-        for b in batch_sizes:
-            record = make_record({**point, "batch_size": b}, name, op, latencies[b], *system.work_per_step(b))
-            if system.measured_as:
-                record["measured_as"] = system.measured_as
-            records.append(record)
-    return records
-
-
 def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str, Any]]:
     """Records for every table size x item size x workload, each system timing all batch sizes.
 
@@ -151,5 +104,7 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
             )
             point = {"table_rows": rows, "item_bytes": item_bytes}
             for workload in workloads:
-                records += measure(work, point, workload, batch_sizes, args, note)
+                updates = workload == "update"
+                records += measure(work, point, WORKLOADS[workload], batch_sizes, args, note,
+                                   make=lambda name, work=work, updates=updates: build(name, work, updates))
     return records

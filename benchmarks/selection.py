@@ -40,6 +40,7 @@ def measure(
     batch_sizes: list[int],
     args: argparse.Namespace,
     note: Callable[[str], None],
+    make: Callable[[str], System] | None = None,
 ) -> list[dict[str, Any]]:
     """Records of every system in `args.systems` at `point` + each batch size.
 
@@ -51,7 +52,7 @@ def measure(
     for name in args.systems:
         where = f"{name} at {point} {op}"
         try:
-            system = build(name, work, args)
+            system = make(name) if make is not None else build(name, work, args)
         except Exception as e:  # noqa: BLE001 - a baseline failing is reported, not fatal
             if name == GEAR and not isinstance(e, Unavailable):
                 raise
