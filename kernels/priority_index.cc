@@ -119,6 +119,15 @@ void PriorityIndex::RecomputeRunningSums(int level, int64_t group) {
 }
 
 void PriorityIndex::Refresh(const TableView& t) {
+  try {
+    RefreshOrThrow(t);
+  } catch (...) {
+    built_ = false;  // counters may have moved past rows not yet read: the next refresh reads every row
+    throw;
+  }
+}
+
+void PriorityIndex::RefreshOrThrow(const TableView& t) {
   uint32_t* counters[kChangeLevels];
   const uint32_t* shared[kChangeLevels];
   for (int level = 0; level < kChangeLevels; ++level) {

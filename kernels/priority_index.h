@@ -134,7 +134,8 @@ class PriorityIndex {
 
   // Brings the index up to the rows' state words: the first call reads every row, later ones the rows
   // in groups whose change counters moved since the last call. Not thread-safe: one refresh or read of
-  // an index at a time (xla_ffi/priority_indexes.h serializes them).
+  // an index at a time (xla_ffi/priority_indexes.h serializes them). Throws std::bad_alloc when its
+  // lists cannot grow; the next refresh then reads every row.
   void Refresh(const TableView& table);
   float exponent() const { return exponent_; }
   int64_t bytes() const { return static_cast<int64_t>(bytes_); }
@@ -143,6 +144,7 @@ class PriorityIndex {
   PriorityTreeView DeviceView() const;
 
  private:
+  void RefreshOrThrow(const TableView& table);
   void SetLeafWeight(const TableView& table, int64_t row, uint64_t state);
   void RecomputeNode(int level, int64_t node);
   void RecomputeRunningSums(int level, int64_t group);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 
 #include "kernels/atomics.h"
 #include "kernels/gather.h"
@@ -30,6 +31,19 @@ void AdviseHugePages(void* data, size_t bytes) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
+// The CPU's priority index of `exponent` for `table`, refreshed and held for the call; an error naming
+// `op` when there is no memory for it (a first use builds it: about 17 bytes per row).
+ffi::Error HoldIndex(SharedTable& table, float exponent, const char* op, PriorityIndexes::Held* held) {
+  try {
+    *held = table.priority_indexes().ForCpu(table.view(), exponent);
+  } catch (const std::bad_alloc&) {
+    return OpError(ffi::ErrorCode::kResourceExhausted, op,
+                   "cannot allocate memory for the priority index of table '" + table.name() +
+                       "' (about 17 bytes per row, per exponent)");
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                       ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
@@ -54,7 +68,9 @@ ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
   if (request.method == SampleMethod::kPrioritized) {
     if (request.batch_size == 0) return ffi::Error::Success();
     *out.selectable = SelectableCount(LoadRelaxed(table->view().selectable));
-    const PriorityIndexes::Held index = table->priority_indexes().ForCpu(table->view(), priority_exponent);
+    PriorityIndexes::Held index;
+    if (ffi::Error error = HoldIndex(*table, priority_exponent, "sample", &index); error.failure())
+      return error;
     return KernelFailure(SampleIndexedCpu(table->view(), index.view(), request, out));
   }
   return KernelFailure(SampleRowsCpu(table->view(), request, out));
@@ -149,7 +165,10 @@ ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/
                       selectable->typed_data()};
   if (request.method == SampleMethod::kPrioritized && request.batch_size > 0) {
     *result.selectable = SelectableCount(LoadRelaxed(view.selectable));
-    const PriorityIndexes::Held index = table->priority_indexes().ForCpu(view, priority_exponent);
+    PriorityIndexes::Held index;
+    if (ffi::Error error = HoldIndex(*table, priority_exponent, "sample_gather", &index); error.failure()) {
+      return error;
+    }
     return KernelFailure(SampleGatherCpu(view, request, result, gather, out, &index.view()));
   }
   return KernelFailure(SampleGatherCpu(view, request, result, gather, out));
@@ -190,7 +209,10 @@ ffi::Error TotalWeightImpl(ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32>
     *count->typed_data() = selectable;
     return ffi::Error::Success();
   }
-  const PriorityIndexes::Held index = table->priority_indexes().ForCpu(table->view(), priority_exponent);
+  PriorityIndexes::Held index;
+  if (ffi::Error error = HoldIndex(*table, priority_exponent, "total_weight", &index); error.failure()) {
+    return error;
+  }
   return KernelFailure(TotalWeightIndexedCpu(index.view(), total->typed_data(), count->typed_data()));
 }
 
@@ -211,7 +233,9 @@ ffi::Error SampleAtImpl(ffi::Buffer<ffi::U32> seed, ffi::Buffer<ffi::F32> target
   request.seed1 = seed.typed_data()[1];
   SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
                    starts->typed_data()};
-  const PriorityIndexes::Held index = table->priority_indexes().ForCpu(table->view(), priority_exponent);
+  PriorityIndexes::Held index;
+  if (ffi::Error error = HoldIndex(*table, priority_exponent, "sample_at", &index); error.failure())
+    return error;
   return KernelFailure(SampleAtIndexedCpu(table->view(), index.view(), request, targets.typed_data(), out));
 }
 
