@@ -33,6 +33,11 @@ inline T FetchAdd(T* p, T v) {
 inline uint32_t LoadAcquire(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline uint32_t LoadRelaxed(const uint32_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 
+// Whether row `row`'s length, as stored now, is one a writer can publish (LengthInRange).
+inline bool LengthUsable(const TableView& t, int64_t row) {
+  return LengthInRange(LoadRelaxed(&t.length[row]), t.max_steps);
+}
+
 // Raises the change counters (table_view.h) of `row`, after its state word changed.
 inline void NoteRowChanged(const TableView& t, int64_t row) {
   for (int level = 0; level < kChangeLevels; ++level) {

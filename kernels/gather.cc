@@ -5,7 +5,6 @@
 #include <string>
 
 #include "atomics.h"
-#include "priority_index.h"
 
 namespace gear {
 namespace {
@@ -114,10 +113,7 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
 
 KernelStatus SampleGatherCpu(const TableView& t, const SampleRequest& sample, SampleResult picks,
                              const GatherRequest& gather, GatherOutputs out, const PriorityTreeView* tree) {
-  const KernelStatus selected = sample.method == SampleMethod::kPrioritized && tree != nullptr
-                                    ? SampleIndexedCpu(t, *tree, sample, picks)
-                                    : SampleRowsCpu(t, sample, picks);
-  if (!selected.ok()) return selected;
+  if (KernelStatus s = SampleRowsCpu(t, sample, picks, tree); !s.ok()) return s;
   return GatherRowsCpu(t, picks.indices, picks.generations, picks.starts, gather, out);
 }
 

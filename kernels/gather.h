@@ -34,8 +34,8 @@ KernelStatus GatherRowsCpu(const TableView& table, const int32_t* indices, const
                            const int32_t* starts, const GatherRequest& request, GatherOutputs out);
 
 // Sample + gather in one call, the common learner step: selects `sample.batch_size` rows with
-// SampleRowsCpu (prioritized: SampleIndexedCpu through `tree`, the table's index refreshed for the
-// request's exponent) into `picks`, then gathers them into `out` (the caller makes `gather.batch_size`
+// SampleRowsCpu (prioritized: through `tree`, the table's index refreshed for the request's exponent)
+// into `picks`, then gathers them into `out` (the caller makes `gather.batch_size`
 // equal it).
 // The result equals SampleRowsCpu followed by GatherRowsCpu on its picks; the selection has just read every
 // picked row's state, so the gather's reads of it hit the cache.

@@ -32,10 +32,6 @@ class PlainMemory : public IndexMemory {
   void Free(void* data, size_t bytes) override { munmap(data, bytes); }
 };
 
-bool LengthUsable(const TableView& t, int64_t row) {
-  return LengthInRange(LoadRelaxed(&t.length[row]), t.max_steps);
-}
-
 }  // namespace
 
 std::unique_ptr<IndexMemory> PlainIndexMemory() { return std::make_unique<PlainMemory>(); }

@@ -7,17 +7,13 @@
 
 #include "atomics.h"
 #include "philox.h"
+#include "priority_index.h"
 #include "selection.h"
 
 namespace gear {
 namespace {
 
 KernelStatus Empty() { return KernelError(ErrorSite::kSampleEmpty); }
-
-// Whether a row of a selectable state may be picked: its length is in [1, max_steps] (LengthInRange).
-bool LengthUsable(const TableView& t, int64_t row) {
-  return LengthInRange(LoadRelaxed(&t.length[row]), t.max_steps);
-}
 
 void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
             uint64_t state, float probability) {
@@ -140,12 +136,15 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
 
 }  // namespace
 
-KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out) {
+KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out,
+                           const PriorityTreeView* tree) {
   if (request.batch_size <= 0) return {};
   if (request.method == SampleMethod::kUniform) return SampleUniform(table, request, out);
   if (out.selectable != nullptr) *out.selectable = SelectableCount(LoadRelaxed(table.selectable));
   switch (request.method) {
-    case SampleMethod::kPrioritized: break;  // through a priority index: SampleIndexedCpu
+    case SampleMethod::kPrioritized:
+      if (tree != nullptr) return SampleIndexedCpu(table, *tree, request, out);
+      break;
     case SampleMethod::kFifo:
     case SampleMethod::kLifo:
     case SampleMethod::kTopK: return SampleOrdered(table, request, out);

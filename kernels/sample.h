@@ -8,7 +8,7 @@
 //  - uniform: each selectable row with probability 1/V (rejection over the claimed rows, then an exact
 //    fallback scan after kUniformAttempts rejections, so the distribution is exactly uniform);
 //  - prioritized: row i with probability p_i^a / sum_j p_j^a, through an index over the priorities
-//    (priority_index.h: SampleIndexedCpu; SampleRowsCpu refuses the method);
+//    (priority_index.h: SampleIndexedCpu, which SampleRowsCpu calls with the index it is given);
 //  - fifo / lifo: the batch_size oldest / newest committed rows, oldest / newest first;
 //  - topk: the batch_size highest priorities, highest first, ties to the lower row id.
 // With fewer selectable rows than batch_size, fifo/lifo/topk fail (kSampleTooFew), unless the request
@@ -25,6 +25,8 @@
 #include "table_view.h"
 
 namespace gear {
+
+struct PriorityTreeView;  // priority_index.h
 
 // Every method by its user-facing name (gear_jax.sample's `method`).
 struct SampleMethodName {
@@ -75,6 +77,9 @@ GEAR_HD void RecordFailed(SampleResult out, int64_t pick) {
   out.starts[pick] = 0;
 }
 
-KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out);
+// Prioritized sampling needs `tree`, the table's priority index refreshed for the request's exponent
+// (without it the method is refused); the other methods ignore it.
+KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out,
+                           const PriorityTreeView* tree = nullptr);
 
 }  // namespace gear

@@ -44,6 +44,17 @@ ffi::Error HoldIndex(SharedTable& table, float exponent, const char* op, Priorit
   return ffi::Error::Success();
 }
 
+// The index a sample request needs (prioritized picks only), held in *held; *tree points at it, or is
+// null for the other methods.
+ffi::Error HoldIndexToSample(SharedTable& table, const SampleRequest& request, const char* op,
+                             PriorityIndexes::Held* held, const PriorityTreeView** tree) {
+  *tree = nullptr;
+  if (request.method != SampleMethod::kPrioritized || request.batch_size == 0) return ffi::Error::Success();
+  if (ffi::Error error = HoldIndex(table, request.priority_exponent, op, held); error.failure()) return error;
+  *tree = &held->view();
+  return ffi::Error::Success();
+}
+
 ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                       ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
@@ -65,15 +76,12 @@ ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                    starts->typed_data(),
                    nullptr,
                    selectable->typed_data()};
-  if (request.method == SampleMethod::kPrioritized) {
-    if (request.batch_size == 0) return ffi::Error::Success();
-    *out.selectable = SelectableCount(LoadRelaxed(table->view().selectable));
-    PriorityIndexes::Held index;
-    if (ffi::Error error = HoldIndex(*table, priority_exponent, "sample", &index); error.failure())
-      return error;
-    return KernelFailure(SampleIndexedCpu(table->view(), index.view(), request, out));
+  PriorityIndexes::Held index;
+  const PriorityTreeView* tree;
+  if (ffi::Error error = HoldIndexToSample(*table, request, "sample", &index, &tree); error.failure()) {
+    return error;
   }
-  return KernelFailure(SampleRowsCpu(table->view(), request, out));
+  return KernelFailure(SampleRowsCpu(table->view(), request, out, tree));
 }
 
 ffi::Error OrderedCandidatesImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
@@ -163,15 +171,13 @@ ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/
                       starts->typed_data(),
                       nullptr,
                       selectable->typed_data()};
-  if (request.method == SampleMethod::kPrioritized && request.batch_size > 0) {
-    *result.selectable = SelectableCount(LoadRelaxed(view.selectable));
-    PriorityIndexes::Held index;
-    if (ffi::Error error = HoldIndex(*table, priority_exponent, "sample_gather", &index); error.failure()) {
-      return error;
-    }
-    return KernelFailure(SampleGatherCpu(view, request, result, gather, out, &index.view()));
+  PriorityIndexes::Held index;
+  const PriorityTreeView* tree;
+  if (ffi::Error error = HoldIndexToSample(*table, request, "sample_gather", &index, &tree);
+      error.failure()) {
+    return error;
   }
-  return KernelFailure(SampleGatherCpu(view, request, result, gather, out));
+  return KernelFailure(SampleGatherCpu(view, request, result, gather, out, tree));
 }
 
 ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,

@@ -707,21 +707,6 @@ namespace {
 
 constexpr int64_t kInsertChunk = 256;
 
-// Raises the change counters of rows[0, n), whose state words changed before the call: at each level,
-// once per run of consecutive rows in one group (the rows of a chunk come in ring order).
-void NoteChunkChanged(const TableView& t, const int32_t* rows, int64_t n) {
-  for (int level = 0; level < kChangeLevels; ++level) {
-    uint32_t* counters = t.change_counts + ChangeLevelStart(t.capacity, level);
-    const int shift = ChangeShift(level);
-    int64_t last = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t group = rows[i] >> shift;
-      if (group != last) FetchAdd<uint32_t>(&counters[group], 1u);
-      last = group;
-    }
-  }
-}
-
 }  // namespace
 
 bool SharedTable::TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, bool* reclaimed) {
@@ -771,7 +756,7 @@ int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool
       rows[got++] = static_cast<int32_t>(row);
     }
   }
-  NoteChunkChanged(view_, rows, got);
+  NoteRowsChanged(view_, rows, got);
   FenceRelease();  // the odd generations become visible before any data this writer stores
   for (int64_t i = 0; i < got; ++i) StoreRelaxed(&view_.length[rows[i]], 0);
   return got;
@@ -798,7 +783,7 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
     published[done++] = static_cast<int32_t>(row);
     selectable += priority > 0.0f;
   }
-  NoteChunkChanged(view_, published, done);
+  NoteRowsChanged(view_, published, done);
   // The rows' claims' counts and the publications' in one add each (none when they cancel out, as
   // they do when a full ring is overwritten).
   if (done != counted.size) Add<int64_t>(&h->size, done - counted.size);
