@@ -339,6 +339,13 @@ class Table:
         return int(self._live().size)
 
     @property
+    def max_priority(self) -> float:
+        """The largest priority any row of the table was inserted or updated with so far, by any process
+        (0.0 before a row had a priority above 0). It never goes down: the priority prioritized replay
+        gives new rows (`insert(..., priorities="max")`, `gj.insert` inside jit)."""
+        return float(self._live().max_priority())
+
+    @property
     def nbytes(self) -> int:
         """Bytes of shared memory the table occupies."""
         return int(self._live().total_bytes)

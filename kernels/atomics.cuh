@@ -51,4 +51,10 @@ __device__ __forceinline__ T FetchAdd(T* p, T v, bool system_scope) {
                       : DeviceRef(p).fetch_add(v, cuda::memory_order_acq_rel);
 }
 
+template <typename T>
+__device__ __forceinline__ T FetchMax(T* p, T v, bool system_scope) {
+  return system_scope ? SystemRef(p).fetch_max(v, cuda::memory_order_relaxed)
+                      : DeviceRef(p).fetch_max(v, cuda::memory_order_relaxed);
+}
+
 }  // namespace gear::device

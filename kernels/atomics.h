@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "table_view.h"
 
@@ -58,6 +59,18 @@ inline void NoteRowsChanged(const TableView& t, const int32_t* rows, int64_t n) 
       if (group != last) FetchAdd<uint32_t>(&counters[group], 1u);
       last = group;
     }
+  }
+}
+
+// Raises the table's largest priority so far to `priority` (>= 0) if it is larger: a load, and a
+// compare-and-swap only when it is (rare after the first rows, so writers do not contend on the line).
+inline void RaiseMaxPriority(const TableView& t, float priority) {
+  if (t.max_priority_bits == nullptr || !(priority > 0.0f)) return;
+  uint32_t bits;
+  std::memcpy(&bits, &priority, sizeof(bits));
+  uint32_t current = __atomic_load_n(t.max_priority_bits, __ATOMIC_RELAXED);
+  while (bits > current && !__atomic_compare_exchange_n(t.max_priority_bits, &current, bits, true,
+                                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
 }
 

@@ -36,6 +36,7 @@ KernelStatus ScatterPrioritiesCpu(const TableView& t, const int32_t* indices, co
         const bool was = old_priority > 0.0f, is = priorities[i] > 0.0f;
         if (was != is) FetchAdd<int64_t>(t.selectable, is ? 1 : -1);
         changed.push_back(indices[i]);
+        RaiseMaxPriority(t, priorities[i]);
         ++count;
         break;
       }

@@ -47,6 +47,7 @@ struct TableView {
   uint32_t* change_counts = nullptr;
   const uint64_t* next_seq = nullptr;  // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
   int64_t* selectable = nullptr;       // count of rows with an even generation and priority > 0
+  uint32_t* max_priority_bits = nullptr;  // the largest priority so far (float32 bits; only raised)
   // Whether a kernel may use read-modify-write atomics on this memory: true on the host (CPU atomics) and
   // on a device with native host atomics; false for pinned host memory over PCIe, where a GPU atomic is
   // not atomic against the CPU's and compute-sanitizer reports it as an invalid system-scoped atomic.

@@ -222,6 +222,7 @@ const CudaPinning::DeviceSide* CudaPinning::ForDevice(int device, const TableVie
   view.times_sampled = Rebase(host_view.times_sampled, base_, device_base);
   view.next_seq = Rebase(host_view.next_seq, base_, device_base);
   view.selectable = Rebase(host_view.selectable, base_, device_base);
+  view.max_priority_bits = Rebase(host_view.max_priority_bits, base_, device_base);
   view.read_modify_write_atomics = HostNativeAtomics(device);
   for (int32_t f = 0; f < view.num_fields; ++f) {
     view.fields[f].data = Rebase(host_view.fields[f].data, base_, device_base);

@@ -171,9 +171,18 @@ int64_t PublishRestoredRows(OpenTable& self, int64_t start,
       ++taken;
     } else {
       NoteRowChanged(view, start + i);
+      if (StateSelectable(saved[i])) RaiseMaxPriority(view, StatePriority(saved[i]));
     }
   }
   return taken;
+}
+
+// The largest priority a row of the table was given so far (0 before any row had one above 0).
+float MaxPriority(OpenTable& self) {
+  const uint32_t bits = __atomic_load_n(self.table().view().max_priority_bits, __ATOMIC_RELAXED);
+  float priority;
+  std::memcpy(&priority, &bits, sizeof(priority));
+  return priority;
 }
 
 // A checkpoint's load, after every row: sets the allocation cursor to the saved one and raises the
@@ -379,6 +388,7 @@ PYBIND11_MODULE(_native, m) {
       .def("layout", &gear::Layout)
       .def("read_states", &gear::ReadStates, py::arg("start"), py::arg("count"))
       .def("cursors", &gear::Cursors)
+      .def("max_priority", &gear::MaxPriority)
       .def("publish_restored_rows", &gear::PublishRestoredRows, py::arg("start"), py::arg("states"))
       .def("restore_cursors", &gear::RestoreCursors, py::arg("next_seq"), py::arg("commit_seq"))
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),

@@ -346,6 +346,7 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   view_.change_counts = reinterpret_cast<uint32_t*>(base_ + h->change_counts_offset);
   view_.next_seq = &h->next_seq;
   view_.selectable = &h->selectable;
+  view_.max_priority_bits = &h->max_priority_bits;
   populated_ = std::make_unique<std::atomic<uint64_t>[]>(((memory_->bytes() - 1) >> kPopulateShift) / 64 + 1);
   for (int f = 0; f < h->num_fields; ++f) {
     view_.fields[f] =
@@ -768,6 +769,7 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
   const uint64_t first_seq = FetchAdd<uint64_t>(&h->commit_seq, static_cast<uint64_t>(n)) + 1;
   int32_t published[kInsertChunk];
   int64_t done = 0, selectable = 0, lost = -1;
+  float max_priority = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = rows[i];
     const float priority = priorities != nullptr ? priorities[i] : 1.0f;
@@ -782,8 +784,10 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
     }
     published[done++] = static_cast<int32_t>(row);
     selectable += priority > 0.0f;
+    max_priority = std::max(max_priority, priority);
   }
   NoteRowsChanged(view_, published, done);
+  RaiseMaxPriority(view_, max_priority);
   // The rows' claims' counts and the publications' in one add each (none when they cancel out, as
   // they do when a full ring is overwritten).
   if (done != counted.size) Add<int64_t>(&h->size, done - counted.size);

@@ -24,6 +24,7 @@
 
 #include "kernels/table_view.h"
 #include "xla_ffi/priority_indexes.h"
+#include "xla_ffi/rate_limiter.h"
 
 namespace gear {
 
@@ -34,7 +35,7 @@ struct CudaPinningDeleter {
 };
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 5;  // 5: change counters (table_view.h) after the status columns
+inline constexpr uint32_t kFormatVersion = 6;  // 6: the largest priority and the rate limiter in the header
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =
@@ -84,6 +85,11 @@ struct TableHeader {
   // Set (never cleared) by an attach from another PID namespace than the creator's: kill(pid, 0) then
   // answers for no pid in the table, and every process takes every recorded pid for alive (PidMayBeAlive).
   uint32_t mixed_pid_namespaces;
+  // The largest priority a row was published or updated with so far, as float32 bits (priorities are
+  // >= 0, whose bits order as their values): 0 until some row had a priority above 0. Only ever raised
+  // (RaiseMaxPriority in kernels/atomics.h), by inserts, commits, priority updates and restores.
+  alignas(64) uint32_t max_priority_bits;
+  alignas(64) RateLimiterState rate_limiter;  // rate_limiter.h
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
 };
