@@ -56,8 +56,14 @@ RateLimiterState MakeRateLimiter(int64_t min_size_to_sample, double samples_per_
 
 RateLimiterCounts RateLimiter::Counts() const {
   RateLimiterCounts c;
-  c.inserts = Load(&state_->inserts);
-  c.samples = Load(&state_->samples);
+  // Both counters as they were at one instant: samples, inserts, samples, inserts until the two reads of
+  // each agree (then both held their values between the second and the third read). A few tries at
+  // most; counts read apart could show a diff past a bound that no instant had.
+  for (int tries = 0; tries < 8; ++tries) {
+    c.samples = Load(&state_->samples);
+    c.inserts = Load(&state_->inserts);
+    if (Load(&state_->samples) == c.samples && Load(&state_->inserts) == c.inserts) break;
+  }
   c.size = Load(size_);
   c.diff = static_cast<double>(c.inserts) * state_->samples_per_insert - static_cast<double>(c.samples);
   return c;

@@ -48,7 +48,7 @@ struct RateLimiterState {
 RateLimiterState MakeRateLimiter(int64_t min_size_to_sample, double samples_per_insert, double error_buffer,
                                  int64_t capacity);
 
-// The counts as one load of each shared word sees them, and the bounds they are checked against.
+// The counts at one instant (RateLimiter::Counts), and the size of the table just after.
 struct RateLimiterCounts {
   uint64_t inserts = 0;
   uint64_t samples = 0;
