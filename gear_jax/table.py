@@ -23,6 +23,7 @@ from gear_jax.casting import (
 )
 from gear_jax.errors import (
     InvalidArgumentError,
+    RateLimiterTimeout,
     SpecError,
     TableClosedError,
     TableMismatchError,
@@ -861,12 +862,18 @@ class EpisodeWriter:
         p = finite_nonnegative(priority, "priority")
         if self._row is None:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
-        timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
-        self._table._live()
-        with AdmittedInserts(self._table, 1, timeout) as admitted:
-            row, self._row = self._row, None
-            steps, self._steps = self._steps, 0
-            admitted.commit(row, steps, p)
+        if timeout is not None:
+            timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
+        native = self._table._live()
+        row, steps = self._row, self._steps
+        try:
+            native.commit(row, steps, p, timeout)  # waits for the limiter first, holding the row
+        except (RateLimiterTimeout, TableClosedError):
+            raise  # the row is still held: the episode is kept
+        except BaseException:
+            self._row, self._steps = None, 0
+            raise
+        self._row, self._steps = None, 0
         return row
 
     def close(self) -> None:
@@ -884,7 +891,7 @@ class EpisodeWriter:
 
 class AdmittedInserts:
     """Rows the table's rate limiter admitted, for code that claims rows and commits them one at a time
-    (`Table.add`'s general path, `EpisodeWriter.end_episode`, `gear_jax.torch.insert_tensors`).
+    (`Table.add`'s general path, `gear_jax.torch.insert_tensors`).
 
     Entering waits until the limiter admits `rows` inserts (up to `timeout` seconds), which counts them;
     `commit` publishes a claimed row as one of them; leaving gives back those not committed (a failed
@@ -906,7 +913,7 @@ class AdmittedInserts:
 
     def commit(self, row: int, length: int, priority: float) -> None:
         """Publishes `row` (claimed by this process) with `length` steps and `priority`."""
-        self._native.commit(row, length, priority, reserved=self._limited)
+        self._native.commit(row, length, priority, None, self._limited)  # reserved: counted when admitted
         if self._limited:
             self._left -= 1
 

@@ -1,6 +1,7 @@
 """The rate limiter shared by every process of a table (gear_jax/rate_limiter.py, xla_ffi/rate_limiter.h):
 settings, counts, waits that end by admission, timeout or close, and the ratio kept by real processes."""
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -151,12 +152,11 @@ def test_trajectory_add_counts_once(make_table):
 
 
 def test_publication_without_admission_counts_without_waiting(make_table):
-    """The insert custom call's way (rows counted as published, never waiting), here by the native claim
-    and commit: the count may pass max_diff, and host inserts then wait."""
+    """The insert custom call's way (SharedTable::Insert without a reservation: rows counted as
+    published, never waiting): the count may pass max_diff, and host inserts then wait."""
     table = limited(make_table, min_size_to_sample=1, samples_per_insert=1, error_buffer=2)  # max_diff 3
-    native = table._native
     for _ in range(5):
-        native.commit(native.claim(), 1, 1.0)
+        table._native.insert([rows(1)["x"]], 1, 1, None, None, admit=False)
     assert table.rate_limiter_counts() == gj.RateLimiterCounts(inserts=5, samples=0, size=5, diff=5.0)
     with pytest.raises(gj.RateLimiterTimeout):
         table.insert(rows(1), timeout=0)
@@ -348,6 +348,29 @@ def test_the_creators_close_ends_a_wait_in_another_process(make_table):
     table.close()
     woke_at = float(finish(waiter).strip())
     assert 0 <= woke_at - closed_at < 1.0, woke_at - closed_at
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_ends_a_wait_without_a_timeout(make_table):
+    table = limited(make_table, min_size_to_sample=10)
+    waiter = start_python(
+        f"""
+        import time, gear_jax as gj
+        t = gj.Table.attach({table.name!r})
+        print("waiting", flush=True)
+        try:
+            t.await_samples(1)
+        except KeyboardInterrupt:
+            print(time.monotonic(), flush=True)
+        """
+    )
+    assert waiter.stdout.readline().strip() == "waiting"
+    time.sleep(0.3)
+    interrupted_at = time.monotonic()
+    waiter.send_signal(signal.SIGINT)
+    woke_at = float(finish(waiter).strip())
+    assert 0 <= woke_at - interrupted_at < 1.0, woke_at - interrupted_at
+    assert table.rate_limiter_counts().samples == 0
 
 
 # -- real processes ---------------------------------------------------------------------------------

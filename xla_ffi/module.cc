@@ -18,6 +18,7 @@
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/dead_tables.h"
 #include "xla_ffi/open_table.h"
+#include "xla_ffi/python_waits.h"
 #include "xla_ffi/row_writer.h"
 #include "xla_ffi/shared_table.h"
 #include "xla_ffi/table_pool.h"
@@ -49,26 +50,15 @@ py::dict PoolStats() {
   return out;
 }
 
-// Seconds a wait for the rate limiter may last: None (or negative) waits until admitted or closed.
-double TimeoutSeconds(const std::optional<double>& timeout) { return timeout ? *timeout : -1.0; }
-
-// Waits until the rate limiter of `table` (held by the caller) admits `n` inserts or samples and counts
-// them: at once when it admits them now, else without the GIL (OpenTable::AwaitAdmission).
-void Admit(const OpenTable& self, SharedTable& table, RateOp op, int64_t n,
-           const std::optional<double>& timeout) {
-  if (table.rate_limiter().TryAdmit(op, n)) return;
-  py::gil_scoped_release release;
-  self.AwaitAdmission(table, op, n, TimeoutSeconds(timeout));
-}
-
 // fields: one C-contiguous numpy array per field (any dtype: only its bytes are read). lengths and
 // priorities: int32[batch] and float32[batch], or None for `steps` and 1. Waits for the rate limiter
-// first (up to `timeout` seconds), before any row is claimed.
+// first (up to `timeout` seconds), before any row is claimed; with `admit` false, the rows count as they
+// are published, without a wait (the insert custom call's way, which tests drive through here).
 py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& fields, int64_t batch,
                             int32_t steps,
                             const std::optional<py::array_t<int32_t, py::array::c_style>>& lengths,
                             const std::optional<py::array_t<float, py::array::c_style>>& priorities,
-                            const std::optional<double>& timeout) {
+                            const std::optional<double>& timeout, bool admit) {
   const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
   SharedTable& table = *held;
   const TableView& view = table.view();
@@ -99,8 +89,8 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& field
   const float* priority_data = priorities ? priorities->data() : nullptr;
   RateLimiter& limiter = table.rate_limiter();
   std::optional<InsertReservation> reservation;  // gives back what a failed insert did not publish
-  if (limiter.enabled() && batch > 0) {
-    Admit(self, table, RateOp::kInsert, batch, timeout);
+  if (limiter.enabled() && admit && batch > 0) {
+    AdmitFromPython(self, table, RateOp::kInsert, batch, timeout);
     reservation.emplace(limiter, batch);
   }
   {
@@ -115,13 +105,22 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& field
 void ReserveInserts(OpenTable& self, int64_t n, const std::optional<double>& timeout) {
   const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
   if (n < 1) throw std::invalid_argument("reserve_inserts needs n >= 1");
-  if (held->rate_limiter().enabled()) Admit(self, *held, RateOp::kInsert, n, timeout);
+  if (held->rate_limiter().enabled()) AdmitFromPython(self, *held, RateOp::kInsert, n, timeout);
 }
 
-void Commit(OpenTable& self, int64_t row, int32_t length, float priority, bool reserved) {
-  if (!reserved) return self.Commit(row, length, priority);
-  InsertReservation reservation(self.table().rate_limiter(), 1);
-  reservation.Keep();  // the Python caller gives back what it did not commit
+// Publishes a row this process holds. `reserved`: the caller admitted it (reserve_inserts) and gives
+// back what it does not commit. Otherwise, on a table with a rate limiter, waits (up to `timeout`,
+// holding the row) until the limiter admits one insert: a timeout or a close leaves the row held.
+void Commit(OpenTable& self, int64_t row, int32_t length, float priority,
+            const std::optional<double>& timeout, bool reserved) {
+  RateLimiter& limiter = self.table().rate_limiter();
+  if (!limiter.enabled()) return self.Commit(row, length, priority);
+  if (!reserved) {
+    const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
+    AdmitFromPython(self, *held, RateOp::kInsert, 1, timeout);
+  }
+  InsertReservation reservation(limiter, 1);  // gives the insert back if the row is not published
+  if (reserved) reservation.Keep();           // the Python caller settles its own reservation
   self.Commit(row, length, priority, &reservation);
 }
 
@@ -129,7 +128,7 @@ void Commit(OpenTable& self, int64_t row, int32_t length, float priority, bool r
 void AwaitSamples(OpenTable& self, int64_t n, const std::optional<double>& timeout) {
   const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
   if (n < 1) throw std::invalid_argument("await_samples needs n >= 1");
-  Admit(self, *held, RateOp::kSample, n, timeout);
+  AdmitFromPython(self, *held, RateOp::kSample, n, timeout);
 }
 
 // The limiter's settings (None for a table without one).
@@ -485,10 +484,10 @@ PYBIND11_MODULE(_native, m) {
       .def("publish_restored_rows", &gear::PublishRestoredRows, py::arg("start"), py::arg("states"))
       .def("restore_cursors", &gear::RestoreCursors, py::arg("next_seq"), py::arg("commit_seq"))
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
-           py::arg("priorities"), py::arg("timeout") = py::none())
+           py::arg("priorities"), py::arg("timeout") = py::none(), py::arg("admit") = true)
       .def("claim", &OpenTable::Claim)
       .def("commit", &gear::Commit, py::arg("row"), py::arg("length"), py::arg("priority"),
-           py::arg("reserved") = false)
+           py::arg("timeout") = py::none(), py::arg("reserved") = false)
       .def("reserve_inserts", &gear::ReserveInserts, py::arg("n"), py::arg("timeout") = py::none())
       .def(
           "return_inserts", [](OpenTable& self, int64_t n) { self.table().rate_limiter().ReturnInserts(n); },

@@ -104,9 +104,11 @@ SharedTable& OpenTable::table() {
   return *table_;
 }
 
-void OpenTable::AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s) const {
+void OpenTable::AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s,
+                               const std::function<void()>& each_poll) const {
   const uint32_t* creator_closed = &table.header()->closed;
   table.rate_limiter().Await(op, n, timeout_s, [&] {
+    each_poll();
     table.CheckCounts(/*force=*/false);  // a writer killed mid-insert leaves `size` off until a recount
     return closed() || __atomic_load_n(creator_closed, __ATOMIC_SEQ_CST) != 0;
   });

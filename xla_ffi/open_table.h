@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,8 +44,10 @@ class OpenTable {
   // or samples, and counts them (RateLimiter::Await, with `timeout_s`). A close meanwhile, by this open
   // (another thread) or by the table's creator (any process), stops the wait with TableClosedError
   // within a poll: the wait holds no lock, and `table` keeps the memory mapped (and out of the pool of
-  // closed tables) until the caller lets go. Call without the GIL when it may wait.
-  void AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s) const;
+  // closed tables) until the caller lets go. `each_poll` runs before every poll and may throw to end
+  // the wait (python_waits.h runs Python's signal handlers there).
+  void AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s,
+                      const std::function<void()>& each_poll) const;
 
   const std::string& name() const { return name_; }
   bool creator() const { return creator_; }

@@ -1,5 +1,7 @@
 #include "xla_ffi/row_writer.h"
 
+#include "xla_ffi/python_waits.h"
+
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -241,8 +243,7 @@ int64_t RowWriter::Add(py::handle row, bool strict, double priority, std::option
     if (!limiter.TryAdmit(RateOp::kInsert, 1)) {
       const std::shared_ptr<SharedTable> held = table_->ref();  // kept while the GIL is released
       try {
-        py::gil_scoped_release release;
-        table_->AwaitAdmission(*held, RateOp::kInsert, 1, timeout ? *timeout : -1.0);
+        AdmitFromPython(*table_, *held, RateOp::kInsert, 1, timeout);
       } catch (...) {
         Release();
         throw;
