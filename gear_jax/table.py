@@ -23,7 +23,6 @@ from gear_jax.casting import (
 )
 from gear_jax.errors import (
     InvalidArgumentError,
-    RateLimiterTimeout,
     SpecError,
     TableClosedError,
     TableMismatchError,
@@ -867,10 +866,12 @@ class EpisodeWriter:
         native = self._table._live()
         row, steps = self._row, self._steps
         try:
-            native.commit(row, steps, p, timeout)  # waits for the limiter first, holding the row
-        except (RateLimiterTimeout, TableClosedError):
-            raise  # the row is still held: the episode is kept
-        except BaseException:
+            # Waits for the limiter first, holding the row: a timeout, a close or an interrupt meanwhile
+            # leaves the row held and the episode kept.
+            native.commit(row, steps, p, timeout)
+        except TableClosedError:
+            raise
+        except RuntimeError:  # the row was taken over (reclaimed as a dead writer's): held no more
             self._row, self._steps = None, 0
             raise
         self._row, self._steps = None, 0

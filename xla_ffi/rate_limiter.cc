@@ -167,10 +167,4 @@ void RateLimiter::Backoff(int64_t* step_ns) {
   nanosleep(&ts, nullptr);
 }
 
-int64_t RateLimiter::NowNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 }  // namespace gear

@@ -17,13 +17,14 @@
 // sample kept diff >= min_diff (the other counter only moves the way that keeps the bound: samples only
 // lower diff, which an insert's bound welcomes, and inserts only raise it). A check first and a count
 // later would let N writers that passed the check together overshoot max_diff by N - 1 batches.
-// Waiting paths (host inserts, adds, episode ends, the learner's AwaitAdmission of samples) admit their
-// rows before they claim any, and give back what a failure left unpublished (InsertReservation). Paths
-// that must not wait (the insert custom call, inside XLA) count their rows as they publish them, without
-// a check: they may push diff past max_diff, which only makes the next host inserts wait longer.
+// Waiting paths admit by that compare-and-swap: host inserts and adds before they claim rows, episode
+// ends before they publish theirs, the learner's Table.await_samples before its jitted step. Inserts
+// give back what a failure left unpublished (InsertReservation); a give-back lowers diff, and so may
+// take it below min_diff after samples were admitted against it. Paths that must not wait (the insert
+// custom call, inside XLA) count their rows as they publish them, without a check: they may push diff
+// past max_diff, which only makes the next host inserts wait longer.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -40,7 +41,7 @@ struct RateLimiterState {
   double min_diff, max_diff;   // bounds of inserts * samples_per_insert - samples
   // Counts since the table was made, raised by every process.
   alignas(64) uint64_t inserts;  // rows admitted (host paths) or published (the insert custom call)
-  alignas(64) uint64_t samples;  // samples admitted (AwaitAdmission of samples)
+  alignas(64) uint64_t samples;  // samples admitted (Table.await_samples)
 };
 
 // The settings for a new table's header. Throws std::invalid_argument for settings no table can keep
@@ -57,6 +58,8 @@ struct RateLimiterCounts {
 };
 
 enum class RateOp { kInsert, kSample };
+
+int64_t MonotonicNs();  // shared_table.h
 
 // What a table's limiter is checked against: its state and the table's `size` counter (both in the
 // header), and the table's name for messages.
@@ -77,10 +80,11 @@ class RateLimiter {
   // Allows, nothing counted.
   bool TryAdmit(RateOp op, int64_t n);
   // Waits until TryAdmit(op, n) succeeds: polls it, sleeping 50 us at first, doubling up to 1 ms, so that
-  // a wait costs nothing when the limiter admits at once and never spins a core. Checks `closed()`
-  // before every poll. Throws RateLimiterTimeoutError after `timeout_s` seconds (< 0: never; 0: one
-  // try), TableClosedError once `closed()` is true, and RateLimiterRefusal for a request that can never
-  // be admitted (see Refusal). The caller must not hold the GIL or anything a closer needs.
+  // a wait costs nothing when the limiter admits at once and never spins a core. Calls `closed()`
+  // before every poll (it may also throw, to end the wait). Throws RateLimiterTimeoutError after
+  // `timeout_s` seconds (< 0: never; 0: one try), TableClosedError once `closed()` is true, and
+  // RateLimiterRefusal for a request that can never be admitted (see Refusal). The caller must not
+  // hold the GIL or anything a closer needs.
   template <typename Closed>
   void Await(RateOp op, int64_t n, double timeout_s, Closed closed);
 
@@ -99,7 +103,6 @@ class RateLimiter {
   std::string TimeoutMessage(RateOp op, int64_t n, double timeout_s) const;
   // Sleeps the next step of the backoff (`step_ns` doubles up to its cap).
   static void Backoff(int64_t* step_ns);
-  static int64_t NowNs();
 
   RateLimiterState* state_;
   const int64_t* size_;
@@ -139,7 +142,7 @@ struct TableClosedError : std::runtime_error {
 
 template <typename Closed>
 void RateLimiter::Await(RateOp op, int64_t n, double timeout_s, Closed closed) {
-  const int64_t start = NowNs();
+  const int64_t start = MonotonicNs();
   int64_t step_ns = 0;
   while (true) {
     if (closed()) {
@@ -150,7 +153,7 @@ void RateLimiter::Await(RateOp op, int64_t n, double timeout_s, Closed closed) {
     if (TryAdmit(op, n)) return;
     const std::string refusal = Refusal(op, n, Counts());
     if (!refusal.empty()) throw RateLimiterRefusal(refusal);
-    if (timeout_s >= 0 && static_cast<double>(NowNs() - start) >= timeout_s * 1e9) {
+    if (timeout_s >= 0 && static_cast<double>(MonotonicNs() - start) >= timeout_s * 1e9) {
       throw RateLimiterTimeoutError(TimeoutMessage(op, n, timeout_s));
     }
     Backoff(&step_ns);
