@@ -3,7 +3,7 @@ the cost of one-row inserts against a numpy row write (`one_row`).
 
 gear_jax writers are separate processes that attach to the table by name. The baselines run with
 one writer, in this process (Reverb: a client in its worker process), at the `writers=1` points:
-numpy (slice copy into a preallocated ring), jnp_update (jitted, donated dynamic_update_slice),
+gear_jax_jit (`gj.insert` inside a jitted function, of a batch already on the device), numpy (slice copy into a preallocated ring), jnp_update (jitted, donated dynamic_update_slice),
 flashbax (jitted, donated item-buffer `add`), torchrl (`extend`), Reverb (trajectory writer + flush).
 
 Every table is filled once before timing, so the timed inserts overwrite rows whose memory is already
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,23 @@ def gear_point(point: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     latencies = np.concatenate([r.latencies for r in results])
     wall = max(r.end for r in results) - min(r.start for r in results)
     return make_record(point, GEAR, "insert", latencies, batch, batch * item_bytes, wall_s=wall)
+
+
+def gear_jit_insert(rows: int, chunk: np.ndarray) -> Insert:
+    """gear_jax `gj.insert` inside a jitted function, of the chunk as a device array (the in-jit path of
+    programs that act and learn in one `jax.jit`), into a filled table of `rows` rows."""
+    spec = gj.TableSpec(fields={"x": gj.Field((chunk.shape[1],), "uint8")}, capacity=rows)
+    table = gj.Table.create(spec)
+    for _, rows_chunk in Dataset(rows, 1, chunk.shape[1]).chunks():
+        table.insert({"x": rows_chunk[:, 0]})
+    insert = jax.jit(lambda x: gj.insert(table, {"x": x}))
+    device_chunk = jnp.asarray(chunk)
+
+    def step(i: int) -> None:
+        jax.block_until_ready(insert(device_chunk))
+
+    weakref.finalize(step, table.close)  # the table goes with the timed function
+    return step
 
 
 def numpy_insert(rows: int, chunk: np.ndarray) -> Insert:
@@ -111,6 +129,7 @@ def torchrl_insert(rows: int, chunk: np.ndarray) -> Insert:
 
 
 IN_PROCESS: dict[str, Callable[[int, np.ndarray], Insert]] = {
+    "gear_jax_jit": gear_jit_insert,
     "numpy": numpy_insert,
     "jnp_update": jnp_insert,
     "flashbax": flashbax_insert,
