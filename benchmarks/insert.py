@@ -6,7 +6,8 @@ one writer, in this process (Reverb: a client in its worker process), at the `wr
 gear_jax_jit (`gj.insert` inside a jitted function, of a batch already on the device: an effectful call
 leaves JAX's fast dispatch path, which dominates small batches), gear_jax_jit_scan8 (8 such inserts in
 one `lax.scan`, where that cost is paid once: latency per insert, the call's divided by 8), numpy
-(slice copy into a preallocated ring), jnp_update (jitted, donated dynamic_update_slice), flashbax (jitted, donated item-buffer `add`), torchrl (`extend`), Reverb (trajectory writer + flush).
+(slice copy into a preallocated ring), jnp_update (jitted, donated dynamic_update_slice), flashbax
+(jitted, donated item-buffer `add`), torchrl (`extend`), Reverb (trajectory writer + flush).
 
 Every table is filled once before timing, so the timed inserts overwrite rows whose memory is already
 mapped: the steady state of a ring that has wrapped, not the first touch of fresh pages. (Reverb
