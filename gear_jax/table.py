@@ -463,7 +463,9 @@ class Table:
             (PyTorch CPU tensors, pinned or not, included) are read in place; a batch with a CUDA
             tensor goes through `gear_jax.torch.insert_tensors`: one copy from the device into the rows.
           priorities: float[B] or a scalar, finite and >= 0; default 1. Rows of priority 0 are stored
-            but not sampled until their priority is raised.
+            but not sampled until their priority is raised. "max": the largest priority any row of the
+            table was given so far (`max_priority`, 1 while no row had one), the priority prioritized
+            replay gives new experience.
           lengths: int[B] steps actually used per row (trajectory tables), each in [1, T]; default T.
           timeout: with a rate limiter, seconds to wait at most for the B rows to be admitted (before any
             is claimed); None waits as long as it takes. Ignored without a limiter (nothing waits).
@@ -478,6 +480,12 @@ class Table:
         native = self._live()
         if timeout is not None:
             timeout = check_timeout(timeout, "Table.insert")
+        if isinstance(priorities, str):
+            if priorities != "max":
+                raise InvalidArgumentError(
+                    f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
+                )
+            priorities = self.max_priority or 1.0
         checked = self._ready_batch(batch)
         if checked is None:
             if _torch_loaded() and isinstance(batch, Mapping) and any(map(is_device_tensor, batch.values())):

@@ -10,6 +10,7 @@ import time
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -160,6 +161,22 @@ def test_publication_without_admission_counts_without_waiting(make_table):
     assert table.rate_limiter_counts() == gj.RateLimiterCounts(inserts=5, samples=0, size=5, diff=5.0)
     with pytest.raises(gj.RateLimiterTimeout):
         table.insert(rows(1), timeout=0)
+
+
+def test_inserts_inside_jit_count_and_never_wait(make_table):
+    """gj.insert inside a jitted program counts its rows as inserts and never blocks the program, even
+    past max_diff; a host insert then waits for the learner."""
+    table = limited(make_table, min_size_to_sample=1, samples_per_insert=1, error_buffer=2)  # max_diff 3
+    step = jax.jit(
+        lambda x: jax.lax.scan(lambda c, i: (c, gj.insert(table, {"x": x + i})), None, jnp.arange(3))[1]
+    )
+    jax.block_until_ready(step(jnp.arange(2, dtype=jnp.int32)))
+    assert table.rate_limiter_counts() == gj.RateLimiterCounts(inserts=6, samples=0, size=6, diff=6.0)
+    with pytest.raises(gj.RateLimiterTimeout):
+        table.insert(rows(1), timeout=0)
+    table.await_samples(4)  # diff 2: one more host row fits
+    table.insert(rows(1), timeout=0)
+    assert table.rate_limiter_counts() == gj.RateLimiterCounts(inserts=7, samples=4, size=7, diff=3.0)
 
 
 def test_without_a_limiter_nothing_waits_and_nothing_counts(make_table):
