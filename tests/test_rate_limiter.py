@@ -420,6 +420,7 @@ WRITER = """
 import sys, numpy as np, gear_jax as gj
 t = gj.Table.attach(sys.argv[1])
 batch, base, n = int(sys.argv[2]), int(sys.argv[3]), 0
+print("attached", flush=True)
 try:
     while True:  # until the creator closes the table (a wait then raises TableClosedError)
         t.insert({"x": np.arange(base + n, base + n + batch, dtype=np.int32)}, timeout=60)
@@ -441,6 +442,7 @@ def test_two_writer_processes_and_a_learner_keep_the_ratio(make_table):
     )
     table = make_table(fields=FIELDS, capacity=512, rate_limiter=settings)
     writers = [start_python(WRITER, table.name, str(insert_batch), str(k * 1_000_000)) for k in range(2)]
+    assert [w.stdout.readline().strip() for w in writers] == ["attached"] * 2  # both before the learner
     step = jax.jit(lambda k: table.sample(k, learner_batch).indices)
     snapshots = []
     done = threading.Event()
