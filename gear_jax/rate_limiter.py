@@ -20,7 +20,7 @@ Where waits happen: on the host only, never inside an XLA computation. `Table.in
 `EpisodeWriter.end_episode` wait (before claiming rows) until their rows are admitted; the learner calls
 `table.await_samples(batch_size)` before each jitted sampling step, which waits until the samples are
 admitted and counts them. Jitted `gj.sample` calls count nothing and never wait: the learner declares
-its samples through `await_samples`. Rows inserted from inside jit (the insert custom call) count as
+its samples through `await_samples`. Rows inserted from inside jit (`gj.insert`) count as
 inserts without waiting. Waits take a `timeout` in seconds (None: as long as it takes) and raise
 `RateLimiterTimeout` when it runs out, or `TableClosedError` when the table is closed meanwhile (by this
 process or by the creator).
@@ -125,7 +125,7 @@ class RateLimiterCounts:
 
     Attributes:
       inserts: rows admitted by the limiter since the table was made (host inserts count when admitted,
-        before their rows are published; the insert custom call counts rows as it publishes them).
+        before their rows are published; `gj.insert` inside jit counts rows as it publishes them).
       samples: samples admitted by `await_samples`.
       size: rows holding a committed trajectory now (`Table.size`).
       diff: `inserts * samples_per_insert - samples`; None without a ratio.
