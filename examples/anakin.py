@@ -1,0 +1,567 @@
+"""Anakin: acting, inserting into a gear_jax table, sampling and learning in one jitted program.
+
+What this shows:
+  * `gj.insert` inside `jax.jit` and `lax.scan`. One compiled program runs `--scan_steps` iterations of:
+    step `--num_envs` gymnax CartPole-v1 environments (`jax.vmap`, epsilon-greedy) -> insert their
+    transitions into a gear_jax table with priority "max" (the largest priority so far, kept in the
+    table's header) -> sample a prioritized batch ordered after the insert (`after=`) -> gather ->
+    double-DQN update -> `update_priorities`, whose count orders the next iteration's insert. Acting
+    and learning in one program is the "Anakin" architecture of Hessel et al. (2021, "Podracer
+    architectures for scalable reinforcement learning"); here the replay stays in host memory;
+  * a table of `--capacity` rows (1,000,000 by default) in shared host memory: on a GPU machine the
+    program runs on the GPU and the replay lives in host RAM, not in GPU memory;
+  * two comparisons in the same run, with the same environments, network, hyperparameters, seeds and
+    numbers of environment steps and learner updates (`--compare`):
+      host_insert: the quickstart's structure. A Python loop calls a jitted acting step, brings the
+        transitions to the host and inserts them with `table.insert`, then calls a jitted learner step
+        (sample, gather, loss, update, `update_priorities`, all inside jit);
+      flashbax: the same fused program with a flashbax prioritized item buffer (flashbax 0.1.3,
+        `make_prioritised_item_buffer`) held in device memory instead of the table.
+
+Every comparison first collects `--learning_starts` transitions without learning, then trains for
+`--steps` iterations (one step of every environment and one learner update each). The times are of
+those iterations alone: compilation and the greedy evaluations are timed apart.
+
+Run (CPU by default):
+
+    python examples/anakin.py --plot anakin.png
+    python examples/anakin.py --compare=gear_jax,flashbax --steps=50000
+    python examples/anakin.py --smoke          # a short run, for tests
+
+It shows a progress bar per comparison, logs each greedy evaluation with absl.logging (stderr), prints a
+table of the comparisons and a summary line last (stdout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags, logging
+from tqdm import tqdm
+
+import gear_jax as gj
+
+COMPARISONS = {  # name: what holds the replay, and how transitions get into it
+    "gear_jax": "gear_jax table (host memory), gj.insert inside the fused program",
+    "host_insert": "gear_jax table (host memory), table.insert from a Python loop",
+    "flashbax": "flashbax prioritised item buffer (device memory), inside the fused program",
+}
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("compare", list(COMPARISONS), f"comparisons to run, in order: any of {list(COMPARISONS)}")
+flags.DEFINE_integer("steps", 20_000, "training iterations: each steps every env once and makes one update")
+flags.DEFINE_integer("seed", 0, "seed of the network, the environments, exploration and the samplers")
+flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where jax runs")
+flags.DEFINE_integer("num_envs", 4, "environments stepped in parallel (jax.vmap)")
+flags.DEFINE_integer("batch_size", 64, "rows per learner update")
+flags.DEFINE_integer("capacity", 1_000_000, "rows of the gear_jax table (host memory)")
+flags.DEFINE_integer("flashbax_capacity", None, "items of the flashbax buffer (device memory); default --capacity")
+flags.DEFINE_integer("learning_starts", 1_000, "transitions collected (acting only) before the first update")
+flags.DEFINE_integer("scan_steps", 1_000, "iterations per call of the fused program; --steps must be a multiple")
+flags.DEFINE_float("lr", 1e-3, "Adam learning rate at the start, decayed linearly to --lr_end")
+flags.DEFINE_float("lr_end", 1e-5, "learning rate after --steps updates")
+flags.DEFINE_float("gamma", 0.99, "discount")
+flags.DEFINE_integer("hidden", 256, "units in each of the two hidden layers")
+flags.DEFINE_float("tau", 0.005, "Polyak averaging of the target network per update")
+flags.DEFINE_float("priority_exponent", 0.6, "alpha of prioritized replay")
+flags.DEFINE_float("beta_start", 0.4, "importance-weight exponent, annealed to 1")
+flags.DEFINE_float("priority_eps", 1e-3, "added to |TD error| for priorities")
+flags.DEFINE_float("eps_start", 1.0, "exploration epsilon at the start")
+flags.DEFINE_float("eps_end", 0.04, "exploration epsilon after the annealing")
+flags.DEFINE_float("eps_fraction", 0.16, "fraction of all iterations over which epsilon is annealed")
+flags.DEFINE_integer("eval_episodes", 20, "episodes of each greedy evaluation (run in parallel)")
+flags.DEFINE_integer("eval_every", 5_000, "training iterations between greedy evaluations")
+flags.DEFINE_string("plot", None, "save a PNG of the learning curves here")
+flags.DEFINE_bool("smoke", False, "a short run for tests: 3000 steps, a 100,000-row table")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The flags' values, with --smoke applied: what the functions below read."""
+
+    compare: tuple[str, ...]
+    steps: int
+    seed: int
+    platform: str
+    num_envs: int
+    batch_size: int
+    capacity: int
+    flashbax_capacity: int
+    learning_starts: int
+    scan_steps: int
+    lr: float
+    lr_end: float
+    gamma: float
+    hidden: int
+    tau: float
+    priority_exponent: float
+    beta_start: float
+    priority_eps: float
+    eps_start: float
+    eps_end: float
+    eps_fraction: float
+    eval_episodes: int
+    eval_every: int
+    plot: str | None
+    smoke: bool
+
+    @property
+    def prefill_steps(self) -> int:
+        """Iterations that only act, before the first update."""
+        return -(-self.learning_starts // self.num_envs)
+
+    @property
+    def iterations(self) -> int:
+        """Every iteration: the prefill's, then the training's."""
+        return self.prefill_steps + self.steps
+
+
+def config_from_flags() -> Config:
+    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)}
+    values["compare"] = tuple(values["compare"])
+    if values["smoke"]:
+        values.update(steps=3_000, capacity=100_000, scan_steps=500, eval_every=3_000, eval_episodes=10)
+    if values["flashbax_capacity"] is None:
+        values["flashbax_capacity"] = values["capacity"]
+    config = Config(**values)
+    unknown = [name for name in config.compare if name not in COMPARISONS]
+    if unknown or not config.compare:
+        raise app.UsageError(f"--compare={','.join(config.compare)}: choose among {list(COMPARISONS)}")
+    if config.steps <= 0 or config.steps % config.scan_steps:
+        raise app.UsageError(f"--steps={config.steps} must be a positive multiple of --scan_steps")
+    if min(config.capacity, config.flashbax_capacity) < config.prefill_steps * config.num_envs:
+        raise app.UsageError("the replay capacities must hold at least --learning_starts transitions")
+    return config
+
+
+class QNetwork(nn.Module):
+    """MLP from observations float32[B, 4] to action values float32[B, num_actions]."""
+
+    num_actions: int
+    hidden: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Dense(self.hidden)(obs))
+        x = nn.relu(nn.Dense(self.hidden)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+class Learner(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+
+
+class Envs(NamedTuple):
+    state: Any  # gymnax states, batched over num_envs
+    obs: jax.Array  # float32[num_envs, 4]
+    returns: jax.Array  # float32[num_envs], return so far of each running episode
+
+
+class Replay(NamedTuple):
+    """A replay's three operations on a state that the programs carry (a pytree of arrays).
+
+    insert: `(state, rows) -> state`; rows: the transition fields, each `[num_envs, *shape]`.
+    sample: `(state, key) -> (state, batch, probabilities, picks)`; batch: the fields and "valid", each
+      `[batch_size, ...]`; probabilities: float32[batch_size]; picks: what `update` needs.
+    update: `(state, picks, priorities) -> state`; priorities: float32[batch_size].
+    """
+
+    insert: Callable[[Any, dict[str, jax.Array]], Any]
+    sample: Callable[[Any, jax.Array], tuple[Any, dict[str, jax.Array], jax.Array, Any]]
+    update: Callable[[Any, Any, jax.Array], Any]
+
+
+def make_spec(env: Any, env_params: Any, capacity: int) -> gj.TableSpec:
+    """One (obs, action, reward, next_obs, discount) transition per row."""
+    obs_space = env.observation_space(env_params)
+    return gj.TableSpec.from_spaces(
+        {"obs": obs_space, "action": env.action_space(env_params), "reward": gj.Field(),
+         "next_obs": obs_space, "discount": gj.Field()},  # discount of the bootstrap: 0 if terminated
+        capacity,
+    )
+
+
+def table_replay(table: gj.Table, config: Config) -> Replay:
+    """The gear_jax table as a Replay. Its state is an int32 scalar that orders the table's custom calls:
+    each insert runs after the previous priority update, each sample after the insert."""
+
+    def insert(token: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+        return gj.insert(table, rows, priorities="max", after=token)[0]
+
+    def sample(token: jax.Array, key: jax.Array):
+        picks, batch = table.sample_batch(key, config.batch_size, method="prioritized",
+                                          priority_exponent=config.priority_exponent, after=token)
+        return token, batch, picks.probabilities, picks
+
+    def update(token: jax.Array, picks: gj.Sample, priorities: jax.Array) -> jax.Array:
+        # Rows overwritten since they were sampled keep their new priority: update_priorities skips them.
+        return table.update_priorities(picks, priorities)
+
+    return Replay(insert, sample, update)
+
+
+def flashbax_replay(spec: gj.TableSpec, config: Config) -> tuple[Replay, Any]:
+    """A flashbax prioritised item buffer of `--flashbax_capacity` items as a Replay, and its state.
+
+    New items get the largest priority set so far, as the table's "max" does."""
+    import flashbax as fbx  # only this comparison needs it (requirements-test.txt, not requirements.txt)
+
+    buffer = fbx.make_prioritised_item_buffer(
+        max_length=config.flashbax_capacity, min_length=config.batch_size,
+        sample_batch_size=config.batch_size, add_batches=True,
+        priority_exponent=config.priority_exponent, device="gpu" if config.platform == "cuda" else "cpu",
+    )
+    state = buffer.init({name: jnp.zeros(f.shape, f.dtype) for name, f in spec.fields.items()})
+
+    def sample(state: Any, key: jax.Array):
+        picked = buffer.sample(state, key)
+        batch = dict(picked.experience, valid=jnp.ones(config.batch_size, bool))
+        return state, batch, picked.probabilities, picked.indices
+
+    return Replay(buffer.add, sample, buffer.set_priorities), state
+
+
+def linear(start: float, end: float, fraction: jax.Array) -> jax.Array:
+    return start + (end - start) * jnp.clip(fraction, 0.0, 1.0)
+
+
+def make_act(env: Any, env_params: Any, network: QNetwork, config: Config, key: jax.Array):
+    """`(params, envs, t) -> (envs, rows, finished)`: iteration t's epsilon-greedy step of every env.
+
+    rows: the transitions, each field `[num_envs, *shape]`; finished: float32[num_envs], the return of each
+    episode that ended at this step, NaN elsewhere. Randomness comes from `fold_in(key, t)`.
+    """
+    env_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def act(params: Any, envs: Envs, t: jax.Array):
+        epsilon = linear(config.eps_start, config.eps_end, t / (config.iterations * config.eps_fraction))
+        key_explore, key_action, key_env = jax.random.split(jax.random.fold_in(key, t), 3)
+        greedy = jnp.argmax(network.apply(params, envs.obs), axis=1)
+        random_action = jax.random.randint(key_action, (config.num_envs,), 0, env.num_actions)
+        explore = jax.random.uniform(key_explore, (config.num_envs,)) < epsilon
+        action = jnp.where(explore, random_action, greedy).astype(jnp.int32)
+        obs, state, reward, terminated, truncated, info = env_step(
+            jax.random.split(key_env, config.num_envs), envs.state, action, env_params
+        )
+        # gymnax resets finished envs inside step; the true next observation is in `final_observation`.
+        rows = {"obs": envs.obs, "action": action, "reward": reward, "next_obs": info["final_observation"],
+                "discount": jnp.where(terminated, 0.0, config.gamma).astype(jnp.float32)}
+        ended = terminated | truncated
+        returns = envs.returns + reward
+        return Envs(state, obs, jnp.where(ended, 0.0, returns)), rows, jnp.where(ended, returns, jnp.nan)
+
+    return act
+
+
+def make_learner_step(replay: Replay, network: QNetwork, optimizer: optax.GradientTransformation,
+                      config: Config, key: jax.Array):
+    """`(learner, replay_state, t) -> (learner, replay_state, loss)`: iteration t's double-DQN update.
+
+    Samples a prioritized batch (key `fold_in(key, t)`), weighs it by (N * P)^-beta normalized by the
+    batch's maximum, beta annealed over the iterations, and writes |TD error| + eps back as priorities.
+    """
+
+    def learner_step(learner: Learner, replay_state: Any, t: jax.Array):
+        beta = linear(config.beta_start, 1.0, t / config.iterations)
+        replay_state, batch, probabilities, picks = replay.sample(replay_state, jax.random.fold_in(key, t))
+        valid = batch["valid"]  # False for rows overwritten between sample and gather: their data is zeros
+        p_min = jnp.min(jnp.where(valid, probabilities, jnp.inf))
+        weights = jnp.where(valid, (probabilities / p_min) ** -beta, 0.0)
+
+        def loss_fn(params):
+            q = network.apply(params, batch["obs"])
+            q_taken = jnp.take_along_axis(q, batch["action"][:, None], axis=1)[:, 0]
+            next_action = jnp.argmax(network.apply(params, batch["next_obs"]), axis=1)  # double DQN
+            next_q = network.apply(learner.target_params, batch["next_obs"])
+            next_q = jnp.take_along_axis(next_q, next_action[:, None], axis=1)[:, 0]
+            td = q_taken - jax.lax.stop_gradient(batch["reward"] + batch["discount"] * next_q)
+            return jnp.sum(weights * optax.huber_loss(td)) / jnp.maximum(jnp.sum(valid), 1), td
+
+        (loss, td), grads = jax.value_and_grad(loss_fn, has_aux=True)(learner.params)
+        updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
+        params = optax.apply_updates(learner.params, updates)
+        target_params = optax.incremental_update(params, learner.target_params, config.tau)
+        replay_state = replay.update(replay_state, picks, jnp.abs(td) + config.priority_eps)
+        return Learner(params, target_params, opt_state), replay_state, loss
+
+    return learner_step
+
+
+def make_fused(act, replay: Replay, learner_step, length: int, learn: bool):
+    """The Anakin program: `length` iterations of act -> insert [-> learner step] in one `lax.scan`.
+
+    `((learner, envs, replay_state), t0) -> ((learner, envs, replay_state), (finished, loss))`, for
+    iterations t0 .. t0 + length - 1; finished: float32[length, num_envs], loss: float32[length] (NaN
+    without `learn`). The carry is donated: flashbax's buffer is updated in place.
+    """
+
+    def program(carry, t0: jax.Array):
+        def body(carry, t):
+            learner, envs, replay_state = carry
+            envs, rows, finished = act(learner.params, envs, t)
+            replay_state = replay.insert(replay_state, rows)
+            loss = jnp.float32(jnp.nan)
+            if learn:
+                learner, replay_state, loss = learner_step(learner, replay_state, t)
+            return (learner, envs, replay_state), (finished, loss)
+
+        return jax.lax.scan(body, carry, t0 + jnp.arange(length, dtype=jnp.int32))
+
+    return jax.jit(program, donate_argnums=0)
+
+
+def make_evaluate(env: Any, env_params: Any, network: QNetwork, num_episodes: int):
+    """The jitted greedy evaluation: `(params, key) -> float32[num_episodes]` episode returns."""
+    reset = jax.vmap(env.reset, in_axes=(0, None))
+    step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    @jax.jit
+    def evaluate(params, key):
+        key_reset, key_steps = jax.random.split(key)
+        obs, env_state = reset(jax.random.split(key_reset, num_episodes), env_params)
+
+        def body(carry, key):
+            obs, env_state, returns, alive = carry
+            action = jnp.argmax(network.apply(params, obs), axis=1)
+            obs, env_state, reward, terminated, truncated, _ = step(
+                jax.random.split(key, num_episodes), env_state, action, env_params
+            )
+            returns = returns + jnp.where(alive, reward, 0.0)
+            return (obs, env_state, returns, alive & ~(terminated | truncated)), None
+
+        init = (obs, env_state, jnp.zeros(num_episodes), jnp.ones(num_episodes, bool))
+        keys = jax.random.split(key_steps, env_params.max_steps_in_episode)
+        return jax.lax.scan(body, init, keys)[0][2]
+
+    return evaluate
+
+
+@dataclasses.dataclass
+class Record:
+    """What one comparison measured, kept up to date by `report`."""
+
+    name: str
+    capacity: int
+    evals: list[tuple[int, float]]  # (transitions, mean greedy return), the untrained policy first
+    episodes: list[tuple[int, float]] = dataclasses.field(default_factory=list)  # (transitions, return)
+    train_s: float = 0.0  # the iterations alone: no compilation, no evaluation
+    compile_s: float = 0.0
+    final_loss: float = math.nan
+    size: int = 0
+
+
+class Run:
+    """Times one comparison's iterations, shows its progress and evaluates it now and then."""
+
+    def __init__(self, record: Record, config: Config, evaluate: Callable[[Any], float]):
+        self.record, self.config, self.evaluate = record, config, evaluate
+        self.recent: deque[float] = deque(maxlen=20)
+        self.done = 0  # iterations
+        self.progress = tqdm(total=config.iterations, desc=record.name, unit="step", mininterval=0.5)
+        self.started = time.perf_counter()
+
+    def report(self, finished: np.ndarray, loss: np.ndarray, params: Any, size: int) -> None:
+        """Takes the host copies of the last iterations' `finished` [k, num_envs] and `loss` [k]."""
+        self.record.train_s += time.perf_counter() - self.started
+        config, record = self.config, self.record
+        steps_done = max(self.done - config.prefill_steps, 0)
+        for i, returns in enumerate(finished, start=self.done + 1):
+            for r in returns[~np.isnan(returns)]:
+                record.episodes.append((i * config.num_envs, float(r)))
+                self.recent.append(float(r))
+        self.done += len(finished)
+        record.size = size
+        if not np.isnan(loss[-1]):
+            record.final_loss = float(loss[-1])
+        self.progress.update(len(finished))
+        self.progress.set_postfix(ret=f"{np.mean(self.recent) if self.recent else math.nan:.1f}",
+                                  loss=f"{record.final_loss:.4f}", size=str(size))
+        new_steps = self.done - config.prefill_steps
+        if new_steps == config.steps or (new_steps > 0 and new_steps // config.eval_every
+                                         > steps_done // config.eval_every):
+            record.evals.append((self.done * config.num_envs, self.evaluate(params)))
+            self.progress.clear()  # the log line goes above the bar, which the next update redraws
+            logging.info("%s: step %d (%d transitions): eval_return=%.1f", record.name, new_steps,
+                         self.done * config.num_envs, record.evals[-1][1])
+        if self.done == config.iterations:
+            self.progress.close()
+        self.started = time.perf_counter()
+
+
+def run_fused(replay: Replay, replay_state: Any, size: Callable[[Any], int], run: Run, act, learner_step,
+              learner: Learner, envs: Envs) -> None:
+    """Runs the comparison as fused programs: the prefill in one call, then `--scan_steps` per call."""
+    config = run.config
+    t0 = jnp.zeros((), jnp.int32)
+    start = time.perf_counter()
+    prefill = make_fused(act, replay, learner_step, config.prefill_steps, learn=False)
+    train = make_fused(act, replay, learner_step, config.scan_steps, learn=True)
+    carry = (learner, envs, replay_state)
+    prefill = prefill.lower(carry, t0).compile()
+    train = train.lower(carry, t0).compile()
+    run.record.compile_s = time.perf_counter() - start
+    run.started = time.perf_counter()
+    carry, (finished, loss) = prefill(carry, t0)
+    run.report(np.asarray(finished), np.asarray(loss), carry[0].params, size(carry[2]))
+    for t in range(config.prefill_steps, config.iterations, config.scan_steps):
+        carry, (finished, loss) = train(carry, jnp.int32(t))
+        run.report(np.asarray(finished), np.asarray(loss), carry[0].params, size(carry[2]))
+
+
+def run_host_insert(table: gj.Table, run: Run, act, learner_step, learner: Learner, envs: Envs) -> None:
+    """Runs the comparison as the quickstart does: a Python loop over a jitted acting step, a host insert
+    and a jitted learner step."""
+    config = run.config
+    token = jnp.zeros((), jnp.int32)  # the previous update_priorities count: orders the next sample
+    start = time.perf_counter()
+    act_step = jax.jit(act).lower(learner.params, envs, 0).compile()
+    learn = jax.jit(learner_step).lower(learner, token, 0).compile()
+    run.record.compile_s = time.perf_counter() - start
+    run.started = time.perf_counter()
+    finished, losses = [], []
+    for t in range(config.iterations):
+        envs, rows, done = act_step(learner.params, envs, t)
+        rows, done = jax.device_get((rows, done))  # waits for the step (and the learner step before it)
+        # New rows get the largest priority so far (1 before any): the header the in-jit "max" reads.
+        table.insert(rows, priorities=max(table.max_priority, 1.0))
+        finished.append(done)
+        losses.append(math.nan)
+        if t >= config.prefill_steps:
+            learner, token, losses[-1] = learn(learner, token, t)
+        if t + 1 == config.prefill_steps or (t + 1 - config.prefill_steps) % config.scan_steps == 0:
+            run.report(np.stack(finished), np.array(jax.device_get(losses)), learner.params, table.size)
+            finished, losses = [], []
+
+
+def compare(config: Config) -> list[Record]:
+    env, env_params = gymnax.make("CartPole-v1")
+    network = QNetwork(env.num_actions, config.hidden)
+    optimizer = optax.chain(optax.clip_by_global_norm(10.0),
+                            optax.adam(optax.linear_schedule(config.lr, config.lr_end, config.steps)))
+    key_init, key_reset, key_eval, key_act, key_learn = jax.random.split(jax.random.key(config.seed), 5)
+    params = network.init(key_init, jnp.zeros((1, *env.observation_space(env_params).shape)))
+    evaluate_returns = make_evaluate(env, env_params, network, config.eval_episodes)
+
+    def evaluate(params: Any) -> float:
+        return float(jnp.mean(evaluate_returns(params, key_eval)))
+
+    initial_return = evaluate(params)
+    logging.info("untrained greedy policy: eval_return=%.1f", initial_return)
+    reset = jax.vmap(env.reset, in_axes=(0, None))
+    act = make_act(env, env_params, network, config, key_act)
+    spec = make_spec(env, env_params, config.capacity)
+    records = []
+    for name in config.compare:
+        # Every comparison starts from the same network, environments and keys. The fused programs take
+        # their carry's buffers (donation): each comparison gets its own copies.
+        learner = jax.tree.map(jnp.copy, Learner(params, params, optimizer.init(params)))
+        obs, env_state = reset(jax.random.split(key_reset, config.num_envs), env_params)
+        envs = Envs(env_state, obs, jnp.zeros(config.num_envs))
+        capacity = config.flashbax_capacity if name == "flashbax" else config.capacity
+        record = Record(name, capacity, evals=[(0, initial_return)])
+        if name == "flashbax":
+            replay, state = flashbax_replay(spec, config)
+            learner_step = make_learner_step(replay, network, optimizer, config, key_learn)
+
+            def size(state: Any) -> int:
+                return min(int(state.running_index), capacity)
+
+            run_fused(replay, state, size, Run(record, config, evaluate), act, learner_step, learner, envs)
+        else:
+            with gj.Table.create(spec) as table:  # closing the table frees its shared memory
+                replay = table_replay(table, config)
+                learner_step = make_learner_step(replay, network, optimizer, config, key_learn)
+                run = Run(record, config, evaluate)
+                if name == "gear_jax":
+                    token = jnp.zeros((), jnp.int32)
+                    run_fused(replay, token, lambda _: table.size, run, act, learner_step, learner, envs)
+                else:
+                    run_host_insert(table, run, act, learner_step, learner, envs)
+        records.append(record)
+    return records
+
+
+def save_plot(path: str, records: list[Record]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for record, color in zip(records, ["tab:blue", "tab:orange", "tab:green"]):
+        if len(record.episodes) >= 2:
+            x, y = np.array(record.episodes).T
+            window = min(50, len(y))
+            smooth = np.convolve(y, np.ones(window) / window, mode="valid")
+            ax.plot(x[window - 1:], smooth, color=color, alpha=0.6,
+                    label=f"{record.name}: training, mean of {window}")
+        x, y = np.array(record.evals).T
+        ax.plot(x, y, "o-", color=color, label=f"{record.name}: greedy evaluation")
+    ax.set_xlabel("environment transitions")
+    ax.set_ylabel("episode return")
+    ax.set_title("Double DQN + prioritized replay on CartPole-v1, Anakin style")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    config = config_from_flags()
+    if config.platform not in gj.build_info()["ffi_platforms"]:
+        raise app.UsageError(f"this gear_jax was built without {config.platform} handlers; use --platform=cpu")
+    if "flashbax" in config.compare:
+        try:
+            import flashbax  # noqa: F401
+        except ImportError as e:
+            raise app.UsageError(f"the flashbax comparison needs flashbax ({e}): pip install flashbax, "
+                                 "or leave it out of --compare") from None
+    try:
+        device = jax.devices(config.platform)[0]
+    except RuntimeError as e:
+        raise app.UsageError(f"--platform={config.platform}: no such JAX device ({e})") from None
+    start = time.perf_counter()
+    with jax.default_device(device):  # every array and jitted program below runs there
+        records = compare(config)
+    wall_s = time.perf_counter() - start
+
+    if config.plot:
+        save_plot(config.plot, records)
+        logging.info("saved the learning curves to %s", config.plot)
+    transitions = config.iterations * config.num_envs
+    print(f"{config.steps} updates and {transitions} transitions each ({config.num_envs} envs, batch "
+          f"{config.batch_size}, {config.prefill_steps} acting-only iterations first), on {device}:")
+    print(f"{'comparison':<12} {'capacity':>9} {'env steps/s':>11} {'updates/s':>9} {'train s':>7} "
+          f"{'compile s':>9} {'eval return':>11}  replay")
+    for r in records:
+        print(f"{r.name:<12} {r.capacity:>9} {transitions / r.train_s:>11.0f} {config.steps / r.train_s:>9.0f} "
+              f"{r.train_s:>7.1f} {r.compile_s:>9.1f} {r.evals[-1][1]:>11.1f}  {COMPARISONS[r.name]}")
+    fields = [f"steps={config.steps}", f"transitions={transitions}", f"num_envs={config.num_envs}",
+              f"initial_eval_return={records[0].evals[0][1]:.1f}", f"eval_episodes={config.eval_episodes}"]
+    for r in records:
+        fields += [f"{r.name}_eval_return={r.evals[-1][1]:.1f}",
+                   f"{r.name}_env_steps_per_s={transitions / r.train_s:.1f}",
+                   f"{r.name}_updates_per_s={config.steps / r.train_s:.1f}",
+                   f"{r.name}_train_s={r.train_s:.1f}", f"{r.name}_compile_s={r.compile_s:.1f}",
+                   f"{r.name}_capacity={r.capacity}", f"{r.name}_size={r.size}",
+                   f"{r.name}_final_loss={r.final_loss:.5f}"]
+    print("summary: " + " ".join(fields + [f"wall_s={wall_s:.1f}"]))
+
+
+if __name__ == "__main__":
+    app.run(main)
