@@ -3,8 +3,11 @@ the cost of one-row inserts against a numpy row write (`one_row`).
 
 gear_jax writers are separate processes that attach to the table by name. The baselines run with
 one writer, in this process (Reverb: a client in its worker process), at the `writers=1` points:
-numpy (slice copy into a preallocated ring), jnp_update (jitted, donated dynamic_update_slice),
-flashbax (jitted, donated item-buffer `add`), torchrl (`extend`), Reverb (trajectory writer + flush).
+gear_jax_jit (`gj.insert` inside a jitted function, of a batch already on the device: an effectful call
+leaves JAX's fast dispatch path, which dominates small batches), gear_jax_jit_scan8 (8 such inserts in
+one `lax.scan`, where that cost is paid once: latency per insert, the call's divided by 8), numpy
+(slice copy into a preallocated ring), jnp_update (jitted, donated dynamic_update_slice), flashbax
+(jitted, donated item-buffer `add`), torchrl (`extend`), Reverb (trajectory writer + flush).
 
 Every table is filled once before timing, so the timed inserts overwrite rows whose memory is already
 mapped: the steady state of a ring that has wrapped, not the first touch of fresh pages. (Reverb
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +57,32 @@ def gear_point(point: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     latencies = np.concatenate([r.latencies for r in results])
     wall = max(r.end for r in results) - min(r.start for r in results)
     return make_record(point, GEAR, "insert", latencies, batch, batch * item_bytes, wall_s=wall)
+
+
+SCAN_INSERTS = 8  # inserts per call of gear_jax_jit_scan8
+
+
+def gear_jit_insert(rows: int, chunk: np.ndarray, scan: int = 0) -> Insert:
+    """gear_jax `gj.insert` inside a jitted function, of the chunk as a device array (the in-jit path of
+    programs that act and learn in one `jax.jit`), into a filled table of `rows` rows; with `scan`, that
+    many inserts of the chunk in one `lax.scan` per call."""
+    spec = gj.TableSpec(fields={"x": gj.Field((chunk.shape[1],), "uint8")}, capacity=rows)
+    table = gj.Table.create(spec)
+    for _, rows_chunk in Dataset(rows, 1, chunk.shape[1]).chunks():
+        table.insert({"x": rows_chunk[:, 0]})
+    if scan:
+        insert = jax.jit(
+            lambda x: jax.lax.scan(lambda c, _: (c, gj.insert(table, {"x": x})), None, length=scan)[1]
+        )
+    else:
+        insert = jax.jit(lambda x: gj.insert(table, {"x": x}))
+    device_chunk = jnp.asarray(chunk)
+
+    def step(i: int) -> None:
+        jax.block_until_ready(insert(device_chunk))
+
+    weakref.finalize(step, table.close)  # the table goes with the timed function
+    return step
 
 
 def numpy_insert(rows: int, chunk: np.ndarray) -> Insert:
@@ -111,6 +141,8 @@ def torchrl_insert(rows: int, chunk: np.ndarray) -> Insert:
 
 
 IN_PROCESS: dict[str, Callable[[int, np.ndarray], Insert]] = {
+    "gear_jax_jit": gear_jit_insert,
+    "gear_jax_jit_scan8": lambda rows, chunk: gear_jit_insert(rows, chunk, scan=SCAN_INSERTS),
     "numpy": numpy_insert,
     "jnp_update": jnp_insert,
     "flashbax": flashbax_insert,
@@ -146,7 +178,8 @@ def baseline_latencies(name: str, rows: int, chunk: np.ndarray, args: argparse.N
         return reverb_latencies(chunk.shape[1], len(chunk), args)
     try:
         with progress(args.iters, f"{name} insert") as bar:
-            return time_calls(IN_PROCESS[name](rows, chunk), args.warmup, args.iters, bar.update)
+            latencies = time_calls(IN_PROCESS[name](rows, chunk), args.warmup, args.iters, bar.update)
+        return latencies / SCAN_INSERTS if name == "gear_jax_jit_scan8" else latencies
     finally:
         gc.collect()  # frees this baseline's ring (torchrl's buffer sits in reference cycles) before the next
 

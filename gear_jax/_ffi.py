@@ -11,6 +11,7 @@ TOTAL_WEIGHT = "gear_jax_total_weight"
 SAMPLE_AT = "gear_jax_sample_at"
 ORDERED_CANDIDATES = "gear_jax_ordered_candidates"
 SAMPLE_GATHER = "gear_jax_sample_gather"  # CPU only
+INSERT = "gear_jax_insert"
 
 REGISTERED_PLATFORMS: list[str] = []
 

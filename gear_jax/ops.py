@@ -467,6 +467,153 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
     )
 
 
+INSERT_PRIORITY_MODES = {"given": 0, "max": 1}  # the custom call's priority_mode (handler_checks.h)
+
+
+def insert(
+    table: Table,
+    batch: dict[str, jax.Array],
+    priorities: Any = None,
+    lengths: Any = None,
+    after: Any = None,
+    time_major: bool = False,
+) -> jax.Array:
+    """Inserts a batch of rows from inside a jitted program (or eagerly); returns their row ids.
+
+    The rows are claimed, written and published exactly as a host `Table.insert` does (the same row claim
+    and seqlock: no sample ever sees a row half written, and writers in other processes may insert at the
+    same time). On a GPU the batch moves device -> pinned host memory in the stream's order and a host
+    callback on the stream writes the rows, so the claim stays atomic against CPU writers on PCIe hosts.
+
+    The call is a side effect: XLA never drops it, and it runs once per iteration inside `lax.scan`. Like
+    every side effect in a jitted function it is ordered only by data dependency: pass the returned ids
+    (or anything computed from them) as `after=` to a later `sample` so that the sample sees the rows,
+    and pass a result this insert must follow (e.g. `update_priorities`'s count) as its `after=`.
+
+    Args:
+      table: a gear_jax.Table (static).
+      batch: every field of the table, by name: `[B, *shape]` for a transition table (max_steps == 1),
+        `[B, T, *shape]` with 1 <= T <= max_steps for a trajectory table (`[T, B, *shape]` with
+        `time_major=True`: the stacked outputs of a `lax.scan` over T steps of B environments, as they
+        come). Each array has the field's dtype or one that casts to it safely (int32 into int64,
+        float16 into float32).
+      priorities: None (1 for every row), a scalar or float[B] array (finite, >= 0), or "max": every row
+        gets the largest priority any row of the table was given so far (`Table.max_priority`, kept in
+        the table's shared header, so the step never syncs to the host for it; 1 while no row had one).
+      lengths: trajectory tables only: int[B] steps used per row, each in [1, T]; default T.
+      after: any array this insert must run after.
+      time_major: trajectory tables only: the batch's arrays are `[T, B, *shape]` (static).
+
+    Returns:
+      int32[B] the row ids written.
+
+    Raises:
+      InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes, bad priorities or lengths
+        shapes (at trace time).
+      gear_jax.EXECUTION_ERRORS: at run time, a priority that is NaN, infinite or negative or a length out
+        of range (nothing written), or a table closed since the function was traced. On a GPU such data
+        errors surface at the next call on the table, and the call's row ids are -1.
+    """
+    table = _check_table(table, "insert")
+    if not isinstance(batch, dict):
+        raise InvalidArgumentError(
+            f"insert: batch must be a dict of field name to array, got {type(batch).__name__}"
+        )
+    spec = table.spec
+    names = list(spec.fields)
+    unknown = sorted(set(batch) - set(names))
+    missing = [n for n in names if n not in batch]
+    if unknown or missing:
+        raise InvalidArgumentError(
+            f"insert: batch has unknown fields {unknown} and lacks fields {missing}; every insert writes "
+            f"all of the table's fields {names}"
+        )
+    if time_major and not spec.is_trajectory:
+        raise InvalidArgumentError("insert: time_major=True is for trajectory tables (max_steps > 1) only")
+    lead = 2 if spec.is_trajectory else 1
+    layout = "[B, *shape]" if not spec.is_trajectory else "[T, B, *shape]" if time_major else "[B, T, *shape]"
+    arrays, problems, lead_shape = [], [], None
+    for name, field in spec.fields.items():
+        value = batch[name]
+        if not hasattr(value, "dtype") or not hasattr(value, "shape"):
+            value = jnp.asarray(value)
+        dtype = np.dtype(value.dtype)
+        if dtype != field.dtype and not np.can_cast(dtype, field.dtype, "safe"):
+            problems.append(
+                f"batch[{name!r}] has dtype {dtype}, which does not cast safely to the field's "
+                f"{field.dtype}; cast it first (`.astype(jnp.{field.dtype.name})`)"
+            )
+            continue
+        if jax.dtypes.canonicalize_dtype(field.dtype) != field.dtype:
+            problems.append(
+                f"field {name!r} is {field.dtype}, which JAX holds only with jax_enable_x64 on; enable it "
+                "(jax.config.update('jax_enable_x64', True)) or declare the field with 32 bits"
+            )
+            continue
+        shape = tuple(value.shape)
+        if len(shape) != lead + len(field.shape) or shape[lead:] != field.shape:
+            problems.append(f"batch[{name!r}] has shape {shape}; expected {layout} with shape={field.shape}")
+            continue
+        if lead_shape is None:
+            lead_shape = shape[:lead]
+        elif shape[:lead] != lead_shape:
+            problems.append(f"batch[{name!r}] has leading dimensions {shape[:lead]}, others {lead_shape}")
+            continue
+        value = jnp.asarray(value, field.dtype)
+        arrays.append(jnp.swapaxes(value, 0, 1) if time_major else value)
+    if problems:
+        raise InvalidArgumentError("insert: " + "; ".join(problems))
+    assert lead_shape is not None
+    if time_major:
+        lead_shape = lead_shape[::-1]
+    b = int(lead_shape[0])
+    steps = int(lead_shape[1]) if spec.is_trajectory else 1
+    if not 1 <= steps <= table.max_steps:
+        raise InvalidArgumentError(
+            f"insert: the batch has {steps} steps per row; the table holds 1 to max_steps={table.max_steps}"
+        )
+    if isinstance(priorities, str):
+        if priorities != "max":
+            raise InvalidArgumentError(
+                f"insert: priorities={priorities!r}; pass None, a number, a float array of shape ({b},) "
+                'or "max" (the largest priority so far)'
+            )
+        mode, priority_array = INSERT_PRIORITY_MODES["max"], jnp.zeros((0,), jnp.float32)
+    else:
+        mode = INSERT_PRIORITY_MODES["given"]
+        p = jnp.ones((b,), jnp.float32) if priorities is None else jnp.asarray(priorities)
+        if not (jnp.issubdtype(p.dtype, jnp.floating) or jnp.issubdtype(p.dtype, jnp.integer)):
+            raise InvalidArgumentError(f"insert: priorities have dtype {p.dtype}; expected floats")
+        if p.ndim == 0:
+            p = jnp.broadcast_to(p, (b,))
+        if p.shape != (b,):
+            raise InvalidArgumentError(
+                f"insert: priorities have shape {p.shape}; expected ({b},), one per row of the batch"
+            )
+        priority_array = p.astype(jnp.float32)
+    if lengths is None:
+        length_array = jnp.zeros((0,), jnp.int32)
+    else:
+        if not spec.is_trajectory:
+            raise InvalidArgumentError("insert: lengths are for trajectory tables (max_steps > 1) only")
+        length_array = jnp.asarray(lengths)
+        if length_array.shape != (b,) or not jnp.issubdtype(length_array.dtype, jnp.integer):
+            raise InvalidArgumentError(
+                f"insert: lengths have shape {length_array.shape} and dtype {length_array.dtype}; expected "
+                f"integers of shape ({b},)"
+            )
+        length_array = length_array.astype(jnp.int32)
+    return jax.ffi.ffi_call(_ffi.INSERT, jax.ShapeDtypeStruct((b,), jnp.int32), has_side_effect=True)(
+        priority_array,
+        length_array,
+        _after(after),
+        *arrays,
+        steps=np.int32(steps),
+        priority_mode=np.int32(mode),
+        **_attrs(table),
+    )
+
+
 def total_weight(
     table: Table, priority_exponent: float = 1.0, after: Any = None
 ) -> tuple[jax.Array, jax.Array]:

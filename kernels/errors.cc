@@ -16,7 +16,10 @@ KernelCode KernelStatus::code() const {
     case ErrorSite::kSampleWeightOverflow:
     case ErrorSite::kSampleMethod:
     case ErrorSite::kTotalWeightOverflow:
-    case ErrorSite::kSampleAtWeightOverflow: break;
+    case ErrorSite::kSampleAtWeightOverflow:
+    case ErrorSite::kInsertPriority:
+    case ErrorSite::kInsertLength:
+    case ErrorSite::kInsertFailed: break;
   }
   return KernelCode::kInvalidArgument;
 }
@@ -29,6 +32,9 @@ const char* KernelStatus::op() const {
     case ErrorSite::kScatterPriority: return "update_priorities";
     case ErrorSite::kTotalWeightOverflow: return "total_weight";
     case ErrorSite::kSampleAtWeightOverflow: return "sample_at";
+    case ErrorSite::kInsertPriority:
+    case ErrorSite::kInsertLength:
+    case ErrorSite::kInsertFailed: return "insert";
     default: return "sample";
   }
 }
@@ -64,6 +70,19 @@ std::string KernelStatus::message() const {
     case ErrorSite::kSampleAtWeightOverflow:
       return "the sum of priority^priority_exponent overflows a double; lower priority_exponent or rescale "
              "the priorities";
+    case ErrorSite::kInsertPriority: {
+      const uint32_t bits = static_cast<uint32_t>(value);
+      float priority;
+      std::memcpy(&priority, &bits, sizeof(priority));
+      return "priorities[" + e + "] = " + std::to_string(priority) +
+             "; priorities must be finite and >= 0 (no row of the batch was written)";
+    }
+    case ErrorSite::kInsertLength:
+      return "lengths[" + e + "] = " + v + " is outside [1, " + l +
+             "] (the batch's time axis; no row of the batch was written)";
+    case ErrorSite::kInsertFailed:
+      return "the host could not write the rows of an insert (out of host memory, or a row was taken from "
+             "this writer before it was published); the call returned row ids -1";
   }
   return "unknown error site " + std::to_string(static_cast<int32_t>(site));
 }

@@ -24,6 +24,9 @@ enum class ErrorSite : int32_t {
   kSampleMethod = 8,             // value = the method number
   kTotalWeightOverflow = 9,      // total_weight: the sum of p^a is not finite in float32
   kSampleAtWeightOverflow = 10,  // sample_at: the sum of p^a is not finite
+  kInsertPriority = 11,          // insert: element = row of the batch, value = bits of the float32 priority
+  kInsertLength = 12,            // insert: element = row of the batch, value = length, limit = steps
+  kInsertFailed = 13,  // insert on the host for a GPU (out of memory, or a row taken from the writer)
 };
 
 // The kind of an error, which the FFI layer maps to a status code.
@@ -38,8 +41,8 @@ struct KernelStatus {
 
   bool ok() const { return site == ErrorSite::kNone; }
   KernelCode code() const;
-  // The operation that reports the error: "sample", "gather", "update_priorities", "total_weight" or
-  // "sample_at".
+  // The operation that reports the error: "sample", "gather", "update_priorities", "total_weight",
+  // "sample_at" or "insert".
   const char* op() const;
   // What went wrong and what to do, for the user.
   std::string message() const;

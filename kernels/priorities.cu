@@ -48,7 +48,8 @@ __device__ bool SetPriority(const TableView& t, int64_t row, uint32_t generation
       const bool was = old_priority > 0.0f, is = priority > 0.0f;
       if (was != is) device::FetchAdd<int64_t>(t.selectable, is ? 1 : -1, t.read_modify_write_atomics);
       if (is && t.max_priority_bits != nullptr) {  // priority bits >= 0 order as the values
-        device::FetchMax<uint32_t>(t.max_priority_bits, __float_as_uint(priority), t.read_modify_write_atomics);
+        device::FetchMax<uint32_t>(t.max_priority_bits, __float_as_uint(priority),
+                                   t.read_modify_write_atomics);
       }
       // The change counters (table_view.h), level by level after the state change.
       for (int level = 0; level < kChangeLevels; ++level) {

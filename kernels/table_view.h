@@ -45,8 +45,8 @@ struct TableView {
   uint32_t* times_sampled = nullptr;  // [capacity]
   // Change counters (ChangeCounters below): [ChangeCounterCount(capacity)], level 0 first.
   uint32_t* change_counts = nullptr;
-  const uint64_t* next_seq = nullptr;  // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
-  int64_t* selectable = nullptr;       // count of rows with an even generation and priority > 0
+  const uint64_t* next_seq = nullptr;     // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
+  int64_t* selectable = nullptr;          // count of rows with an even generation and priority > 0
   uint32_t* max_priority_bits = nullptr;  // the largest priority so far (float32 bits; only raised)
   // Whether a kernel may use read-modify-write atomics on this memory: true on the host (CPU atomics) and
   // on a device with native host atomics; false for pinned host memory over PCIe, where a GPU atomic is

@@ -432,12 +432,13 @@ def test_insert_with_writer_processes(tmp_path: Path) -> None:
         "--item_bytes=64",
         "--batch_size=8",
         "--writers=1,2",
-        "--systems=gear_jax,numpy",
+        "--systems=gear_jax,gear_jax_jit,gear_jax_jit_scan8,numpy",
     )
     gear = grid(table_rows=[500], writers=[1, 2], item_bytes=[64], batch_size=[8])
     check_report(report, "insert", gear, always=["gear_jax"])
-    numpy_points = [r["point"]["writers"] for r in report["records"] if r["system"] == "numpy"]
-    assert numpy_points == [1]
+    for system in ("numpy", "gear_jax_jit", "gear_jax_jit_scan8"):  # in this process: one writer
+        points = [r["point"]["writers"] for r in report["records"] if r["system"] == system]
+        assert points == [1], system
     assert (tmp_path / "insert.png").read_bytes()[:8] == PNG_MAGIC
 
 

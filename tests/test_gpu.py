@@ -515,3 +515,44 @@ def test_weight_overflows_surface_at_the_next_call(make_table, gpu):
     run_on(gpu, lambda a: total_weight(table, 2.0, after=a), jnp.zeros((), jnp.int32))
     with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.total_weight: the sum .* overflows a float32"):
         gather_on(gpu, table, s)
+
+
+@pytest.mark.gpu
+def test_insert_inside_jit_on_gpu_matches_cpu(make_table, gpu):
+    """gj.insert from a program on the GPU writes the same bytes, lengths and priorities as on the CPU, in
+    the stream's order with a sample after it; bad values surface at the next call and write nothing."""
+    fields = {"obs": gj.Field((3,), "float32"), "pixels": gj.Field((7,), "uint8")}
+    rng = np.random.default_rng(0)
+    batch = {
+        "obs": rng.integers(0, 2**32, (6, 4, 3), dtype=np.uint32).view(np.float32),
+        "pixels": rng.integers(0, 256, (6, 4, 7), dtype=np.uint8),
+    }
+    lengths = np.array([4, 1, 2, 3, 4, 2], np.int32)
+    tables = {}
+    for name, device in (("cpu", CPU), ("gpu", gpu)):
+        table = tables[name] = make_table(fields=fields, capacity=32, max_steps=4)
+        table.insert({k: v[:2] for k, v in batch.items()}, priorities=[3.0, 0.5])
+
+        def step(b, n, key, table=table):
+            rows = gj.insert(table, b, priorities="max", lengths=n)
+            s = gj.sample(table, key, 6, method="lifo", after=rows)
+            return rows, s.indices
+
+        rows, picked = run_on(device, step, batch, lengths, jax.random.key(0))
+        np.testing.assert_array_equal(np.sort(np.asarray(picked)), np.sort(np.asarray(rows)))
+    cpu_status, gpu_status = tables["cpu"].row_status(), tables["gpu"].row_status()
+    for column in ("priority", "length"):
+        np.testing.assert_array_equal(gpu_status[column], cpu_status[column], err_msg=column)
+    np.testing.assert_array_equal(gpu_status["priority"][2:8], 3.0)
+    for name in fields:
+        got, expected = tables["gpu"]._columns[name][2:8], tables["cpu"]._columns[name][2:8]
+        for i, n in enumerate(lengths):
+            np.testing.assert_array_equal(got[i, :n].view(np.uint8), expected[i, :n].view(np.uint8))
+    table = tables["gpu"]
+    size = table.size
+    bad = {k: v[:2] for k, v in batch.items()}
+    rows = run_on(gpu, lambda b, n: gj.insert(table, b, lengths=n), bad, np.array([1, 5], np.int32))
+    np.testing.assert_array_equal(np.asarray(rows), [-1, -1])
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"insert: lengths\[1\] = 5 is outside \[1, 4\]"):
+        run_on(gpu, lambda b: gj.insert(table, b), bad)
+    assert table.size == size

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <vector>
 
 #include "kernels/atomics.h"
 #include "kernels/gather.h"
@@ -200,6 +201,41 @@ ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::
   return KernelFailure(status);
 }
 
+// The rows of an insert inside a jitted program: SharedTable::Insert, the host insert's claim, copy and
+// publication, from the call's buffers.
+ffi::Error InsertImpl(ffi::Buffer<ffi::F32> priorities, ffi::Buffer<ffi::S32> lengths,
+                      ffi::AnyBuffer /*after*/, ffi::RemainingArgs fields, ffi::ResultBuffer<ffi::S32> rows,
+                      int64_t handle, int64_t spec_hash, int32_t steps, int32_t priority_mode) {
+  std::shared_ptr<SharedTable> table;
+  if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
+  const TableView& view = table->view();
+  InsertRequest request;
+  if (ffi::Error error = PrepareInsert(view, fields, priorities.element_count(), lengths.element_count(),
+                                       rows->element_count(), steps, priority_mode, &request);
+      error.failure()) {
+    return error;
+  }
+  if (request.batch == 0) return ffi::Error::Success();
+  const int32_t* row_lengths = request.lengths ? lengths.typed_data() : nullptr;
+  std::vector<float> largest;
+  const float* row_priorities = priorities.typed_data();
+  if (request.priorities == InsertPriorities::kLargest) {
+    largest.assign(static_cast<size_t>(request.batch), LargestPrioritySoFar(view));
+    row_priorities = largest.data();
+  }
+  if (KernelStatus status = CheckInsertValues(row_priorities, row_lengths, request.batch, steps);
+      !status.ok())
+    return KernelFailure(status);
+  try {
+    table->Insert(request.field_data, request.batch, steps, row_lengths, row_priorities, rows->typed_data());
+  } catch (const std::bad_alloc&) {
+    return OpError(ffi::ErrorCode::kResourceExhausted, "insert", "out of host memory");
+  } catch (const std::exception& e) {
+    return OpError(ffi::ErrorCode::kInternal, "insert", e.what());
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error TotalWeightImpl(ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32> total,
                            ffi::ResultBuffer<ffi::S32> count, int64_t handle, int64_t spec_hash,
                            float priority_exponent) {
@@ -298,6 +334,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxUpdatePrioritiesCpu, gear::UpdatePriorities
                                   .Ret<ffi::Buffer<ffi::S32>>()  // updated: int32[] rows written
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxInsertCpu, gear::InsertImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // priorities: float32[B] (or [0]: largest)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lengths: int32[B] (or [0]: steps each)
+                                  .Arg<ffi::AnyBuffer>()         // after: ordering only
+                                  .RemainingArgs()               // one [B, steps, *shape] per field, in order
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // rows: int32[B] row ids
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<int32_t>("steps")
+                                  .Attr<int32_t>("priority_mode"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxTotalWeightCpu, gear::TotalWeightImpl,
                               ffi::Ffi::Bind()

@@ -11,4 +11,5 @@ XLA_FFI_Error* GearJaxTotalWeightCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxSampleAtCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxOrderedCandidatesCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxSampleGatherCpu(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GearJaxInsertCpu(XLA_FFI_CallFrame* call_frame);
 }

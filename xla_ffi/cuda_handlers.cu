@@ -485,6 +485,125 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
   return CudaFailure(kOp, "cannot enqueue the end of the update's counter window", enqueued);
 }
 
+// Where the arrays of an insert lie in its staging chunk: the row ids the host writes, the priorities and
+// lengths when the call has them, and every field's bytes.
+struct InsertStaging {
+  int32_t* rows;
+  float* priorities;
+  int32_t* lengths;
+  std::vector<const uint8_t*> fields;
+
+  InsertStaging(ScratchCarver& carver, const InsertRequest& request)
+      : rows(carver.Take<int32_t>(request.batch)),
+        priorities(request.priorities == InsertPriorities::kGiven ? carver.Take<float>(request.batch)
+                                                                  : nullptr),
+        lengths(request.lengths ? carver.Take<int32_t>(request.batch) : nullptr) {
+    for (int64_t bytes : request.field_bytes) fields.push_back(carver.Take<uint8_t>(bytes));
+  }
+};
+
+// One insert in flight, owned by its host callback.
+struct HostInsert {
+  std::shared_ptr<SharedTable> table;  // keeps the mapping and its host view until the callback ran
+  int64_t handle;
+  DeviceError* error;  // host address of the table's error record for the device
+  InsertStaging staging;
+  int64_t batch;
+  int32_t steps;
+  bool largest;  // every row the table's largest priority so far
+};
+
+// The host callback (cudaHostFn_t): runs after the batch reached the staging and before the row ids are
+// copied out of it. The claim, copy and publication are the host insert's (SharedTable::Insert, CPU
+// atomics), so that they stay atomic against writers on the CPU over PCIe. Makes no CUDA call.
+void RunHostInsert(void* arg) {
+  std::unique_ptr<HostInsert> call(static_cast<HostInsert*>(arg));
+  const InsertStaging& s = call->staging;
+  const TableView& view = call->table->view();
+  std::vector<float> largest;
+  const float* priorities = s.priorities;
+  KernelStatus status;
+  try {
+    if (call->largest) {
+      largest.assign(static_cast<size_t>(call->batch), LargestPrioritySoFar(view));
+      priorities = largest.data();
+    }
+    status = CheckInsertValues(priorities, s.lengths, call->batch, call->steps);
+    if (status.ok()) call->table->Insert(s.fields, call->batch, call->steps, s.lengths, priorities, s.rows);
+  } catch (const std::exception&) {
+    status = KernelError(ErrorSite::kInsertFailed);
+  }
+  if (!status.ok()) {  // no row written: the ids say so, and the next call on the table reports why
+    for (int64_t b = 0; b < call->batch; ++b) s.rows[b] = -1;
+    ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
+  }
+  if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
+}
+
+// An insert inside a jitted program on a GPU: the batch is copied into pinned staging memory in the
+// stream's order, a host callback inserts it (RunHostInsert), and the row ids are copied back. The
+// handler never waits for the stream.
+ffi::Error InsertImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::F32> priorities,
+                      ffi::Buffer<ffi::S32> lengths, ffi::AnyBuffer /*after*/, ffi::RemainingArgs fields,
+                      ffi::ResultBuffer<ffi::S32> rows, int64_t handle, int64_t spec_hash, int32_t steps,
+                      int32_t priority_mode) {
+  constexpr const char* kOp = "insert";
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  InsertRequest request;
+  if (ffi::Error error =
+          PrepareInsert(t.table->view(), fields, priorities.element_count(), lengths.element_count(),
+                        rows->element_count(), steps, priority_mode, &request);
+      error.failure()) {
+    return error;
+  }
+  if (request.batch == 0) return ffi::Error::Success();
+  HostStaging* pool = HostStaging::ForDevice(device);  // Open checked the device is one a table supports
+  ScratchCarver sizer(nullptr);
+  const InsertStaging layout(sizer, request);
+  HostStaging::Chunk* chunk;
+  if (cudaError_t status = pool->Acquire(sizer.bytes(), &chunk); status != cudaSuccess) {
+    return CudaFailure(kOp, "cannot allocate pinned host staging memory", status);
+  }
+  ScratchCarver carver(chunk->data);
+  auto call = std::unique_ptr<HostInsert>(new HostInsert{t.table, handle, t.side->error_host,
+                                                         InsertStaging(carver, request), request.batch, steps,
+                                                         request.priorities == InsertPriorities::kLargest});
+  const InsertStaging& s = call->staging;
+  const char* what = "cannot copy the batch to the host";
+  const size_t row_bytes = static_cast<size_t>(request.batch) * sizeof(int32_t);
+  cudaError_t status = cudaSuccess;
+  if (s.priorities != nullptr) {
+    status = cudaMemcpyAsync(s.priorities, priorities.typed_data(), static_cast<size_t>(request.batch) * 4,
+                             cudaMemcpyDeviceToHost, stream);
+  }
+  if (status == cudaSuccess && s.lengths != nullptr) {
+    status = cudaMemcpyAsync(s.lengths, lengths.typed_data(), row_bytes, cudaMemcpyDeviceToHost, stream);
+  }
+  for (size_t f = 0; f < s.fields.size() && status == cudaSuccess; ++f) {
+    status = cudaMemcpyAsync(const_cast<uint8_t*>(s.fields[f]), request.field_data[f],
+                             static_cast<size_t>(request.field_bytes[f]), cudaMemcpyDeviceToHost, stream);
+  }
+  if (status == cudaSuccess) {
+    what = "cannot enqueue the host insert";
+    status = cudaLaunchHostFunc(stream, RunHostInsert, call.get());
+    if (status == cudaSuccess) call.release();  // the callback owns it now
+  }
+  if (status == cudaSuccess) {
+    what = "cannot copy the row ids to the device";
+    status = cudaMemcpyAsync(rows->typed_data(), s.rows, row_bytes, cudaMemcpyHostToDevice, stream);
+  }
+  if (status != cudaSuccess) cudaGetLastError();  // reported here, not by a later launch check
+  // Whatever was enqueued, the chunk goes back only once the stream is past it.
+  const cudaError_t released = pool->Release(chunk, stream);
+  if (status != cudaSuccess) return CudaFailure(kOp, what, status);
+  if (released != cudaSuccess)
+    return CudaFailure(kOp, "cannot record the staging memory's release", released);
+  return ffi::Error::Success();
+}
+
 ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
                            ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32> total,
                            ffi::ResultBuffer<ffi::S32> count, int64_t handle, int64_t spec_hash,
@@ -632,6 +751,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxUpdatePrioritiesCuda, gear::UpdatePrioritie
                                   .Ret<ffi::Buffer<ffi::S32>>()              // updated: int32[] rows written
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxInsertCuda, gear::InsertImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // priorities: float32[B] ([0]: largest)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // lengths: int32[B] ([0]: steps each)
+                                  .Arg<ffi::AnyBuffer>()         // after: ordering only
+                                  .RemainingArgs()               // one [B, steps, *shape] per field, in order
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // rows: int32[B] row ids
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<int32_t>("steps")
+                                  .Attr<int32_t>("priority_mode"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxTotalWeightCuda, gear::TotalWeightImpl,
                               ffi::Ffi::Bind()

@@ -10,6 +10,7 @@ XLA_FFI_Error* GearJaxUpdatePrioritiesCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxTotalWeightCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxSampleAtCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxOrderedCandidatesCuda(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GearJaxInsertCuda(XLA_FFI_CallFrame* call_frame);
 }
 
 namespace gear {

@@ -1,6 +1,7 @@
 #include "xla_ffi/handler_checks.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "xla_ffi/registry.h"
 
@@ -165,6 +166,76 @@ ffi::Error PrepareGather(const TableView& view, size_t indices, size_t generatio
     out->fields[f] = static_cast<uint8_t*>((*result)->untyped_data());
   }
   return ffi::Error::Success();
+}
+
+ffi::Error PrepareInsert(const TableView& view, ffi::RemainingArgs fields, size_t priorities, size_t lengths,
+                         size_t rows, int32_t steps, int32_t priority_mode, InsertRequest* request) {
+  constexpr const char* kOp = "insert";
+  if (steps < 1 || steps > view.max_steps) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "steps = " + std::to_string(steps) +
+                       " is outside [1, max_steps=" + std::to_string(view.max_steps) + "]");
+  }
+  if (priority_mode != static_cast<int32_t>(InsertPriorities::kGiven) &&
+      priority_mode != static_cast<int32_t>(InsertPriorities::kLargest)) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "unknown priority_mode " + std::to_string(priority_mode));
+  }
+  if (fields.size() != static_cast<size_t>(view.num_fields)) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   std::to_string(fields.size()) + " field buffers for a table of " +
+                       std::to_string(view.num_fields) + " fields: every insert writes every field");
+  }
+  const int64_t batch = static_cast<int64_t>(rows);
+  request->batch = batch;
+  request->steps = steps;
+  request->priorities = static_cast<InsertPriorities>(priority_mode);
+  const bool given = request->priorities == InsertPriorities::kGiven;
+  if ((given && priorities != rows) || (!given && priorities != 0) || (lengths != 0 && lengths != rows)) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "priorities (unless the table's largest is asked for) and lengths (when given) must have "
+                   "one entry per row");
+  }
+  request->lengths = lengths != 0;
+  request->field_data.assign(view.num_fields, nullptr);
+  request->field_bytes.assign(view.num_fields, 0);
+  for (int32_t f = 0; f < view.num_fields; ++f) {
+    auto buffer = fields.get<ffi::AnyBuffer>(f);
+    if (!buffer.has_value()) return buffer.error();
+    const int64_t expected = batch * steps * view.fields[f].step_bytes;
+    if (static_cast<int64_t>(buffer->size_bytes()) != expected) {
+      return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                     "the buffer of field " + std::to_string(f) + " holds " +
+                         std::to_string(buffer->size_bytes()) + " bytes, expected " +
+                         std::to_string(expected) + " (rows x steps x the field's bytes per step)");
+    }
+    request->field_data[f] = static_cast<const uint8_t*>(buffer->untyped_data());
+    request->field_bytes[f] = expected;
+  }
+  return ffi::Error::Success();
+}
+
+KernelStatus CheckInsertValues(const float* priorities, const int32_t* lengths, int64_t batch,
+                               int32_t steps) {
+  for (int64_t b = 0; b < batch; ++b) {
+    if (priorities != nullptr && (!std::isfinite(priorities[b]) || priorities[b] < 0.0f)) {
+      uint32_t bits;
+      std::memcpy(&bits, &priorities[b], sizeof(bits));
+      return KernelError(ErrorSite::kInsertPriority, b, bits);
+    }
+    if (lengths != nullptr && (lengths[b] < 1 || lengths[b] > steps)) {
+      return KernelError(ErrorSite::kInsertLength, b, lengths[b], steps);
+    }
+  }
+  return {};
+}
+
+float LargestPrioritySoFar(const TableView& view) {
+  const uint32_t bits = __atomic_load_n(view.max_priority_bits, __ATOMIC_RELAXED);
+  if (bits == 0) return 1.0f;
+  float priority;
+  std::memcpy(&priority, &bits, sizeof(priority));
+  return priority;
 }
 
 ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t priorities) {

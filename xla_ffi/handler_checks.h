@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/errors.h"
 #include "kernels/gather.h"
@@ -56,6 +57,36 @@ ffi::Error PrepareGather(const TableView& view, size_t indices, size_t generatio
                          ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out,
                          ffi::Span<const int64_t> fields, int32_t window, GatherRequest* request,
                          GatherOutputs* out);
+
+// How an insert gives its rows their priorities (the attribute `priority_mode`).
+enum class InsertPriorities : int32_t {
+  kGiven = 0,    // one per row, in the priorities argument
+  kLargest = 1,  // every row the table's largest priority so far (1 while no row had one above 0)
+};
+
+// insert: what a handler writes, checked against the table's layout (field_data are the call's
+// buffers: device memory in a CUDA handler).
+struct InsertRequest {
+  int64_t batch = 0;
+  int32_t steps = 0;
+  InsertPriorities priorities = InsertPriorities::kGiven;
+  bool lengths = false;  // one length per row in the lengths argument (otherwise `steps` each)
+  std::vector<const uint8_t*> field_data;
+  std::vector<int64_t> field_bytes;  // bytes of each field buffer
+};
+
+// insert: checks the buffers of every field (batch x steps x the field's step bytes, in the table's
+// field order), one priority (kGiven) and one length (when any) per row, one row id result per row,
+// and `steps` in [1, max_steps], and fills *request.
+ffi::Error PrepareInsert(const TableView& view, ffi::RemainingArgs fields, size_t priorities, size_t lengths,
+                         size_t rows, int32_t steps, int32_t priority_mode, InsertRequest* request);
+
+// insert: the values only the data holds (priorities finite and >= 0, lengths in [1, steps]), checked
+// before any row is claimed, so that a refused batch writes nothing.
+KernelStatus CheckInsertValues(const float* priorities, const int32_t* lengths, int64_t batch, int32_t steps);
+
+// The priority every row of an insert in InsertPriorities::kLargest mode gets.
+float LargestPrioritySoFar(const TableView& view);
 
 // update_priorities: one generation and one priority per row id.
 ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t priorities);

@@ -237,6 +237,7 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCpu);
     cpu["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCpu);
     cpu["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCpu);  // CPU only: ops.sample_gather
+    cpu["gear_jax_insert"] = gear::Capsule(GearJaxInsertCpu);
     py::dict out;
     out["cpu"] = cpu;
 #if GEAR_JAX_WITH_CUDA
@@ -247,6 +248,7 @@ PYBIND11_MODULE(_native, m) {
     cuda["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCuda);
     cuda["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCuda);
     cuda["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCuda);
+    cuda["gear_jax_insert"] = gear::Capsule(GearJaxInsertCuda);
     out["CUDA"] = cuda;
 #endif
     return out;

@@ -9,7 +9,7 @@ namespace gear {
 
 struct RateLimiterState {
   // Settings, written by the creator before the header's magic and never changed after.
-  uint32_t enabled;            // 0: no limiter (inserts and samples never wait)
+  uint32_t enabled;  // 0: no limiter (inserts and samples never wait)
   uint32_t reserved;
   int64_t min_size_to_sample;  // samples wait until the table holds this many rows
   double samples_per_insert;   // 0: no ratio between samples and inserts

@@ -89,7 +89,7 @@ struct TableHeader {
   // >= 0, whose bits order as their values): 0 until some row had a priority above 0. Only ever raised
   // (RaiseMaxPriority in kernels/atomics.h), by inserts, commits, priority updates and restores.
   alignas(64) uint32_t max_priority_bits;
-  alignas(64) RateLimiterState rate_limiter;  // rate_limiter.h
+  alignas(64) RateLimiterState rate_limiter;           // rate_limiter.h
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
 };
