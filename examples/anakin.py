@@ -60,15 +60,19 @@ COMPARISONS = {  # name: what holds the replay, and how transitions get into it
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("compare", list(COMPARISONS), f"comparisons to run, in order: any of {list(COMPARISONS)}")
-flags.DEFINE_integer("steps", 20_000, "training iterations: each steps every env once and makes one update")
+flags.DEFINE_integer("steps", 10_000, "training iterations: each steps every env once and makes one update")
 flags.DEFINE_integer("seed", 0, "seed of the network, the environments, exploration and the samplers")
 flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where jax runs")
 flags.DEFINE_integer("num_envs", 4, "environments stepped in parallel (jax.vmap)")
 flags.DEFINE_integer("batch_size", 64, "rows per learner update")
 flags.DEFINE_integer("capacity", 1_000_000, "rows of the gear_jax table (host memory)")
-flags.DEFINE_integer("flashbax_capacity", None, "items of the flashbax buffer (device memory); default --capacity")
+flags.DEFINE_integer(
+    "flashbax_capacity", None, "items of the flashbax buffer (device memory); default --capacity"
+)
 flags.DEFINE_integer("learning_starts", 1_000, "transitions collected (acting only) before the first update")
-flags.DEFINE_integer("scan_steps", 1_000, "iterations per call of the fused program; --steps must be a multiple")
+flags.DEFINE_integer(
+    "scan_steps", 1_000, "iterations per call of the fused program; --steps must be a multiple"
+)
 flags.DEFINE_float("lr", 1e-3, "Adam learning rate at the start, decayed linearly to --lr_end")
 flags.DEFINE_float("lr_end", 1e-5, "learning rate after --steps updates")
 flags.DEFINE_float("gamma", 0.99, "discount")
@@ -83,7 +87,7 @@ flags.DEFINE_float("eps_fraction", 0.16, "fraction of all iterations over which 
 flags.DEFINE_integer("eval_episodes", 20, "episodes of each greedy evaluation (run in parallel)")
 flags.DEFINE_integer("eval_every", 5_000, "training iterations between greedy evaluations")
 flags.DEFINE_string("plot", None, "save a PNG of the learning curves here")
-flags.DEFINE_bool("smoke", False, "a short run for tests: 3000 steps, a 100,000-row table")
+flags.DEFINE_bool("smoke", False, "a short run for tests: 1000 steps, 100,000-row replays")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +135,7 @@ def config_from_flags() -> Config:
     values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)}
     values["compare"] = tuple(values["compare"])
     if values["smoke"]:
-        values.update(steps=3_000, capacity=100_000, scan_steps=500, eval_every=3_000, eval_episodes=10)
+        values.update(steps=1_000, capacity=100_000, scan_steps=500, eval_every=1_000)
     if values["flashbax_capacity"] is None:
         values["flashbax_capacity"] = values["capacity"]
     config = Config(**values)
@@ -188,8 +192,13 @@ def make_spec(env: Any, env_params: Any, capacity: int) -> gj.TableSpec:
     """One (obs, action, reward, next_obs, discount) transition per row."""
     obs_space = env.observation_space(env_params)
     return gj.TableSpec.from_spaces(
-        {"obs": obs_space, "action": env.action_space(env_params), "reward": gj.Field(),
-         "next_obs": obs_space, "discount": gj.Field()},  # discount of the bootstrap: 0 if terminated
+        {
+            "obs": obs_space,
+            "action": env.action_space(env_params),
+            "reward": gj.Field(),
+            "next_obs": obs_space,
+            "discount": gj.Field(),
+        },  # discount of the bootstrap: 0 if terminated
         capacity,
     )
 
@@ -202,8 +211,13 @@ def table_replay(table: gj.Table, config: Config) -> Replay:
         return gj.insert(table, rows, priorities="max", after=token)[0]
 
     def sample(token: jax.Array, key: jax.Array):
-        picks, batch = table.sample_batch(key, config.batch_size, method="prioritized",
-                                          priority_exponent=config.priority_exponent, after=token)
+        picks, batch = table.sample_batch(
+            key,
+            config.batch_size,
+            method="prioritized",
+            priority_exponent=config.priority_exponent,
+            after=token,
+        )
         return token, batch, picks.probabilities, picks
 
     def update(token: jax.Array, picks: gj.Sample, priorities: jax.Array) -> jax.Array:
@@ -220,9 +234,12 @@ def flashbax_replay(spec: gj.TableSpec, config: Config) -> tuple[Replay, Any]:
     import flashbax as fbx  # only this comparison needs it (requirements-test.txt, not requirements.txt)
 
     buffer = fbx.make_prioritised_item_buffer(
-        max_length=config.flashbax_capacity, min_length=config.batch_size,
-        sample_batch_size=config.batch_size, add_batches=True,
-        priority_exponent=config.priority_exponent, device="gpu" if config.platform == "cuda" else "cpu",
+        max_length=config.flashbax_capacity,
+        min_length=config.batch_size,
+        sample_batch_size=config.batch_size,
+        add_batches=True,
+        priority_exponent=config.priority_exponent,
+        device="gpu" if config.platform == "cuda" else "cpu",
     )
     state = buffer.init({name: jnp.zeros(f.shape, f.dtype) for name, f in spec.fields.items()})
 
@@ -257,8 +274,13 @@ def make_act(env: Any, env_params: Any, network: QNetwork, config: Config, key: 
             jax.random.split(key_env, config.num_envs), envs.state, action, env_params
         )
         # gymnax resets finished envs inside step; the true next observation is in `final_observation`.
-        rows = {"obs": envs.obs, "action": action, "reward": reward, "next_obs": info["final_observation"],
-                "discount": jnp.where(terminated, 0.0, config.gamma).astype(jnp.float32)}
+        rows = {
+            "obs": envs.obs,
+            "action": action,
+            "reward": reward,
+            "next_obs": info["final_observation"],
+            "discount": jnp.where(terminated, 0.0, config.gamma).astype(jnp.float32),
+        }
         ended = terminated | truncated
         returns = envs.returns + reward
         return Envs(state, obs, jnp.where(ended, 0.0, returns)), rows, jnp.where(ended, returns, jnp.nan)
@@ -266,8 +288,9 @@ def make_act(env: Any, env_params: Any, network: QNetwork, config: Config, key: 
     return act
 
 
-def make_learner_step(replay: Replay, network: QNetwork, optimizer: optax.GradientTransformation,
-                      config: Config, key: jax.Array):
+def make_learner_step(
+    replay: Replay, network: QNetwork, optimizer: optax.GradientTransformation, config: Config, key: jax.Array
+):
     """`(learner, replay_state, t) -> (learner, replay_state, loss)`: iteration t's double-DQN update.
 
     Samples a prioritized batch (key `fold_in(key, t)`), weighs it by (N * P)^-beta normalized by the
@@ -387,22 +410,39 @@ class Run:
         if not np.isnan(loss[-1]):
             record.final_loss = float(loss[-1])
         self.progress.update(len(finished))
-        self.progress.set_postfix(ret=f"{np.mean(self.recent) if self.recent else math.nan:.1f}",
-                                  loss=f"{record.final_loss:.4f}", size=str(size))
+        self.progress.set_postfix(
+            ret=f"{np.mean(self.recent) if self.recent else math.nan:.1f}",
+            loss=f"{record.final_loss:.4f}",
+            size=str(size),
+        )
         new_steps = self.done - config.prefill_steps
-        if new_steps == config.steps or (new_steps > 0 and new_steps // config.eval_every
-                                         > steps_done // config.eval_every):
+        if new_steps == config.steps or (
+            new_steps > 0 and new_steps // config.eval_every > steps_done // config.eval_every
+        ):
             record.evals.append((self.done * config.num_envs, self.evaluate(params)))
             self.progress.clear()  # the log line goes above the bar, which the next update redraws
-            logging.info("%s: step %d (%d transitions): eval_return=%.1f", record.name, new_steps,
-                         self.done * config.num_envs, record.evals[-1][1])
+            logging.info(
+                "%s: step %d (%d transitions): eval_return=%.1f",
+                record.name,
+                new_steps,
+                self.done * config.num_envs,
+                record.evals[-1][1],
+            )
         if self.done == config.iterations:
             self.progress.close()
         self.started = time.perf_counter()
 
 
-def run_fused(replay: Replay, replay_state: Any, size: Callable[[Any], int], run: Run, act, learner_step,
-              learner: Learner, envs: Envs) -> None:
+def run_fused(
+    replay: Replay,
+    replay_state: Any,
+    size: Callable[[Any], int],
+    run: Run,
+    act,
+    learner_step,
+    learner: Learner,
+    envs: Envs,
+) -> None:
     """Runs the comparison as fused programs: the prefill in one call, then `--scan_steps` per call."""
     config = run.config
     t0 = jnp.zeros((), jnp.int32)
@@ -449,8 +489,10 @@ def run_host_insert(table: gj.Table, run: Run, act, learner_step, learner: Learn
 def compare(config: Config) -> list[Record]:
     env, env_params = gymnax.make("CartPole-v1")
     network = QNetwork(env.num_actions, config.hidden)
-    optimizer = optax.chain(optax.clip_by_global_norm(10.0),
-                            optax.adam(optax.linear_schedule(config.lr, config.lr_end, config.steps)))
+    optimizer = optax.chain(
+        optax.clip_by_global_norm(10.0),
+        optax.adam(optax.linear_schedule(config.lr, config.lr_end, config.steps)),
+    )
     key_init, key_reset, key_eval, key_act, key_learn = jax.random.split(jax.random.key(config.seed), 5)
     params = network.init(key_init, jnp.zeros((1, *env.observation_space(env_params).shape)))
     evaluate_returns = make_evaluate(env, env_params, network, config.eval_episodes)
@@ -506,8 +548,13 @@ def save_plot(path: str, records: list[Record]) -> None:
             x, y = np.array(record.episodes).T
             window = min(50, len(y))
             smooth = np.convolve(y, np.ones(window) / window, mode="valid")
-            ax.plot(x[window - 1:], smooth, color=color, alpha=0.6,
-                    label=f"{record.name}: training, mean of {window}")
+            ax.plot(
+                x[window - 1 :],
+                smooth,
+                color=color,
+                alpha=0.6,
+                label=f"{record.name}: training, mean of {window}",
+            )
         x, y = np.array(record.evals).T
         ax.plot(x, y, "o-", color=color, label=f"{record.name}: greedy evaluation")
     ax.set_xlabel("environment transitions")
@@ -524,13 +571,17 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     config = config_from_flags()
     if config.platform not in gj.build_info()["ffi_platforms"]:
-        raise app.UsageError(f"this gear_jax was built without {config.platform} handlers; use --platform=cpu")
+        raise app.UsageError(
+            f"this gear_jax was built without {config.platform} handlers; use --platform=cpu"
+        )
     if "flashbax" in config.compare:
         try:
             import flashbax  # noqa: F401
         except ImportError as e:
-            raise app.UsageError(f"the flashbax comparison needs flashbax ({e}): pip install flashbax, "
-                                 "or leave it out of --compare") from None
+            raise app.UsageError(
+                f"the flashbax comparison needs flashbax ({e}): pip install flashbax, "
+                "or leave it out of --compare"
+            ) from None
     try:
         device = jax.devices(config.platform)[0]
     except RuntimeError as e:
@@ -544,22 +595,37 @@ def main(argv: list[str]) -> None:
         save_plot(config.plot, records)
         logging.info("saved the learning curves to %s", config.plot)
     transitions = config.iterations * config.num_envs
-    print(f"{config.steps} updates and {transitions} transitions each ({config.num_envs} envs, batch "
-          f"{config.batch_size}, {config.prefill_steps} acting-only iterations first), on {device}:")
-    print(f"{'comparison':<12} {'capacity':>9} {'env steps/s':>11} {'updates/s':>9} {'train s':>7} "
-          f"{'compile s':>9} {'eval return':>11}  replay")
+    print(
+        f"{config.steps} updates and {transitions} transitions each ({config.num_envs} envs, batch "
+        f"{config.batch_size}, {config.prefill_steps} acting-only iterations first), on {device}:"
+    )
+    print(
+        f"{'comparison':<12} {'capacity':>9} {'env steps/s':>11} {'updates/s':>9} {'train s':>7} "
+        f"{'compile s':>9} {'eval return':>11}  replay"
+    )
     for r in records:
-        print(f"{r.name:<12} {r.capacity:>9} {transitions / r.train_s:>11.0f} {config.steps / r.train_s:>9.0f} "
-              f"{r.train_s:>7.1f} {r.compile_s:>9.1f} {r.evals[-1][1]:>11.1f}  {COMPARISONS[r.name]}")
-    fields = [f"steps={config.steps}", f"transitions={transitions}", f"num_envs={config.num_envs}",
-              f"initial_eval_return={records[0].evals[0][1]:.1f}", f"eval_episodes={config.eval_episodes}"]
+        print(
+            f"{r.name:<12} {r.capacity:>9} {transitions / r.train_s:>11.0f} {config.steps / r.train_s:>9.0f} "
+            f"{r.train_s:>7.1f} {r.compile_s:>9.1f} {r.evals[-1][1]:>11.1f}  {COMPARISONS[r.name]}"
+        )
+    fields = [
+        f"steps={config.steps}",
+        f"transitions={transitions}",
+        f"num_envs={config.num_envs}",
+        f"initial_eval_return={records[0].evals[0][1]:.1f}",
+        f"eval_episodes={config.eval_episodes}",
+    ]
     for r in records:
-        fields += [f"{r.name}_eval_return={r.evals[-1][1]:.1f}",
-                   f"{r.name}_env_steps_per_s={transitions / r.train_s:.1f}",
-                   f"{r.name}_updates_per_s={config.steps / r.train_s:.1f}",
-                   f"{r.name}_train_s={r.train_s:.1f}", f"{r.name}_compile_s={r.compile_s:.1f}",
-                   f"{r.name}_capacity={r.capacity}", f"{r.name}_size={r.size}",
-                   f"{r.name}_final_loss={r.final_loss:.5f}"]
+        fields += [
+            f"{r.name}_eval_return={r.evals[-1][1]:.1f}",
+            f"{r.name}_env_steps_per_s={transitions / r.train_s:.1f}",
+            f"{r.name}_updates_per_s={config.steps / r.train_s:.1f}",
+            f"{r.name}_train_s={r.train_s:.1f}",
+            f"{r.name}_compile_s={r.compile_s:.1f}",
+            f"{r.name}_capacity={r.capacity}",
+            f"{r.name}_size={r.size}",
+            f"{r.name}_final_loss={r.final_loss:.5f}",
+        ]
     print("summary: " + " ".join(fields + [f"wall_s={wall_s:.1f}"]))
 
 
