@@ -34,11 +34,13 @@ table of the comparisons and a summary line last (stdout).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -144,6 +146,8 @@ def config_from_flags() -> Config:
         raise app.UsageError(f"--compare={','.join(config.compare)}: choose among {list(COMPARISONS)}")
     if config.steps <= 0 or config.steps % config.scan_steps:
         raise app.UsageError(f"--steps={config.steps} must be a positive multiple of --scan_steps")
+    if config.learning_starts < config.batch_size:
+        raise app.UsageError("--learning_starts must be at least --batch_size: the first update samples")
     if min(config.capacity, config.flashbax_capacity) < config.prefill_steps * config.num_envs:
         raise app.UsageError("the replay capacities must hold at least --learning_starts transitions")
     return config
@@ -245,7 +249,11 @@ def flashbax_replay(spec: gj.TableSpec, config: Config) -> tuple[Replay, Any]:
 
     def sample(state: Any, key: jax.Array):
         picked = buffer.sample(state, key)
-        batch = dict(picked.experience, valid=jnp.ones(config.batch_size, bool))
+        # Rounding in flashbax's float32 sum tree (its sums follow the leaves by added deltas) makes it pick
+        # empty slots now and then: probability 0, zero data, and a weight (p / 0)^-beta of NaN that ended
+        # a default run (2 of the 640,000 picks, the first with 21,800 items in the 1,000,000-item buffer).
+        # Masked as gear_jax masks overwritten rows; their priority stays 0.
+        batch = dict(picked.experience, valid=picked.probabilities > 0)
         return state, batch, picked.probabilities, picked.indices
 
     return Replay(buffer.add, sample, buffer.set_priorities), state
@@ -317,7 +325,8 @@ def make_learner_step(
         updates, opt_state = optimizer.update(grads, learner.opt_state, learner.params)
         params = optax.apply_updates(learner.params, updates)
         target_params = optax.incremental_update(params, learner.target_params, config.tau)
-        replay_state = replay.update(replay_state, picks, jnp.abs(td) + config.priority_eps)
+        priorities = jnp.where(valid, jnp.abs(td) + config.priority_eps, 0.0)
+        replay_state = replay.update(replay_state, picks, priorities)
         return Learner(params, target_params, opt_state), replay_state, loss
 
     return learner_step
@@ -374,7 +383,7 @@ def make_evaluate(env: Any, env_params: Any, network: QNetwork, num_episodes: in
 
 @dataclasses.dataclass
 class Record:
-    """What one comparison measured, kept up to date by `report`."""
+    """What one comparison measured."""
 
     name: str
     capacity: int
@@ -383,110 +392,113 @@ class Record:
     train_s: float = 0.0  # the iterations alone: no compilation, no evaluation
     compile_s: float = 0.0
     final_loss: float = math.nan
-    size: int = 0
+    size: int = 0  # rows in the replay at the end
+
+
+def chunks(config: Config) -> list[tuple[int, int]]:
+    """(first iteration, iterations) of each call: the prefill, then `--scan_steps` at a time."""
+    training = range(config.prefill_steps, config.iterations, config.scan_steps)
+    return [(0, config.prefill_steps)] + [(t, config.scan_steps) for t in training]
 
 
 class Run:
-    """Times one comparison's iterations, shows its progress and evaluates it now and then."""
+    """One comparison's bookkeeping: times its iterations, follows its episodes, evaluates it now and then."""
 
-    def __init__(self, record: Record, config: Config, evaluate: Callable[[Any], float]):
-        self.record, self.config, self.evaluate = record, config, evaluate
-        self.recent: deque[float] = deque(maxlen=20)
+    def __init__(self, record: Record, config: Config, evaluate: Callable[[Any], float], progress: tqdm):
+        self.record, self.config, self.evaluate, self.progress = record, config, evaluate, progress
+        self.recent: deque[float] = deque(maxlen=20)  # returns of the last training episodes
         self.done = 0  # iterations
-        self.progress = tqdm(total=config.iterations, desc=record.name, unit="step", mininterval=0.5)
-        self.started = time.perf_counter()
 
-    def report(self, finished: np.ndarray, loss: np.ndarray, params: Any, size: int) -> None:
-        """Takes the host copies of the last iterations' `finished` [k, num_envs] and `loss` [k]."""
-        self.record.train_s += time.perf_counter() - self.started
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Adds the time of the block to the comparison's training time."""
+        start = time.perf_counter()
+        yield
+        self.record.train_s += time.perf_counter() - start
+
+    def report(self, finished: np.ndarray, loss: float, params: Any, size: int) -> None:
+        """Takes the host copy of the last iterations' `finished` [k, num_envs] and the last loss (NaN
+        before the first update); evaluates the greedy policy after every `--eval_every` steps and the last.
+        """
         config, record = self.config, self.record
-        steps_done = max(self.done - config.prefill_steps, 0)
+        steps_before = max(self.done - config.prefill_steps, 0)
         for i, returns in enumerate(finished, start=self.done + 1):
             for r in returns[~np.isnan(returns)]:
                 record.episodes.append((i * config.num_envs, float(r)))
                 self.recent.append(float(r))
         self.done += len(finished)
-        record.size = size
-        if not np.isnan(loss[-1]):
-            record.final_loss = float(loss[-1])
+        record.size, record.final_loss = size, loss
         self.progress.update(len(finished))
-        self.progress.set_postfix(
-            ret=f"{np.mean(self.recent) if self.recent else math.nan:.1f}",
-            loss=f"{record.final_loss:.4f}",
-            size=str(size),
-        )
-        new_steps = self.done - config.prefill_steps
-        if new_steps == config.steps or (
-            new_steps > 0 and new_steps // config.eval_every > steps_done // config.eval_every
+        steps = self.done - config.prefill_steps
+        if steps == config.steps or (
+            steps > 0 and steps // config.eval_every > steps_before // config.eval_every
         ):
             record.evals.append((self.done * config.num_envs, self.evaluate(params)))
             self.progress.clear()  # the log line goes above the bar, which the next update redraws
             logging.info(
-                "%s: step %d (%d transitions): eval_return=%.1f",
+                "%s: step %d (%d transitions): eval_return=%.1f loss=%.5f",
                 record.name,
-                new_steps,
+                steps,
                 self.done * config.num_envs,
                 record.evals[-1][1],
+                loss,
             )
-        if self.done == config.iterations:
-            self.progress.close()
-        self.started = time.perf_counter()
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.recent)) if self.recent else math.nan
 
 
-def run_fused(
-    replay: Replay,
-    replay_state: Any,
-    size: Callable[[Any], int],
-    run: Run,
-    act,
-    learner_step,
-    learner: Learner,
-    envs: Envs,
-) -> None:
-    """Runs the comparison as fused programs: the prefill in one call, then `--scan_steps` per call."""
-    config = run.config
-    t0 = jnp.zeros((), jnp.int32)
+def fused_run(
+    run: Run, replay: Replay, replay_state: Any, size: Callable[[Any], int], act, learner_step, carry: Any
+) -> Iterator[None]:
+    """A comparison run as fused programs: compiles them, yields, then makes each call of `chunks` (the
+    prefill, then `--scan_steps` iterations per call) and yields after each."""
+    config, t0 = run.config, jnp.zeros((), jnp.int32)
+    carry = (*carry, replay_state)
     start = time.perf_counter()
     prefill = make_fused(act, replay, learner_step, config.prefill_steps, learn=False)
-    train = make_fused(act, replay, learner_step, config.scan_steps, learn=True)
-    carry = (learner, envs, replay_state)
     prefill = prefill.lower(carry, t0).compile()
-    train = train.lower(carry, t0).compile()
+    train = make_fused(act, replay, learner_step, config.scan_steps, learn=True).lower(carry, t0).compile()
     run.record.compile_s = time.perf_counter() - start
-    run.started = time.perf_counter()
-    carry, (finished, loss) = prefill(carry, t0)
-    run.report(np.asarray(finished), np.asarray(loss), carry[0].params, size(carry[2]))
-    for t in range(config.prefill_steps, config.iterations, config.scan_steps):
-        carry, (finished, loss) = train(carry, jnp.int32(t))
-        run.report(np.asarray(finished), np.asarray(loss), carry[0].params, size(carry[2]))
+    yield
+    for t, _ in chunks(config):
+        with run.timed():
+            carry, (finished, loss) = (train if t else prefill)(carry, jnp.int32(t))
+            finished, loss = np.asarray(finished), float(loss[-1])
+        run.report(finished, loss, carry[0].params, size(carry[2]))
+        yield
 
 
-def run_host_insert(table: gj.Table, run: Run, act, learner_step, learner: Learner, envs: Envs) -> None:
-    """Runs the comparison as the quickstart does: a Python loop over a jitted acting step, a host insert
-    and a jitted learner step."""
-    config = run.config
+def host_insert_run(run: Run, table: gj.Table, act, learner_step, carry: Any) -> Iterator[None]:
+    """A comparison run as the quickstart runs: a Python loop over a jitted acting step, a host insert and a
+    jitted learner step. Compiles the steps, yields, then runs the iterations of each of `chunks` and
+    yields after each."""
+    config, (learner, envs) = run.config, carry
     token = jnp.zeros((), jnp.int32)  # the previous update_priorities count: orders the next sample
     start = time.perf_counter()
     act_step = jax.jit(act).lower(learner.params, envs, 0).compile()
     learn = jax.jit(learner_step).lower(learner, token, 0).compile()
     run.record.compile_s = time.perf_counter() - start
-    run.started = time.perf_counter()
-    finished, losses = [], []
-    for t in range(config.iterations):
-        envs, rows, done = act_step(learner.params, envs, t)
-        rows, done = jax.device_get((rows, done))  # waits for the step (and the learner step before it)
-        # New rows get the largest priority so far (1 before any): the header the in-jit "max" reads.
-        table.insert(rows, priorities=max(table.max_priority, 1.0))
-        finished.append(done)
-        losses.append(math.nan)
-        if t >= config.prefill_steps:
-            learner, token, losses[-1] = learn(learner, token, t)
-        if t + 1 == config.prefill_steps or (t + 1 - config.prefill_steps) % config.scan_steps == 0:
-            run.report(np.stack(finished), np.array(jax.device_get(losses)), learner.params, table.size)
-            finished, losses = [], []
+    yield
+    for t0, length in chunks(config):
+        with run.timed():
+            finished, loss = [], math.nan
+            for t in range(t0, t0 + length):
+                envs, rows, done = act_step(learner.params, envs, t)
+                rows, done = jax.device_get((rows, done))  # waits for the step, which waits for the update
+                # New rows get the largest priority so far (1 before any): the header the in-jit "max" reads.
+                table.insert(rows, priorities=max(table.max_priority, 1.0))
+                finished.append(done)
+                if t >= config.prefill_steps:
+                    learner, token, loss = learn(learner, token, t)
+            finished, loss = np.stack(finished), float(loss)
+        run.report(finished, loss, learner.params, table.size)
+        yield
 
 
 def compare(config: Config) -> list[Record]:
+    """Runs the comparisons of `--compare` side by side; returns what each measured."""
     env, env_params = gymnax.make("CartPole-v1")
     network = QNetwork(env.num_actions, config.hidden)
     optimizer = optax.chain(
@@ -505,35 +517,43 @@ def compare(config: Config) -> list[Record]:
     reset = jax.vmap(env.reset, in_axes=(0, None))
     act = make_act(env, env_params, network, config, key_act)
     spec = make_spec(env, env_params, config.capacity)
-    records = []
-    for name in config.compare:
-        # Every comparison starts from the same network, environments and keys. The fused programs take
-        # their carry's buffers (donation): each comparison gets its own copies.
-        learner = jax.tree.map(jnp.copy, Learner(params, params, optimizer.init(params)))
-        obs, env_state = reset(jax.random.split(key_reset, config.num_envs), env_params)
-        envs = Envs(env_state, obs, jnp.zeros(config.num_envs))
-        capacity = config.flashbax_capacity if name == "flashbax" else config.capacity
-        record = Record(name, capacity, evals=[(0, initial_return)])
-        if name == "flashbax":
-            replay, state = flashbax_replay(spec, config)
-            learner_step = make_learner_step(replay, network, optimizer, config, key_learn)
-
-            def size(state: Any) -> int:
-                return min(int(state.running_index), capacity)
-
-            run_fused(replay, state, size, Run(record, config, evaluate), act, learner_step, learner, envs)
-        else:
-            with gj.Table.create(spec) as table:  # closing the table frees its shared memory
-                replay = table_replay(table, config)
+    runs: list[tuple[Run, Iterator[None]]] = []
+    with contextlib.ExitStack() as stack:  # closes the tables (freeing their shared memory) and the bar
+        progress = stack.enter_context(
+            tqdm(total=len(config.compare) * config.iterations, desc="training", unit="step", mininterval=0.5)
+        )
+        for name in config.compare:
+            # Every comparison starts from the same network, environments and keys. The fused programs take
+            # their carry's buffers (donation): each comparison gets its own copies.
+            learner = jax.tree.map(jnp.copy, Learner(params, params, optimizer.init(params)))
+            obs, env_state = reset(jax.random.split(key_reset, config.num_envs), env_params)
+            carry = (learner, Envs(env_state, obs, jnp.zeros(config.num_envs)))
+            capacity = config.flashbax_capacity if name == "flashbax" else config.capacity
+            run = Run(Record(name, capacity, evals=[(0, initial_return)]), config, evaluate, progress)
+            if name == "flashbax":
+                replay, state = flashbax_replay(spec, config)
                 learner_step = make_learner_step(replay, network, optimizer, config, key_learn)
-                run = Run(record, config, evaluate)
-                if name == "gear_jax":
-                    token = jnp.zeros((), jnp.int32)
-                    run_fused(replay, token, lambda _: table.size, run, act, learner_step, learner, envs)
-                else:
-                    run_host_insert(table, run, act, learner_step, learner, envs)
-        records.append(record)
-    return records
+
+                def size(state: Any) -> int:
+                    return min(int(state.running_index), capacity)
+
+                runs.append((run, fused_run(run, replay, state, size, act, learner_step, carry)))
+                continue
+            table = stack.enter_context(gj.Table.create(spec))
+            replay = table_replay(table, config)
+            learner_step = make_learner_step(replay, network, optimizer, config, key_learn)
+            if name == "gear_jax":
+                token = jnp.zeros((), jnp.int32)
+                runs.append(
+                    (run, fused_run(run, replay, token, lambda _, t=table: t.size, act, learner_step, carry))
+                )
+            else:
+                runs.append((run, host_insert_run(run, table, act, learner_step, carry)))
+        # In turns: one call (--scan_steps iterations) of each comparison, then the next round, so that the
+        # changes of a shared machine's load fall on every comparison alike.
+        for _ in itertools.zip_longest(*(steps for _, steps in runs)):
+            progress.set_postfix({run.record.name: f"{run.mean_return:.1f}" for run, _ in runs})
+    return [run.record for run, _ in runs]
 
 
 def save_plot(path: str, records: list[Record]) -> None:
