@@ -87,7 +87,7 @@ flags.DEFINE_float("eps_start", 1.0, "exploration epsilon at the start")
 flags.DEFINE_float("eps_end", 0.04, "exploration epsilon after the annealing")
 flags.DEFINE_float("eps_fraction", 0.16, "fraction of all iterations over which epsilon is annealed")
 flags.DEFINE_integer("eval_episodes", 20, "episodes of each greedy evaluation (run in parallel)")
-flags.DEFINE_integer("eval_every", 5_000, "training iterations between greedy evaluations")
+flags.DEFINE_integer("eval_every", 2_500, "training iterations between greedy evaluations")
 flags.DEFINE_string("plot", None, "save a PNG of the learning curves here")
 flags.DEFINE_bool("smoke", False, "a short run for tests: 1000 steps, 100,000-row replays")
 
@@ -563,20 +563,21 @@ def save_plot(path: str, records: list[Record]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for record, color in zip(records, ["tab:blue", "tab:orange", "tab:green"]):
+    styles = {
+        "gear_jax": ("tab:blue", "-"),
+        "host_insert": ("tab:orange", "--"),
+        "flashbax": ("tab:green", ":"),
+    }
+    for record in records:  # gear_jax and host_insert coincided in every run here: dashes show both
+        color, line = styles[record.name]
         if len(record.episodes) >= 2:
             x, y = np.array(record.episodes).T
             window = min(50, len(y))
             smooth = np.convolve(y, np.ones(window) / window, mode="valid")
-            ax.plot(
-                x[window - 1 :],
-                smooth,
-                color=color,
-                alpha=0.6,
-                label=f"{record.name}: training, mean of {window}",
-            )
+            label = f"{record.name}: training, mean of {window}"
+            ax.plot(x[window - 1 :], smooth, line, color=color, alpha=0.6, label=label)
         x, y = np.array(record.evals).T
-        ax.plot(x, y, "o-", color=color, label=f"{record.name}: greedy evaluation")
+        ax.plot(x, y, "o" + line, color=color, label=f"{record.name}: greedy evaluation")
     ax.set_xlabel("environment transitions")
     ax.set_ylabel("episode return")
     ax.set_title("Double DQN + prioritized replay on CartPole-v1, Anakin style")
