@@ -3,7 +3,8 @@
 One `--smoke` run of the example (1000 updates per comparison, about 60 s on this project's 2-core CPU
 machine, most of it compilation) checks that all three comparisons (the fused program with the gear_jax
 table, the host-insert loop, the fused program with a flashbax buffer) ran the same numbers of
-environment steps and updates, report their speeds, filled their replays, and learned.
+environment steps and updates, report their speeds, filled their replays, and learned, and that the
+in-jit insert and the host loop's insert made the same run.
 """
 
 import math
@@ -44,4 +45,9 @@ def test_smoke_run_compares_three_replays_that_all_learn(tmp_path):
         assert math.isfinite(summary[f"{name}_final_loss"])
         assert summary[f"{name}_eval_return"] >= summary["initial_eval_return"] + 50, name
         assert re.search(rf"^{name} .*\d", stdout, re.MULTILINE), f"no table row for {name}:\n{stdout}"
+    # gj.insert inside the program wrote what the host loop's table.insert wrote (the same rows, with the
+    # same "max" priorities, in the same order), so the two made the same run. This relies on XLA computing
+    # the learner step alike in the jitted step and in the scan's body, as it did in every run here.
+    for key in ("eval_return", "final_loss"):
+        assert summary[f"gear_jax_{key}"] == summary[f"host_insert_{key}"], key
     assert plot.stat().st_size > 0
