@@ -123,7 +123,9 @@ flags.DEFINE_float("eps_start", 1.0, "exploration epsilon at the start")
 flags.DEFINE_float("eps_end", 0.04, "exploration epsilon after the annealing")
 flags.DEFINE_float("eps_fraction", 0.16, "fraction of all iterations over which epsilon is annealed")
 flags.DEFINE_integer("eval_episodes", 20, "episodes of each greedy evaluation (run in parallel)")
-flags.DEFINE_integer("eval_every", 2_500, "training iterations between greedy evaluations")
+flags.DEFINE_integer(
+    "eval_every", 2_500, "training iterations between greedy evaluations (at the end of a call)"
+)
 flags.DEFINE_string("plot", None, "save a PNG of the learning curves here")
 flags.DEFINE_bool("smoke", False, "a short run for tests: 1000 steps, 100,000-row replays")
 
@@ -286,9 +288,9 @@ def flashbax_replay(spec: gj.TableSpec, config: Config) -> tuple[Replay, Any]:
     def sample(state: Any, key: jax.Array):
         picked = buffer.sample(state, key)
         # Rounding in flashbax's float32 sum tree (its sums follow the leaves by added deltas) makes it pick
-        # empty slots now and then: probability 0, zero data, and a weight (p / 0)^-beta of NaN that ended
-        # a default run (2 of the 640,000 picks, the first with 21,800 items in the 1,000,000-item buffer).
-        # Masked as gear_jax masks overwritten rows; their priority stays 0.
+        # empty slots now and then: zero data and probability 0, which makes the weights (p / p_min)^-beta
+        # NaN. Unmasked, that ended a default run (2 of its 640,000 picks, the first with 21,800 items in
+        # the 1,000,000-item buffer). Masked as gear_jax masks overwritten rows; their priority stays 0.
         batch = dict(picked.experience, valid=picked.probabilities > 0)
         return state, batch, picked.probabilities, picked.indices
 
@@ -344,7 +346,7 @@ def make_learner_step(
     def learner_step(learner: Learner, replay_state: Any, t: jax.Array):
         beta = linear(config.beta_start, 1.0, t / config.iterations)
         replay_state, batch, probabilities, picks = replay.sample(replay_state, jax.random.fold_in(key, t))
-        valid = batch["valid"]  # False for rows overwritten between sample and gather: their data is zeros
+        valid = batch["valid"]  # False for rows overwritten since the sample, or empty: their data is zeros
         p_min = jnp.min(jnp.where(valid, probabilities, jnp.inf))
         weights = jnp.where(valid, (probabilities / p_min) ** -beta, 0.0)
 
