@@ -22,7 +22,7 @@ from gear_jax.bench import (
     sharded,
     torch_handoff,
 )
-from gear_jax.bench.common import GEAR, machine_info, make_report, parse_names, write_json
+from gear_jax.bench.common import GEAR, machine_info, make_report, parse_floats, parse_names, write_json
 from gear_jax.bench.display import note, print_header, print_table
 from gear_jax.bench.plot import plot_report
 
@@ -83,6 +83,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--writers", default="1,2", help="insert: writer processes")
     p.add_argument("--world_size", default="1,2,4", help="actor_learner: actor processes")
     p.add_argument("--insert_batch", type=int, default=32, help="actor_learner: rows per actor insert")
+    p.add_argument(
+        "--samples_per_insert",
+        help="actor_learner: give the table a rate limiter with these target ratios (a sweep, e.g. 1,4); "
+        "default none",
+    )
+    p.add_argument(
+        "--error_buffer",
+        type=float,
+        help="actor_learner with --samples_per_insert: the limiter's tolerance in samples (default: batch "
+        "size + insert_batch x samples_per_insert)",
+    )
     p.add_argument("--layouts", help="sharded: PROCESSESxDEVICES per process, e.g. 1x1,1x2,2x1,2x2,4x1,4x2")
     p.add_argument(
         "--layout_timeout", type=float, default=1800.0, help="sharded: seconds allowed per layout's processes"
@@ -118,6 +129,13 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
             priorities.parse_workloads(args.workloads)
         except ValueError as e:
             p.error(str(e))
+    if args.samples_per_insert:
+        try:
+            parse_floats(args.samples_per_insert)
+        except ValueError as e:
+            p.error(f"--samples_per_insert: {e}")
+    elif args.error_buffer is not None:
+        p.error("--error_buffer needs --samples_per_insert")
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
     return args

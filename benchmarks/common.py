@@ -51,6 +51,14 @@ def parse_ints(text: str) -> list[int]:
     return values
 
 
+def parse_floats(text: str) -> list[float]:
+    """`"0.5,4"` -> [0.5, 4.0]; raises ValueError for an empty, non-finite or non-positive entry."""
+    values = [float(v) for v in str(text).split(",") if v.strip()]
+    if not values or any(not 0 < v < float("inf") for v in values):
+        raise ValueError(f"{text!r} must be a comma-separated list of positive numbers")
+    return values
+
+
 def parse_names(text: str) -> list[str]:
     """`"uniform,fifo"` -> ["uniform", "fifo"]."""
     return [v.strip() for v in str(text).split(",") if v.strip()]

@@ -15,6 +15,7 @@ from gear_jax.bench.common import GEAR, PERCENTILES
 
 TABLE_WIDTH = 200
 FRACTION = "bandwidth_fraction_vs_"
+ACHIEVED_RATIO = "achieved_samples_per_insert"  # actor_learner with a rate limiter
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else TABLE_WIDTH)
 
@@ -63,7 +64,8 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
     """Header and one row of strings per record: the point, system, op, latency percentiles,
     throughput, and for a baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50).
     Where a reference system ran, two more columns give, in gear_jax's rows, its GB/s as a fraction of
-    the reference's and its p50 over the reference's."""
+    the reference's and its p50 over the reference's. Records of a rate-limited run add the achieved
+    samples per insert."""
     keys = list(records[0]["point"]) if records else []
     refs = sorted({k.removeprefix(FRACTION) for r in records for k in r if k.startswith(FRACTION)})
     header = [
@@ -77,6 +79,9 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
     ]
     for ref in refs:
         header += [f"GB/s / {ref}", f"p50 / {ref}"]
+    ratios = any(ACHIEVED_RATIO in r for r in records)
+    if ratios:
+        header.append("samples/insert")
     gear = {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == GEAR}
     rows = []
     for r in records:
@@ -92,6 +97,7 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
                 f"{r['throughput']['bytes_per_s'] / 1e9:.3f}",
                 f"{speedup:.2f}x" if speedup is not None else "",
                 *(cell for ref in refs for cell in _reference_cells(r, ref)),
+                *([f"{r[ACHIEVED_RATIO]:.3f}" if ACHIEVED_RATIO in r else ""] if ratios else []),
             ]
         )
     return header, rows

@@ -4,6 +4,10 @@ Started with multiprocessing's spawn context. A writer inserts `warmup` untimed 
 the barrier with the other writers and the parent, then inserts `iters` timed batches, or, when
 `iters` is None, until the parent sets `stop` (at least one). It puts (latencies, start, end) on
 `results`; the times come from time.perf_counter, which on Linux is one clock for all processes.
+
+On a table with a rate limiter (`rate_limited`), an insert may wait for the learner: its latency
+includes the wait, and a writer waiting when the parent sets `stop` leaves without that insert (it
+looks at `stop` every `STOP_CHECK_S` of waiting), so it may end with no timed insert at all.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import gear_jax as gj
 from gear_jax.bench.data import Dataset
 
 BARRIER_TIMEOUT_S = 300.0
+STOP_CHECK_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +34,7 @@ class WriterJob:
     warmup: int
     iters: int | None
     seed: int
+    rate_limited: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +55,31 @@ def writer_main(job: WriterJob, barrier: Any, stop: Any, results: Any) -> None:
     barrier.wait(BARRIER_TIMEOUT_S)
     latencies: list[float] = []
     start = time.perf_counter()
-    while True:  # at least one timed insert, even when the parent is already done
+    while True:  # at least one timed insert, even when the parent is already done (unless rate limited)
         t0 = time.perf_counter()
-        table.insert({"x": rows})
+        if not insert_unless_stopped(table, rows, job.rate_limited, stop):
+            break
         latencies.append(time.perf_counter() - t0)
         if len(latencies) == job.iters or (job.iters is None and stop.is_set()):
             break
     end = time.perf_counter()
     table.close()
     results.put(WriterResult(latencies, start, end))
+
+
+def insert_unless_stopped(table: gj.Table, rows: Any, rate_limited: bool, stop: Any) -> bool:
+    """Inserts `rows`; on a rate-limited table, waits for the limiter until admitted (True) or until
+    `stop` is set (False, nothing inserted)."""
+    if not rate_limited:
+        table.insert({"x": rows})
+        return True
+    while True:
+        try:
+            table.insert({"x": rows}, timeout=STOP_CHECK_S)
+            return True
+        except gj.RateLimiterTimeout:
+            if stop.is_set():
+                return False
 
 
 class Writers:

@@ -15,6 +15,7 @@ from gear_jax.errors import (
     CheckpointError,
     GearJaxError,
     InvalidArgumentError,
+    RateLimiterTimeout,
     SpecError,
     TableClosedError,
     TableMismatchError,
@@ -33,6 +34,7 @@ from gear_jax.ops import (
     total_weight,
     update_priorities,
 )
+from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
 from gear_jax.sharded import ShardedSample, ShardedTable
@@ -70,6 +72,9 @@ __all__ = [
     "GearJaxError",
     "InvalidArgumentError",
     "METHODS",
+    "RateLimiter",
+    "RateLimiterCounts",
+    "RateLimiterTimeout",
     "SUPPORTED_DTYPES",
     "Sample",
     "ShardedSample",

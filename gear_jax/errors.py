@@ -36,3 +36,8 @@ class TableMismatchError(GearJaxError, ValueError):
 class CheckpointError(GearJaxError, ValueError):
     """A checkpoint directory can not be loaded (not a checkpoint, damaged, truncated, of a newer
     format) or saved to; the message names the path and the reason."""
+
+
+class RateLimiterTimeout(GearJaxError, TimeoutError):
+    """A wait for a table's rate limiter (an insert, `add`, `end_episode` or `await_samples`) ran out of
+    time; the message says what waited, the counts and bounds, and what to start or raise."""

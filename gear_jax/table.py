@@ -28,6 +28,7 @@ from gear_jax.errors import (
     TableMismatchError,
     TableNotFoundError,
 )
+from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts, check_count, check_timeout
 from gear_jax.spec import TableSpec
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
@@ -91,6 +92,10 @@ class Table:
     may go to the pool of closed tables (`gear_jax.pool`): a later table of the same spec created from
     it gets the same handle, compares equal to the closed one, and functions compiled for the closed
     table run on it.
+
+    A table created with a `RateLimiter` paces its actors and learners (`gear_jax.rate_limiter`):
+    `insert`, `add` and `EpisodeWriter.end_episode` wait for room, and the learner calls
+    `await_samples(batch_size)` before each jitted sampling step.
     """
 
     def __init__(self, native: Any, spec: TableSpec, casting: str = "fit"):
@@ -104,6 +109,16 @@ class Table:
             (name, f.dtype, lead + len(f.shape), tuple(f.shape), lead) for name, f in spec.fields.items()
         ]
         self._finalizer = weakref.finalize(self, native.close)
+        limiter = native.rate_limiter()
+        self._rate_limiter = (
+            None
+            if limiter is None
+            else RateLimiter(
+                limiter["min_size_to_sample"],
+                limiter["samples_per_insert"] or None,
+                limiter["error_buffer"] if limiter["samples_per_insert"] else None,
+            )
+        )
         memory = np.frombuffer(native.mapping(), dtype=np.uint8)  # views keep the mapping alive
         layout = native.layout()
         capacity, steps = spec.capacity, spec.max_steps
@@ -135,6 +150,7 @@ class Table:
         reuse: bool = True,
         casting: str = "fit",
         outlive_creator: bool = False,
+        rate_limiter: RateLimiter | None = None,
     ) -> Table:
         """Creates a table in shared memory (mode 0600).
 
@@ -158,14 +174,30 @@ class Table:
             process to attach later (a restarted creator, say), even while no process has it open.
             Such a table is removed only by `close()` (a normal exit closes it too), by hand, or by
             `python -m gear_jax.cleanup --remove --include_persistent`.
+          rate_limiter: a `gear_jax.RateLimiter` pacing inserts against samples, kept in the table's
+            shared header for every process that attaches (`gear_jax.rate_limiter`); None: no limiter
+            (nothing waits, nothing is counted).
 
         Raises:
-          InvalidArgumentError: `name` is malformed or already in use.
+          InvalidArgumentError: `name` is malformed or already in use; `rate_limiter` is not a
+            `RateLimiter`, or asks for more rows before sampling than the table holds.
           RuntimeError: the host has too little shared memory (/dev/shm) for the table.
         """
         if not isinstance(spec, TableSpec):
             raise InvalidArgumentError(f"spec must be a gear_jax.TableSpec, got {type(spec).__name__}")
         check_casting(casting)
+        if rate_limiter is not None:
+            if not isinstance(rate_limiter, RateLimiter):
+                raise InvalidArgumentError(
+                    f"Table.create: rate_limiter must be a gear_jax.RateLimiter or None, "
+                    f"got {type(rate_limiter).__name__}"
+                )
+            if rate_limiter.min_size_to_sample > spec.capacity:
+                raise InvalidArgumentError(
+                    f"Table.create: rate_limiter.min_size_to_sample={rate_limiter.min_size_to_sample} is "
+                    f"more than the table's capacity={spec.capacity}, so samples would wait for good; lower "
+                    "it or raise the capacity"
+                )
         if name is None:
             name = f"gear_jax_{secrets.token_hex(16)}"
         _check_name(name, "Table.create", creating=True)
@@ -181,6 +213,7 @@ class Table:
                 bool(pin),
                 bool(reuse),
                 outlive_creator=bool(outlive_creator),
+                rate_limiter=None if rate_limiter is None else rate_limiter._native(),
             )
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
@@ -346,6 +379,48 @@ class Table:
         return float(self._live().max_priority())
 
     @property
+    def rate_limiter(self) -> RateLimiter | None:
+        """The table's rate limiter settings (the creator's, read from the shared header by every process
+        that attaches), or None for a table without one."""
+        return self._rate_limiter
+
+    def rate_limiter_counts(self) -> RateLimiterCounts:
+        """The limiter's shared counts now: inserts and samples admitted since the table was made, the
+        table's size, and `diff = inserts * samples_per_insert - samples` (None without a ratio). A table
+        without a limiter counts nothing (inserts and samples stay 0)."""
+        c = self._live().rate_limiter_counts()
+        ratio = self._rate_limiter is not None and self._rate_limiter.samples_per_insert is not None
+        return RateLimiterCounts(
+            int(c["inserts"]), int(c["samples"]), int(c["size"]), c["diff"] if ratio else None
+        )
+
+    def can_sample(self, n: int) -> bool:
+        """Whether `await_samples(n)` would return at once (nothing is counted). Without a limiter: whether
+        the table holds a row."""
+        return bool(self._live().can_sample(check_count(n, "Table.can_sample")))
+
+    def await_samples(self, n: int, timeout: float | None = None) -> None:
+        """The learner's side of the rate limiter: waits until `n` samples may proceed, then counts them.
+
+        Call it on the host with the batch size before each jitted step that samples (`gj.sample` inside
+        jit neither waits nor counts: a step never blocks inside XLA). The wait releases the GIL and polls
+        the shared counts (50 us, backing off to 1 ms). Without a limiter it waits only for a first row
+        and counts nothing.
+
+        Args:
+          n: samples the next step takes (>= 1).
+          timeout: seconds to wait at most; None waits as long as it takes; 0 tries once.
+
+        Raises:
+          RateLimiterTimeout: not admitted within `timeout` (the message has the counts and bounds).
+          TableClosedError: the table was closed meanwhile, by this process or by its creator.
+          InvalidArgumentError: `n` is more than the limiter's tolerance (2 * error_buffer) lets through.
+        """
+        native = self._live()
+        n = check_count(n, "Table.await_samples")
+        native.await_samples(n, check_timeout(timeout, "Table.await_samples"))
+
+    @property
     def nbytes(self) -> int:
         """Bytes of shared memory the table occupies."""
         return int(self._live().total_bytes)
@@ -371,7 +446,13 @@ class Table:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def insert(self, batch: Mapping[str, Any], priorities: Any = None, lengths: Any = None) -> np.ndarray:
+    def insert(
+        self,
+        batch: Mapping[str, Any],
+        priorities: Any = None,
+        lengths: Any = None,
+        timeout: float | None = None,
+    ) -> np.ndarray:
         """Inserts a batch of rows; returns their row ids, int32[B].
 
         Args:
@@ -382,20 +463,35 @@ class Table:
             (PyTorch CPU tensors, pinned or not, included) are read in place; a batch with a CUDA
             tensor goes through `gear_jax.torch.insert_tensors`: one copy from the device into the rows.
           priorities: float[B] or a scalar, finite and >= 0; default 1. Rows of priority 0 are stored
-            but not sampled until their priority is raised.
+            but not sampled until their priority is raised. "max": the largest priority any row of the
+            table was given so far (`max_priority`, 1 while no row had one), the priority prioritized
+            replay gives new experience.
           lengths: int[B] steps actually used per row (trajectory tables), each in [1, T]; default T.
+          timeout: with a rate limiter, seconds to wait at most for the B rows to be admitted (before any
+            is claimed); None waits as long as it takes. Ignored without a limiter (nothing waits).
 
         Raises:
           InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes (one message names
-            every refused field), bad priorities or lengths. Nothing is written then.
+            every refused field), bad priorities or lengths, a batch the rate limiter can never admit.
+            Nothing is written then.
+          RateLimiterTimeout: the rate limiter did not admit the rows in time. Nothing is written.
+          TableClosedError: the table was closed while the insert waited. Nothing is written.
         """
         native = self._live()
+        if timeout is not None:
+            timeout = check_timeout(timeout, "Table.insert")
+        if isinstance(priorities, str):
+            if priorities != "max":
+                raise InvalidArgumentError(
+                    f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
+                )
+            priorities = self.max_priority or 1.0
         checked = self._ready_batch(batch)
         if checked is None:
             if _torch_loaded() and isinstance(batch, Mapping) and any(map(is_device_tensor, batch.values())):
                 from gear_jax.torch import insert_tensors  # from the device straight into the rows
 
-                return insert_tensors(self, batch, priorities, lengths)
+                return insert_tensors(self, batch, priorities, lengths, timeout)
             checked = self._check_batch(batch)
         arrays, rows, steps = checked
         if rows == 0:
@@ -415,9 +511,9 @@ class Table:
                     f"lengths[{bad[0]}] = {lengths[bad[0]]} is outside [1, {steps}] (the batch's time axis)"
                 )
             lengths = lengths.astype(np.int32)
-        return native.insert(arrays, rows, steps, lengths, priorities)
+        return native.insert(arrays, rows, steps, lengths, priorities, timeout)
 
-    def add(self, row: Mapping[str, Any], priority: float = 1.0) -> int:
+    def add(self, row: Mapping[str, Any], priority: float = 1.0, timeout: float | None = None) -> int:
         """Inserts one row; returns its row id. The one-transition-per-call loop of a single environment.
 
         Args:
@@ -425,14 +521,18 @@ class Table:
             (numpy arrays, numpy or Python scalars, lists), `[T, *shape]` for a trajectory table. Values
             are cast by the table's `casting` policy, as in `insert`.
           priority: finite and >= 0.
+          timeout: with a rate limiter, seconds to wait at most for the row to be admitted, as in `insert`.
 
         Raises:
           InvalidArgumentError: as `insert`. Nothing is written then.
+          RateLimiterTimeout, TableClosedError: as `insert`. Nothing is written then.
         """
+        if timeout is not None:
+            timeout = check_timeout(timeout, "Table.add")
         writer = self._row_writer
         if writer is not None and type(row) is dict:  # the short path: a row id, or -1 / -2
             try:
-                claimed = writer.add(row, self._casting == "strict", priority)
+                claimed = writer.add(row, self._casting == "strict", priority, timeout)
             except TypeError:  # a priority that is not a number: refused below
                 claimed = -1
             if claimed >= 0:
@@ -445,20 +545,23 @@ class Table:
         ):
             values = self._steps(row, self._casting, "row")
             priority = finite_nonnegative(priority, "priority")
-            claimed = native.claim()
-            try:
-                for column, value in zip(self._columns.values(), values):
-                    column[claimed, 0] = value
-            except BaseException:
-                native.abandon(claimed)
-                raise
-            native.commit(claimed, 1, priority)
+            with AdmittedInserts(self, 1, timeout) as admitted:
+                claimed = native.claim()
+                try:
+                    for column, value in zip(self._columns.values(), values):
+                        column[claimed, 0] = value
+                except BaseException:
+                    native.abandon(claimed)
+                    raise
+                admitted.commit(claimed, 1, priority)
             return claimed
         batch = {
             name: value[None] if is_device_tensor(value) else to_numpy(value, f"row[{name!r}]")[None]
             for name, value in row.items()
         }
-        return int(self.insert(batch, priorities=[finite_nonnegative(priority, "priority")])[0])
+        return int(
+            self.insert(batch, priorities=[finite_nonnegative(priority, "priority")], timeout=timeout)[0]
+        )
 
     def _new_row_writer(self) -> Any:
         """A native writer of one step of every field: the short path of `add` and `EpisodeWriter`
@@ -589,7 +692,12 @@ class Table:
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], name: str | None = None, pin: bool = True, casting: str = "fit"
+        cls,
+        path: str | os.PathLike[str],
+        name: str | None = None,
+        pin: bool = True,
+        casting: str = "fit",
+        rate_limiter: RateLimiter | None = None,
     ) -> Table:
         """Creates a table from the checkpoint `Table.save` wrote to `path`: the same spec, field bytes,
         priorities, lengths, generations, insert order, times sampled and allocator cursor, so FIFO and
@@ -599,8 +707,9 @@ class Table:
         generations), then filled: fields and status while every row is still empty, then the rows'
         states once every checksum passed, then the cursors and `size`. A process that attaches by
         `name` before `load` returns sees rows appear (each complete) and `size` settle at the end; it
-        must not write before then (its rows could be overwritten by the load). `name`, `pin` and
-        `casting` are those of `Table.create`.
+        must not write before then (its rows could be overwritten by the load). `name`, `pin`,
+        `casting` and `rate_limiter` are those of `Table.create`; a checkpoint keeps no limiter counts:
+        the loaded rows count toward `size` (and so `min_size_to_sample`) but not as inserts.
 
         Raises:
           CheckpointError: `path` is not a gear_jax checkpoint, is of a newer format, names files
@@ -611,7 +720,10 @@ class Table:
         from gear_jax import checkpoint
 
         return checkpoint.load(
-            path, lambda spec: cls.create(spec, name=name, pin=pin, reuse=False, casting=casting)
+            path,
+            lambda spec: cls.create(
+                spec, name=name, pin=pin, reuse=False, casting=casting, rate_limiter=rate_limiter
+            ),
         )
 
 
@@ -737,20 +849,32 @@ class EpisodeWriter:
                 table._columns[name][self._row, self._steps] = value
         self._steps += 1
 
-    def end_episode(self, priority: float = 1.0) -> int:
+    def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
         """Publishes the episode; returns its row id.
+
+        With a rate limiter, first waits (holding the row) until the limiter admits one insert: an
+        episode counts when it is published, not when it starts.
+
+        Args:
+          priority: finite and >= 0.
+          timeout: seconds to wait at most for the rate limiter; None waits as long as it takes.
 
         Raises:
           InvalidArgumentError: no step was appended, or `priority` is not finite and >= 0.
-          TableClosedError: the table was closed; the row is still held, and close() gives it back.
+          TableClosedError: the table was closed (before or while waiting); the row is still held, and
+            close() gives it back.
+          RateLimiterTimeout: the limiter did not admit the episode in time; the episode is kept (call
+            end_episode again, or close() to abandon it).
         """
         p = finite_nonnegative(priority, "priority")
         if self._row is None:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
+        timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
         self._table._live()
-        row, self._row = self._row, None
-        steps, self._steps = self._steps, 0
-        self._table._live().commit(row, steps, p)
+        with AdmittedInserts(self._table, 1, timeout) as admitted:
+            row, self._row = self._row, None
+            steps, self._steps = self._steps, 0
+            admitted.commit(row, steps, p)
         return row
 
     def close(self) -> None:
@@ -764,6 +888,39 @@ class EpisodeWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AdmittedInserts:
+    """Rows the table's rate limiter admitted, for code that claims rows and commits them one at a time
+    (`Table.add`'s general path, `EpisodeWriter.end_episode`, `gear_jax.torch.insert_tensors`).
+
+    Entering waits until the limiter admits `rows` inserts (up to `timeout` seconds), which counts them;
+    `commit` publishes a claimed row as one of them; leaving gives back those not committed (a failed
+    write). Without a limiter nothing waits and nothing is counted.
+    """
+
+    def __init__(self, table: Table, rows: int, timeout: float | None):
+        self._native = table._live()
+        self._limited = table.rate_limiter is not None
+        self._rows = rows
+        self._timeout = timeout
+        self._left = 0
+
+    def __enter__(self) -> AdmittedInserts:
+        if self._limited:
+            self._native.reserve_inserts(self._rows, self._timeout)
+            self._left = self._rows
+        return self
+
+    def commit(self, row: int, length: int, priority: float) -> None:
+        """Publishes `row` (claimed by this process) with `length` steps and `priority`."""
+        self._native.commit(row, length, priority, reserved=self._limited)
+        if self._limited:
+            self._left -= 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self._left > 0 and not self._native.closed:
+            self._native.return_inserts(self._left)
 
 
 def _abandon_held(native: Any, held: list[int | None]) -> None:

@@ -30,7 +30,7 @@ import torch
 
 from gear_jax import ops
 from gear_jax.errors import InvalidArgumentError
-from gear_jax.table import Table
+from gear_jax.table import AdmittedInserts, Table
 
 __all__ = ["CopyWarning", "Sampler", "from_torch", "insert_tensors", "to_torch", "torch_dtype"]
 
@@ -158,7 +158,11 @@ def _runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
 
 
 def insert_tensors(
-    table: Table, batch: Mapping[str, torch.Tensor], priorities: Any = None, lengths: Any = None
+    table: Table,
+    batch: Mapping[str, torch.Tensor],
+    priorities: Any = None,
+    lengths: Any = None,
+    timeout: float | None = None,
 ) -> np.ndarray:
     """Inserts a batch of torch tensors by copying each straight into the table's rows.
 
@@ -167,7 +171,8 @@ def insert_tensors(
     published. It works for CPU tensors too (and is tested with them).
 
     Args and returns as `Table.insert`; tensors must already have the field's dtype (no casts on the
-    device).
+    device). With a rate limiter, the batch's rows are admitted (waiting up to `timeout`) before any is
+    claimed.
 
     Raises:
       InvalidArgumentError: missing or unknown fields, wrong dtypes or shapes, tensors on different
@@ -227,25 +232,26 @@ def insert_tensors(
 
     claimed: list[int] = []
     committed = 0
-    try:
-        for _ in range(rows):
-            claimed.append(int(native.claim()))
-        ids = np.asarray(claimed, np.int64)
-        for name in names:
-            source = batch[name].detach()
-            column = _column_tensor(table._columns[name])
-            for first, row, count in _runs(ids):
-                piece = source[first : first + count]
-                if not spec.is_trajectory:
-                    piece = piece.unsqueeze(1)
-                column[row : row + count, :steps].copy_(piece)
-        for i, row in enumerate(claimed):
-            native.commit(row, int(n[i]), float(p[i]))
-            committed = i + 1
-    except BaseException:
-        for row in claimed[committed:]:
-            native.abandon(row)
-        raise
+    with AdmittedInserts(table, rows, timeout) as admitted:
+        try:
+            for _ in range(rows):
+                claimed.append(int(native.claim()))
+            ids = np.asarray(claimed, np.int64)
+            for name in names:
+                source = batch[name].detach()
+                column = _column_tensor(table._columns[name])
+                for first, row, count in _runs(ids):
+                    piece = source[first : first + count]
+                    if not spec.is_trajectory:
+                        piece = piece.unsqueeze(1)
+                    column[row : row + count, :steps].copy_(piece)
+            for i, row in enumerate(claimed):
+                admitted.commit(row, int(n[i]), float(p[i]))
+                committed = i + 1
+        except BaseException:
+            for row in claimed[committed:]:
+                native.abandon(row)
+            raise
     return np.asarray(claimed, np.int32)
 
 

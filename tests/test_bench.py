@@ -484,6 +484,34 @@ def test_actor_learner(tmp_path: Path) -> None:
     assert (tmp_path / "actor_learner.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_actor_learner_with_a_rate_limiter(tmp_path: Path) -> None:
+    """Under --samples_per_insert the limiter's shared counts end within its bounds, so the achieved
+    ratio is the target within the tolerance (error_buffer plus the prefill's offset, over the inserts)."""
+    report = run_bench(
+        tmp_path,
+        "actor_learner",
+        "--iters=20",
+        "--table_rows=500",
+        "--item_bytes=64",
+        "--batch_size=8",
+        "--world_size=1,2",
+        "--insert_batch=4",
+        "--samples_per_insert=2",
+    )
+    points = grid(
+        table_rows=[500], item_bytes=[64], batch_size=[8], world_size=[1, 2], samples_per_insert=[2.0]
+    )
+    check_report(report, "actor_learner", points, always=["gear_jax"], open_ended=("insert",))
+    for r in report["records"]:
+        limiter = r["rate_limiter"]
+        assert limiter["error_buffer"] == 8 + 4 * 2  # the default: batch + insert_batch x ratio
+        assert limiter["samples"] == (20 + 1) * 8  # warmup and timed learner steps, each declaring 8
+        assert limiter["min_diff"] <= limiter["diff"] <= limiter["max_diff"]
+        assert r["achieved_samples_per_insert"] == pytest.approx(limiter["samples"] / limiter["inserts"])
+        tolerance = (limiter["error_buffer"] + 2 * limiter["min_size_to_sample"]) / limiter["inserts"]
+        assert abs(r["achieved_samples_per_insert"] - 2) <= tolerance + 1e-9, r
+
+
 def test_latency_statistics_and_throughput_of_known_timings() -> None:
     latencies = [0.004, 0.001, 0.003, 0.002, 0.010]
     stats = common.latency_stats(latencies)

@@ -154,6 +154,10 @@ def test_largest_priority_so_far(make_table):
     assert table.max_priority == 0.0
     rows = np.asarray(insert_max(jnp.arange(3, dtype=jnp.int32)))
     np.testing.assert_array_equal(table.row_status()["priority"][rows], 1.0)  # none yet: 1
+    host = table.insert({"i": np.array([9, 9], np.int32)}, priorities="max")  # host inserts take it too
+    np.testing.assert_array_equal(table.row_status()["priority"][host], 1.0)
+    with pytest.raises(gj.InvalidArgumentError, match="priorities='top'"):
+        table.insert({"i": np.array([9], np.int32)}, priorities="top")
     table.insert({"i": np.array([9], np.int32)}, priorities=[5.5])  # a host insert raises it too
     rows = np.asarray(insert_max(jnp.arange(3, dtype=jnp.int32)))
     np.testing.assert_array_equal(table.row_status()["priority"][rows], 5.5)
@@ -168,6 +172,8 @@ def test_largest_priority_so_far(make_table):
     assert int(gj.update_priorities(table, s, jnp.array([8.0]))) == 1
     rows = np.asarray(insert_max(jnp.zeros(2, jnp.int32)))
     np.testing.assert_array_equal(table.row_status()["priority"][rows], 8.0)
+    host = table.insert({"i": np.array([9, 9], np.int32)}, priorities="max")
+    np.testing.assert_array_equal(table.row_status()["priority"][host], 8.0)
     # Scalars and arrays of given priorities.
     rows = np.asarray(jax.jit(lambda i: gj.insert(table, {"i": i}, priorities=0.5))(jnp.zeros(2, jnp.int32)))
     np.testing.assert_array_equal(table.row_status()["priority"][rows], 0.5)

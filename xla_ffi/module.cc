@@ -49,12 +49,26 @@ py::dict PoolStats() {
   return out;
 }
 
+// Seconds a wait for the rate limiter may last: None (or negative) waits until admitted or closed.
+double TimeoutSeconds(const std::optional<double>& timeout) { return timeout ? *timeout : -1.0; }
+
+// Waits until the rate limiter of `table` (held by the caller) admits `n` inserts or samples and counts
+// them: at once when it admits them now, else without the GIL (OpenTable::AwaitAdmission).
+void Admit(const OpenTable& self, SharedTable& table, RateOp op, int64_t n,
+           const std::optional<double>& timeout) {
+  if (table.rate_limiter().TryAdmit(op, n)) return;
+  py::gil_scoped_release release;
+  self.AwaitAdmission(table, op, n, TimeoutSeconds(timeout));
+}
+
 // fields: one C-contiguous numpy array per field (any dtype: only its bytes are read). lengths and
-// priorities: int32[batch] and float32[batch], or None for `steps` and 1.
+// priorities: int32[batch] and float32[batch], or None for `steps` and 1. Waits for the rate limiter
+// first (up to `timeout` seconds), before any row is claimed.
 py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& fields, int64_t batch,
                             int32_t steps,
                             const std::optional<py::array_t<int32_t, py::array::c_style>>& lengths,
-                            const std::optional<py::array_t<float, py::array::c_style>>& priorities) {
+                            const std::optional<py::array_t<float, py::array::c_style>>& priorities,
+                            const std::optional<double>& timeout) {
   const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
   SharedTable& table = *held;
   const TableView& view = table.view();
@@ -83,11 +97,64 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& field
   int32_t* out = rows.mutable_data();
   const int32_t* length_data = lengths ? lengths->data() : nullptr;
   const float* priority_data = priorities ? priorities->data() : nullptr;
+  RateLimiter& limiter = table.rate_limiter();
+  std::optional<InsertReservation> reservation;  // gives back what a failed insert did not publish
+  if (limiter.enabled() && batch > 0) {
+    Admit(self, table, RateOp::kInsert, batch, timeout);
+    reservation.emplace(limiter, batch);
+  }
   {
     py::gil_scoped_release release;
-    table.Insert(data, batch, steps, length_data, priority_data, out);
+    table.Insert(data, batch, steps, length_data, priority_data, out, reservation ? &*reservation : nullptr);
   }
   return rows;
+}
+
+// Inserts Python code admits before it claims rows and commits them one by one (commit(reserved=True)),
+// giving back what it did not commit (return_inserts). Nothing is counted without a limiter.
+void ReserveInserts(OpenTable& self, int64_t n, const std::optional<double>& timeout) {
+  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
+  if (n < 1) throw std::invalid_argument("reserve_inserts needs n >= 1");
+  if (held->rate_limiter().enabled()) Admit(self, *held, RateOp::kInsert, n, timeout);
+}
+
+void Commit(OpenTable& self, int64_t row, int32_t length, float priority, bool reserved) {
+  if (!reserved) return self.Commit(row, length, priority);
+  InsertReservation reservation(self.table().rate_limiter(), 1);
+  reservation.Keep();  // the Python caller gives back what it did not commit
+  self.Commit(row, length, priority, &reservation);
+}
+
+// The learner's declaration of `n` samples: waits until the limiter admits them and counts them.
+void AwaitSamples(OpenTable& self, int64_t n, const std::optional<double>& timeout) {
+  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
+  if (n < 1) throw std::invalid_argument("await_samples needs n >= 1");
+  Admit(self, *held, RateOp::kSample, n, timeout);
+}
+
+// The limiter's settings (None for a table without one).
+py::object RateLimiterSettings(OpenTable& self) {
+  const RateLimiterState& s = self.table().rate_limiter().settings();
+  if (!s.enabled) return py::none();
+  py::dict out;
+  out["min_size_to_sample"] = s.min_size_to_sample;
+  out["samples_per_insert"] = s.samples_per_insert;
+  out["error_buffer"] = s.error_buffer;
+  out["min_diff"] = s.min_diff;
+  out["max_diff"] = s.max_diff;
+  return out;
+}
+
+py::dict RateLimiterCountsOf(OpenTable& self) {
+  SharedTable& table = self.table();
+  table.CheckCounts(/*force=*/true);  // `size` exact after a writer's death (as table.size)
+  const RateLimiterCounts c = table.rate_limiter().Counts();
+  py::dict out;
+  out["inserts"] = c.inserts;
+  out["samples"] = c.samples;
+  out["size"] = c.size;
+  out["diff"] = c.diff;
+  return out;
 }
 
 py::dict Layout(OpenTable& self) {
@@ -200,6 +267,11 @@ void RestoreCursors(OpenTable& self, uint64_t next_seq, uint64_t commit_seq) {
   table.CheckCounts(/*force=*/true);
 }
 
+// Raises the gear_jax exception `type` (gear_jax/errors.py): the rate limiter's waits raise those.
+void RaiseAs(const char* type, const char* message) {
+  py::set_error(py::module_::import("gear_jax.errors").attr(type), message);
+}
+
 template <typename T>
 py::capsule Capsule(T* fn) {
   return py::capsule(reinterpret_cast<void*>(fn));
@@ -225,6 +297,12 @@ PYBIND11_MODULE(_native, m) {
       py::set_error(format, e.what());
     } catch (const gear::OutOfSpaceError& e) {
       py::set_error(no_space, e.what());
+    } catch (const gear::RateLimiterTimeoutError& e) {
+      gear::RaiseAs("RateLimiterTimeout", e.what());
+    } catch (const gear::RateLimiterRefusal& e) {
+      gear::RaiseAs("InvalidArgumentError", e.what());
+    } catch (const gear::TableClosedError& e) {
+      gear::RaiseAs("TableClosedError", e.what());
     }
   });
 
@@ -348,9 +426,24 @@ PYBIND11_MODULE(_native, m) {
   });
 
   py::class_<OpenTable>(m, "NativeTable")
-      .def_static("create", &gear::CreateTable, py::arg("name"), py::arg("capacity"), py::arg("max_steps"),
-                  py::arg("step_bytes"), py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"),
-                  py::arg("reuse"), py::arg("outlive_creator") = false)
+      .def_static(
+          "create",
+          [](const std::string& name, int64_t capacity, int32_t max_steps,
+             const std::vector<int64_t>& step_bytes, const std::string& spec_json, uint64_t spec_hash,
+             bool pin, bool reuse, bool outlive_creator,
+             const std::optional<std::tuple<int64_t, double, double>>& rate_limiter) {
+            gear::RateLimiterState limiter{};  // disabled
+            if (rate_limiter) {
+              const auto& [min_size_to_sample, samples_per_insert, error_buffer] = *rate_limiter;
+              limiter = gear::MakeRateLimiter(min_size_to_sample, samples_per_insert, error_buffer, capacity);
+            }
+            return gear::CreateTable(name, capacity, max_steps, step_bytes, spec_json, spec_hash, pin, reuse,
+                                     outlive_creator, limiter);
+          },
+          py::arg("name"), py::arg("capacity"), py::arg("max_steps"), py::arg("step_bytes"),
+          py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"), py::arg("reuse"),
+          py::arg("outlive_creator") = false, py::arg("rate_limiter") = py::none(),
+          "rate_limiter: (min_size_to_sample, samples_per_insert or 0, error_buffer), or None for none")
       .def_static("attach", &gear::AttachTable, py::arg("name"), py::arg("pin"))
       .def(
           "mapping", [](OpenTable& self) { return TableMapping{self.ref()}; },
@@ -394,9 +487,23 @@ PYBIND11_MODULE(_native, m) {
       .def("publish_restored_rows", &gear::PublishRestoredRows, py::arg("start"), py::arg("states"))
       .def("restore_cursors", &gear::RestoreCursors, py::arg("next_seq"), py::arg("commit_seq"))
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
-           py::arg("priorities"))
+           py::arg("priorities"), py::arg("timeout") = py::none())
       .def("claim", &OpenTable::Claim)
-      .def("commit", &OpenTable::Commit, py::arg("row"), py::arg("length"), py::arg("priority"))
+      .def("commit", &gear::Commit, py::arg("row"), py::arg("length"), py::arg("priority"),
+           py::arg("reserved") = false)
+      .def("reserve_inserts", &gear::ReserveInserts, py::arg("n"), py::arg("timeout") = py::none())
+      .def(
+          "return_inserts", [](OpenTable& self, int64_t n) { self.table().rate_limiter().ReturnInserts(n); },
+          py::arg("n"))
+      .def("await_samples", &gear::AwaitSamples, py::arg("n"), py::arg("timeout") = py::none())
+      .def(
+          "can_sample",
+          [](OpenTable& self, int64_t n) {
+            return self.table().rate_limiter().Allows(gear::RateOp::kSample, n);
+          },
+          py::arg("n"))
+      .def("rate_limiter", &gear::RateLimiterSettings)
+      .def("rate_limiter_counts", &gear::RateLimiterCountsOf)
       .def("abandon", &OpenTable::Abandon, py::arg("row"));
 
   py::class_<gear::RowWriter>(m, "RowWriter", "The short path of one-row writes (row_writer.h)")
@@ -414,5 +521,6 @@ PYBIND11_MODULE(_native, m) {
            py::arg("table"), py::arg("fields"))
       .def("pack", &gear::RowWriter::Pack, py::arg("step"), py::arg("strict"))
       .def("write_packed", &gear::RowWriter::WritePacked, py::arg("row"), py::arg("step"))
-      .def("add", &gear::RowWriter::Add, py::arg("row"), py::arg("strict"), py::arg("priority"));
+      .def("add", &gear::RowWriter::Add, py::arg("row"), py::arg("strict"), py::arg("priority"),
+           py::arg("timeout") = py::none());
 }

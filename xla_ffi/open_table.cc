@@ -42,8 +42,7 @@ OpenTable::OpenTable(std::shared_ptr<SharedTable> table, int64_t handle)
 }
 
 void OpenTable::Close() noexcept {
-  if (closed_) return;
-  closed_ = true;
+  if (closed_.exchange(true, std::memory_order_acq_rel)) return;
   if (opened_by_pid_ != CurrentPid()) {
     new std::shared_ptr<SharedTable>(std::move(table_));  // leaked: no unmap, no CUDA call in a child
     return;
@@ -69,10 +68,10 @@ int64_t OpenTable::Claim() {
   return row;
 }
 
-void OpenTable::Commit(int64_t row, int32_t length, float priority) {
+void OpenTable::Commit(int64_t row, int32_t length, float priority, InsertReservation* reserved) {
   SharedTable& t = table();
   try {
-    t.Commit(row, length, priority);
+    t.Commit(row, length, priority, reserved);
   } catch (const std::invalid_argument&) {
     throw;  // refused before anything changed: the row is still held
   } catch (...) {
@@ -101,15 +100,25 @@ std::shared_ptr<SharedTable> OpenTable::ref() {
 }
 
 SharedTable& OpenTable::table() {
-  if (closed_) throw std::runtime_error("table '" + name_ + "' is closed");
+  if (closed()) throw std::runtime_error("table '" + name_ + "' is closed");
   return *table_;
+}
+
+void OpenTable::AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s) const {
+  const uint32_t* creator_closed = &table.header()->closed;
+  table.rate_limiter().Await(op, n, timeout_s, [&] {
+    table.CheckCounts(/*force=*/false);  // a writer killed mid-insert leaves `size` off until a recount
+    return closed() || __atomic_load_n(creator_closed, __ATOMIC_SEQ_CST) != 0;
+  });
 }
 
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
-                                       uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator) {
+                                       uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator,
+                                       const RateLimiterState& rate_limiter) {
   TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
   plan.layout.persistent = outlive_creator ? 1u : 0u;
+  plan.layout.rate_limiter = rate_limiter;  // written with the header, before its magic (WriteHeader)
   // First the tables whose processes are all gone (dead_tables.h; at most once a second).
   SweepDeadTables(/*force=*/false);
   DropParkedTables();  // lets the pool reuse memory they still held

@@ -4,6 +4,7 @@
 // child's close only forgets the parent's table.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,7 +30,7 @@ class OpenTable {
 
   // Row writing by this process's writers, counted so that close knows whether rows are still held.
   int64_t Claim();
-  void Commit(int64_t row, int32_t length, float priority);
+  void Commit(int64_t row, int32_t length, float priority, InsertReservation* reserved = nullptr);
   // Works after close too: other processes may still use the table, so the row must not stay held.
   void Abandon(int64_t row);
 
@@ -38,11 +39,17 @@ class OpenTable {
   std::shared_ptr<SharedTable> ref();
   // The table; throws std::runtime_error once closed.
   SharedTable& table();
+  // Waits until the rate limiter of `table` (this open's ref(), held by the caller) admits `n` inserts
+  // or samples, and counts them (RateLimiter::Await, with `timeout_s`). A close meanwhile, by this open
+  // (another thread) or by the table's creator (any process), stops the wait with TableClosedError
+  // within a poll: the wait holds no lock, and `table` keeps the memory mapped (and out of the pool of
+  // closed tables) until the caller lets go. Call without the GIL when it may wait.
+  void AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s) const;
 
   const std::string& name() const { return name_; }
   bool creator() const { return creator_; }
   int64_t handle() const { return handle_; }
-  bool closed() const { return closed_; }
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
 
  private:
   std::shared_ptr<SharedTable> table_;
@@ -50,17 +57,19 @@ class OpenTable {
   int64_t handle_;
   bool creator_;
   int32_t opened_by_pid_;
-  bool closed_ = false;
-  int64_t held_rows_ = 0;  // rows claimed through this open and not yet committed or abandoned
+  std::atomic<bool> closed_{false};  // read by waits in other threads (AwaitAdmission)
+  int64_t held_rows_ = 0;            // rows claimed through this open and not yet committed or abandoned
 };
 
 // Creates a table, in the memory of a closed one from the pool when one fits and `reuse` is set
 // (taking its handle too when the spec is the same), else in new shared memory; a full /dev/shm
 // empties the pool and retries. See SharedTable::Create for `pin`. Removes the tables of processes
 // that are all gone first (dead_tables.h); `outlive_creator` exempts this table from that.
+// `rate_limiter` (MakeRateLimiter; zero: none) goes into the header with the rest of it.
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
-                                       uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator);
+                                       uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator,
+                                       const RateLimiterState& rate_limiter = RateLimiterState{});
 
 // Attaches to the table `name` created by another open (of any process on the host).
 std::unique_ptr<OpenTable> AttachTable(const std::string& name, bool pin);

@@ -231,13 +231,28 @@ void RowWriter::WritePacked(int64_t row, int32_t step) {
   Release();
 }
 
-int64_t RowWriter::Add(py::handle row, bool strict, double priority) {
+int64_t RowWriter::Add(py::handle row, bool strict, double priority, std::optional<double> timeout) {
   if (table_->closed()) return -2;
   if (!std::isfinite(priority) || priority < 0 || priority > FLT_MAX) return -1;
   if (!Pack(row, strict)) return -1;
+  RateLimiter& limiter = table_->table().rate_limiter();
+  std::optional<InsertReservation> reservation;  // gives the insert back if the row is not published
+  if (limiter.enabled()) {
+    if (!limiter.TryAdmit(RateOp::kInsert, 1)) {
+      const std::shared_ptr<SharedTable> held = table_->ref();  // kept while the GIL is released
+      try {
+        py::gil_scoped_release release;
+        table_->AwaitAdmission(*held, RateOp::kInsert, 1, timeout ? *timeout : -1.0);
+      } catch (...) {
+        Release();
+        throw;
+      }
+    }
+    reservation.emplace(limiter, 1);
+  }
   const int64_t claimed = table_->Claim();
   WritePacked(claimed, 0);
-  table_->Commit(claimed, 1, static_cast<float>(priority));
+  table_->Commit(claimed, 1, static_cast<float>(priority), reservation ? &*reservation : nullptr);
   return claimed;
 }
 

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,9 +40,10 @@ class RowWriter {
   bool Pack(pybind11::handle step, bool strict);
   // Copies the packed step into step `step` of `row` (a row this process holds).
   void WritePacked(int64_t row, int32_t step);
-  // Pack, claim a row, write step 0, commit it with length 1 and `priority`. Returns the row, -1 when
+  // Pack, wait for the table's rate limiter to admit one insert (up to `timeout` seconds; None: no
+  // limit), claim a row, write step 0, commit it with length 1 and `priority`. Returns the row, -1 when
   // the general path must run instead (nothing claimed or written), -2 when the table is closed.
-  int64_t Add(pybind11::handle row, bool strict, double priority);
+  int64_t Add(pybind11::handle row, bool strict, double priority, std::optional<double> timeout);
 
  private:
   void Release();

@@ -334,7 +334,11 @@ int64_t RowStride(int64_t row_bytes) {
 }
 
 SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator)
-    : name_(std::move(name)), memory_(std::move(memory)), base_(memory_->base()), creator_(creator) {
+    : name_(std::move(name)),
+      memory_(std::move(memory)),
+      base_(memory_->base()),
+      creator_(creator),
+      rate_limiter_(&header()->rate_limiter, &header()->size, &name_) {
   TableHeader* h = header();
   view_.capacity = h->capacity;
   view_.max_steps = h->max_steps;
@@ -764,7 +768,8 @@ int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool
 }
 
 void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                              int32_t length, const float* priorities, CountedOut counted) {
+                              int32_t length, const float* priorities, CountedOut counted,
+                              InsertReservation* reserved) {
   TableHeader* h = header();
   const uint64_t first_seq = FetchAdd<uint64_t>(&h->commit_seq, static_cast<uint64_t>(n)) + 1;
   int32_t published[kInsertChunk];
@@ -792,6 +797,11 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
   // they do when a full ring is overwritten).
   if (done != counted.size) Add<int64_t>(&h->size, done - counted.size);
   if (selectable != counted.selectable) Add<int64_t>(&h->selectable, selectable - counted.selectable);
+  if (reserved != nullptr) {
+    reserved->Use(done);
+  } else if (rate_limiter_.enabled()) {
+    rate_limiter_.CountInserts(done);
+  }
   // Given back only now (release: a claimer that reads 0 sees the publication): until here, a death
   // leaves the row to a reclaimer.
   for (int64_t i = 0; i < done; ++i) __atomic_store_n(&owners()[published[i]], 0, __ATOMIC_RELEASE);
@@ -843,7 +853,7 @@ std::string SharedTable::NotHeld(int64_t row) const {
          "' is not held by this writer (it was reclaimed or already committed)";
 }
 
-void SharedTable::Commit(int64_t row, int32_t length, float priority) {
+void SharedTable::Commit(int64_t row, int32_t length, float priority, InsertReservation* reserved) {
   if (length < 1 || length > view_.max_steps) {
     throw std::invalid_argument("length " + std::to_string(length) +
                                 " is outside [1, max_steps=" + std::to_string(view_.max_steps) + "]");
@@ -855,7 +865,7 @@ void SharedTable::Commit(int64_t row, int32_t length, float priority) {
   {
     WindowScope window{this, OpenWindow()};
     const int32_t claimed = static_cast<int32_t>(row);
-    PublishRows(1, &claimed, &held, nullptr, length, &priority, CountedOut{});
+    PublishRows(1, &claimed, &held, nullptr, length, &priority, CountedOut{}, reserved);
   }
   AfterWrites(false);
 }
@@ -1011,7 +1021,8 @@ void SharedTable::CopyRows(const std::vector<const uint8_t*>& field_data, int64_
 }
 
 void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
-                         const int32_t* lengths, const float* priorities, int32_t* rows) {
+                         const int32_t* lengths, const float* priorities, int32_t* rows,
+                         InsertReservation* reserved) {
   for (int64_t b = 0; b < batch; ++b) {  // validate everything before claiming anything
     if (lengths != nullptr && (lengths[b] < 1 || lengths[b] > steps)) {
       throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
@@ -1035,7 +1046,7 @@ void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t 
       const int64_t n = ClaimRows(std::min(chunk, batch - b), rows + b, held, &reclaimed, &counted);
       CopyRows(field_data, b, n, rows + b, steps, lengths);
       PublishRows(n, rows + b, held, lengths != nullptr ? lengths + b : nullptr, steps,
-                  priorities != nullptr ? priorities + b : nullptr, counted);
+                  priorities != nullptr ? priorities + b : nullptr, counted, reserved);
       b += n;
     }
   }

@@ -210,11 +210,16 @@ class SharedTable {
   CudaPinning* cuda() const { return memory_->cuda(); }
   // This process's indexes over the table's priorities (prioritized sampling, total weights).
   PriorityIndexes& priority_indexes() { return priority_indexes_; }
+  // The table's rate limiter (rate_limiter.h), over the header's shared state.
+  RateLimiter& rate_limiter() { return rate_limiter_; }
 
   // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0, its
   // pid in the owner word).
+  // Commit and Insert count the rows they publish in the rate limiter: against `reserved`, admitted
+  // before (a host path that waited), or, when it is null, as published without a check (the insert
+  // custom call, which never waits; see rate_limiter.h).
   int64_t Claim();
-  void Commit(int64_t row, int32_t length, float priority);
+  void Commit(int64_t row, int32_t length, float priority, InsertReservation* reserved = nullptr);
   void Abandon(int64_t row);
   // A counter window (shared_table.cc, "Ownership and counters"): opened before a change that moves a
   // row in or out of `size` or `selectable` and closed once both counters have followed. Returns the
@@ -233,7 +238,8 @@ class SharedTable {
   // (nullptr: 1) hold one entry per row; a bad one throws std::invalid_argument before anything is
   // claimed. Rows are claimed, copied and published a chunk at a time (shared_table.cc, "Inserts").
   void Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
-              const int32_t* lengths, const float* priorities, int32_t* rows);
+              const int32_t* lengths, const float* priorities, int32_t* rows,
+              InsertReservation* reserved = nullptr);
 
   // The creator's close, first step: no attach succeeds from now on.
   void MarkClosed();
@@ -265,10 +271,11 @@ class SharedTable {
   // state it replaced and *claimed to the new one.
   bool TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, bool* reclaimed);
   // Publishes rows[0, n) claimed as held[0, n): lengths (nullptr: `length` each) and priorities
-  // (nullptr: 1), and moves size and selectable by the rows published less `counted` (the claims'). A
-  // row taken from this writer meanwhile is left alone; the others are published, then NotHeld is thrown.
+  // (nullptr: 1), and moves size and selectable by the rows published less `counted` (the claims'), and
+  // counts them in the rate limiter (see Commit). A row taken from this writer meanwhile is left alone;
+  // the others are published, then NotHeld is thrown.
   void PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                   int32_t length, const float* priorities, CountedOut counted);
+                   int32_t length, const float* priorities, CountedOut counted, InsertReservation* reserved);
   // Copies rows[0, n), taken for rows first.. of the batch, from field_data (see Insert).
   void CopyRows(const std::vector<const uint8_t*>& field_data, int64_t first, int64_t n, const int32_t* rows,
                 int32_t steps, const int32_t* lengths);
@@ -297,6 +304,7 @@ class SharedTable {
   std::atomic<int64_t> next_check_ns_{0};
   std::atomic<int64_t> check_interval_ns_{0};
   PriorityIndexes priority_indexes_;  // a GPU's may still be read by a kernel: see ~SharedTable
+  RateLimiter rate_limiter_;
   // One bit per 2 MiB block of the mapping: set once Populate mapped the block in this process.
   std::unique_ptr<std::atomic<uint64_t>[]> populated_;
 };
