@@ -525,8 +525,7 @@ def host_insert_run(run: Run, table: gj.Table, act, learner_step, carry: Any) ->
             for t in range(t0, t0 + length):
                 envs, rows, done = act_step(learner.params, envs, t)
                 rows, done = jax.device_get((rows, done))  # waits for the step, which waits for the update
-                # New rows get the largest priority so far (1 before any): the header the in-jit "max" reads.
-                table.insert(rows, priorities=max(table.max_priority, 1.0))
+                table.insert(rows, priorities="max")  # as gj.insert: the largest so far, from the header
                 finished.append(done)
                 if t >= config.prefill_steps:
                     learner, token, loss = learn(learner, token, t)
