@@ -33,7 +33,7 @@ machine falls on all of them alike.
 Run (CPU by default; about 2 minutes on a 2-core CPU):
 
     python examples/anakin.py --plot anakin.png
-    python examples/anakin.py --steps=30000      # the quickstart's length: ends at or near the maximum
+    python examples/anakin.py --steps=30000      # the quickstart's length: about 5 minutes
     python examples/anakin.py --compare=gear_jax,flashbax --capacity=10000000
     python examples/anakin.py --smoke            # 1000 steps, 100,000-row replays: for tests
 
@@ -42,30 +42,31 @@ greedy evaluation with absl.logging (stderr), and prints a table of the comparis
 last (stdout).
 
 Figures, all measured on this project's 2-core CPU machine, which other jobs shared (jax 0.10.2, flax
-0.12.8, optax 0.2.8, gymnax 1.0.1, flashbax 0.1.3; seed 0). The default command printed (112 s for the
-whole process, wall_s=106.3):
+0.12.8, optax 0.2.8, gymnax 1.0.1, flashbax 0.1.3; seed 0). The default command printed (124 s for the
+whole process, wall_s=117.7):
 
     comparison    capacity env steps/s updates/s train s compile s eval return
-    gear_jax       1000000        2759       673    14.9       9.1       121.4
-    host_insert    1000000        1031       252    39.8       5.6       121.4
-    flashbax       1000000        2475       604    16.6       9.6       111.3
+    gear_jax       1000000        2216       541    18.5       5.5       121.4
+    host_insert    1000000         837       204    49.0       3.6       121.4
+    flashbax       1000000        1770       432    23.2      10.1       111.3
 
 Mean greedy return of 20 episodes: 13.2 untrained; after 3000, 5000, 8000 and 10000 steps 144.7, 142.1,
 123.5, 121.4 for gear_jax and host_insert (the same numbers, and the same losses), 130.4, 113.5, 104.0,
-111.3 for flashbax. The same command while other jobs loaded the machine more: 297, 141 and 240
-updates/s (212 s for the whole process). `--steps=30000` (wall_s=271.6): 595, 207 and 609 updates/s;
-final returns 500.0, 500.0 and 381.9 (gear_jax's evaluations from 20000 steps on: 210.2, 500.0, 492.1,
-500.0, 500.0).
+111.3 for flashbax. Two earlier runs of the command (host inserts then passed `table.max_priority`
+instead of "max": the same priorities, the same learning) measured 673, 252 and 604 updates/s, and 297,
+141 and 240 while other jobs loaded the machine more. `--steps=30000` (308 s for the whole process,
+wall_s=301.4): 552, 207 and 509 updates/s; final returns 500.0, 500.0 and 381.9 (gear_jax's evaluations
+from 20000 steps on: 210.2, 500.0, 492.1, 500.0, 500.0).
 
-What they say: the fused program made 2.1 to 2.9 times the steps per second of the quickstart's loop,
+What they say: the fused program made 2.1 to 2.7 times the steps per second of the quickstart's loop,
 which per step waits for the acting step's result on the host, inserts it from Python and dispatches two
-jitted calls, for the same learning. With gear_jax or with flashbax the fused program ran at about the
-same speed on this CPU (each was ahead in some run): an iteration's time goes to the network and the
-environments. Timed apart in a `lax.scan` of those calls alone, the 1,000,000-row table's `gj.insert` of
-4 rows + prioritized sample + gather of 64 + `update_priorities` took 37-44 us per iteration, flashbax's
-add + sample + set_priorities 76-78 us, of an iteration of about 1.5 ms. What the table changes is where
-the replay lives (host RAM, shared with other processes), which matters on a GPU; no GPU run is reported
-here.
+jitted calls, for the same learning. With the gear_jax table the fused program was 8-25% faster than with
+flashbax in these runs (and 2% slower in two runs of an earlier version): on this CPU an iteration's
+time goes mostly to the network and the environments. Timed apart in a `lax.scan` of those calls alone,
+the 1,000,000-row table's `gj.insert` of 4 rows + prioritized sample + gather of 64 +
+`update_priorities` took 37-44 us per iteration, flashbax's add + sample + set_priorities 76-78 us, of
+an iteration of about 2 ms. What the table changes most is where the replay lives (host RAM, shared with
+other processes), which matters on a GPU; no GPU run is reported here.
 """
 
 from __future__ import annotations
