@@ -1,6 +1,6 @@
 """examples/anakin.py: gymnax environments, gj.insert, sampling and learning in one jitted lax.scan program.
 
-One `--smoke` run of the example (1000 updates per comparison, about 60 s on this project's 2-core CPU
+One `--smoke` run of the example (1000 updates per comparison, 37-54 s on this project's 2-core CPU
 machine, most of it compilation) checks that all three comparisons (the fused program with the gear_jax
 table, the host-insert loop, the fused program with a flashbax buffer) ran the same numbers of
 environment steps and updates, report their speeds, filled their replays, and learned, and that the
