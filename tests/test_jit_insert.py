@@ -1,10 +1,6 @@
 """`gj.insert` inside jitted programs: byte-exact rows, lax.scan, ordering with sample and
 update_priorities, the largest priority so far, concurrent writers in other processes, and bad input."""
 
-import subprocess
-import sys
-import textwrap
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -12,7 +8,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import transitions
+from conftest import start_uniform_writers, transitions
 
 TIMEOUT = 120
 
@@ -264,21 +260,7 @@ def test_jit_inserts_and_writers_in_other_processes_never_yield_torn_valid_rows(
     width = 8192
     table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=8)
     table.insert({"v": np.zeros((8, width), np.int32)})
-    writer_code = f"""
-        import numpy as np, gear_jax as gj, sys, time
-        base, i = int(sys.argv[1]), 0
-        with gj.Table.attach({table.name!r}) as t:
-            end = time.monotonic() + 4.0
-            while time.monotonic() < end:
-                i += 1
-                t.insert({{"v": np.full((1, {width}), base + i, np.int32)}})
-    """
-    writers = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(writer_code), str(base)], stderr=subprocess.PIPE, text=True
-        )
-        for base in (1_000_000, 2_000_000)
-    ]
+    writers = start_uniform_writers(table, width, seconds=4.0, bases=(1_000_000, 2_000_000))
 
     @jax.jit
     def step(key, value):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
+from conftest import start_uniform_writers
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 120
@@ -70,21 +71,7 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
     width = 4096
     table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=8)
     table.insert({"v": np.zeros((8, width), np.int32)})
-    writer_code = f"""
-        import numpy as np, gear_jax as gj, sys, time
-        base, i = int(sys.argv[1]), 0
-        with gj.Table.attach({table.name!r}) as t:
-            end = time.monotonic() + 3.0
-            while time.monotonic() < end:
-                i += 1
-                t.insert({{"v": np.full((1, {width}), base + i, np.int32)}})
-    """
-    writers = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(writer_code), str(base)], stderr=subprocess.PIPE, text=True
-        )
-        for base in (0, 1_000_000)
-    ]
+    writers = start_uniform_writers(table, width, seconds=3.0)
     step = jax.jit(lambda k: gj.gather(table, gj.sample(table, k, 8)))
     valid_rows = invalid_rows = 0
     commits_while_sampling = []  # the last commit order number, before the first and after the last read

@@ -208,26 +208,17 @@ ffi::Error InsertImpl(ffi::Buffer<ffi::F32> priorities, ffi::Buffer<ffi::S32> le
                       int64_t handle, int64_t spec_hash, int32_t steps, int32_t priority_mode) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
-  const TableView& view = table->view();
   InsertRequest request;
-  if (ffi::Error error = PrepareInsert(view, fields, priorities.element_count(), lengths.element_count(),
-                                       rows->element_count(), steps, priority_mode, &request);
+  if (ffi::Error error =
+          PrepareInsert(table->view(), fields, priorities.element_count(), lengths.element_count(),
+                        rows->element_count(), steps, priority_mode, &request);
       error.failure()) {
     return error;
   }
   if (request.batch == 0) return ffi::Error::Success();
-  const int32_t* row_lengths = request.lengths ? lengths.typed_data() : nullptr;
-  std::vector<float> largest;
-  const float* row_priorities = priorities.typed_data();
-  if (request.priorities == InsertPriorities::kLargest) {
-    largest.assign(static_cast<size_t>(request.batch), LargestPrioritySoFar(view));
-    row_priorities = largest.data();
-  }
-  if (KernelStatus status = CheckInsertValues(row_priorities, row_lengths, request.batch, steps);
-      !status.ok())
-    return KernelFailure(status);
   try {
-    table->Insert(request.field_data, request.batch, steps, row_lengths, row_priorities, rows->typed_data());
+    return KernelFailure(InsertRows(*table, request, request.field_data, priorities.typed_data(),
+                                    lengths.typed_data(), rows->typed_data()));
   } catch (const std::bad_alloc&) {
     return OpError(ffi::ErrorCode::kResourceExhausted, "insert", "out of host memory");
   } catch (const std::exception& e) {

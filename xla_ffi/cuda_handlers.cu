@@ -339,6 +339,18 @@ ffi::Error EnqueueIndexRefresh(cudaStream_t stream, const CudaTable& t, int64_t 
   return ffi::Error::Success();
 }
 
+// The end of a handler that staged its inputs in `chunk` and enqueued work on `stream`: gives the chunk
+// back once the stream is past that work (whatever was enqueued), and fails with `what` when an
+// enqueue failed (`status`), or when the release could not be recorded.
+ffi::Error FinishStagedCall(HostStaging* pool, HostStaging::Chunk* chunk, cudaStream_t stream,
+                            cudaError_t status, const char* op, const char* what) {
+  if (status != cudaSuccess) cudaGetLastError();  // reported here, not by a later launch check
+  const cudaError_t released = pool->Release(chunk, stream);
+  if (status != cudaSuccess) return CudaFailure(op, what, status);
+  if (released != cudaSuccess) return CudaFailure(op, "cannot record the staging memory's release", released);
+  return ffi::Error::Success();
+}
+
 // Where the arrays of a host scatter lie in its staging chunk.
 struct ScatterStaging {
   int32_t* count;
@@ -414,13 +426,7 @@ ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTab
     what = "cannot copy the updated count to the device";
     status = cudaMemcpyAsync(updated, s.count, sizeof(int32_t), cudaMemcpyHostToDevice, stream);
   }
-  if (status != cudaSuccess) cudaGetLastError();  // reported here, not by a later launch check
-  // Whatever was enqueued, the chunk goes back only once the stream is past it.
-  const cudaError_t released = pool->Release(chunk, stream);
-  if (status != cudaSuccess) return CudaFailure(kOp, what, status);
-  if (released != cudaSuccess)
-    return CudaFailure(kOp, "cannot record the staging memory's release", released);
-  return ffi::Error::Success();
+  return FinishStagedCall(pool, chunk, stream, status, kOp, what);
 }
 
 // A counter window that stays open while a priority kernel may run: opened by the handler before the
@@ -508,9 +514,7 @@ struct HostInsert {
   int64_t handle;
   DeviceError* error;  // host address of the table's error record for the device
   InsertStaging staging;
-  int64_t batch;
-  int32_t steps;
-  bool largest;  // every row the table's largest priority so far
+  InsertRequest request;  // its field_data are the device's; the callback reads the staging's
 };
 
 // The host callback (cudaHostFn_t): runs after the batch reached the staging and before the row ids are
@@ -519,22 +523,14 @@ struct HostInsert {
 void RunHostInsert(void* arg) {
   std::unique_ptr<HostInsert> call(static_cast<HostInsert*>(arg));
   const InsertStaging& s = call->staging;
-  const TableView& view = call->table->view();
-  std::vector<float> largest;
-  const float* priorities = s.priorities;
   KernelStatus status;
   try {
-    if (call->largest) {
-      largest.assign(static_cast<size_t>(call->batch), LargestPrioritySoFar(view));
-      priorities = largest.data();
-    }
-    status = CheckInsertValues(priorities, s.lengths, call->batch, call->steps);
-    if (status.ok()) call->table->Insert(s.fields, call->batch, call->steps, s.lengths, priorities, s.rows);
+    status = InsertRows(*call->table, call->request, s.fields, s.priorities, s.lengths, s.rows);
   } catch (const std::exception&) {
     status = KernelError(ErrorSite::kInsertFailed);
   }
   if (!status.ok()) {  // no row written: the ids say so, and the next call on the table reports why
-    for (int64_t b = 0; b < call->batch; ++b) s.rows[b] = -1;
+    for (int64_t b = 0; b < call->request.batch; ++b) s.rows[b] = -1;
     ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
   }
   if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
@@ -568,9 +564,8 @@ ffi::Error InsertImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::F32>
     return CudaFailure(kOp, "cannot allocate pinned host staging memory", status);
   }
   ScratchCarver carver(chunk->data);
-  auto call = std::unique_ptr<HostInsert>(new HostInsert{t.table, handle, t.side->error_host,
-                                                         InsertStaging(carver, request), request.batch, steps,
-                                                         request.priorities == InsertPriorities::kLargest});
+  auto call = std::unique_ptr<HostInsert>(
+      new HostInsert{t.table, handle, t.side->error_host, InsertStaging(carver, request), request});
   const InsertStaging& s = call->staging;
   const char* what = "cannot copy the batch to the host";
   const size_t row_bytes = static_cast<size_t>(request.batch) * sizeof(int32_t);
@@ -595,13 +590,7 @@ ffi::Error InsertImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::F32>
     what = "cannot copy the row ids to the device";
     status = cudaMemcpyAsync(rows->typed_data(), s.rows, row_bytes, cudaMemcpyHostToDevice, stream);
   }
-  if (status != cudaSuccess) cudaGetLastError();  // reported here, not by a later launch check
-  // Whatever was enqueued, the chunk goes back only once the stream is past it.
-  const cudaError_t released = pool->Release(chunk, stream);
-  if (status != cudaSuccess) return CudaFailure(kOp, what, status);
-  if (released != cudaSuccess)
-    return CudaFailure(kOp, "cannot record the staging memory's release", released);
-  return ffi::Error::Success();
+  return FinishStagedCall(pool, chunk, stream, status, kOp, what);
 }
 
 ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,

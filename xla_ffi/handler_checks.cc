@@ -215,6 +215,8 @@ ffi::Error PrepareInsert(const TableView& view, ffi::RemainingArgs fields, size_
   return ffi::Error::Success();
 }
 
+namespace {
+
 KernelStatus CheckInsertValues(const float* priorities, const int32_t* lengths, int64_t batch,
                                int32_t steps) {
   for (int64_t b = 0; b < batch; ++b) {
@@ -236,6 +238,24 @@ float LargestPrioritySoFar(const TableView& view) {
   float priority;
   std::memcpy(&priority, &bits, sizeof(priority));
   return priority;
+}
+
+}  // namespace
+
+KernelStatus InsertRows(SharedTable& table, const InsertRequest& request,
+                        const std::vector<const uint8_t*>& field_data, const float* priorities,
+                        const int32_t* lengths, int32_t* rows) {
+  std::vector<float> largest;
+  if (request.priorities == InsertPriorities::kLargest) {
+    largest.assign(static_cast<size_t>(request.batch), LargestPrioritySoFar(table.view()));
+    priorities = largest.data();
+  }
+  if (!request.lengths) lengths = nullptr;
+  if (KernelStatus status = CheckInsertValues(priorities, lengths, request.batch, request.steps);
+      !status.ok())
+    return status;
+  table.Insert(field_data, request.batch, request.steps, lengths, priorities, rows);
+  return {};
 }
 
 ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t priorities) {

@@ -81,12 +81,16 @@ struct InsertRequest {
 ffi::Error PrepareInsert(const TableView& view, ffi::RemainingArgs fields, size_t priorities, size_t lengths,
                          size_t rows, int32_t steps, int32_t priority_mode, InsertRequest* request);
 
-// insert: the values only the data holds (priorities finite and >= 0, lengths in [1, steps]), checked
-// before any row is claimed, so that a refused batch writes nothing.
-KernelStatus CheckInsertValues(const float* priorities, const int32_t* lengths, int64_t batch, int32_t steps);
-
-// The priority every row of an insert in InsertPriorities::kLargest mode gets.
-float LargestPrioritySoFar(const TableView& view);
+// insert: writes the rows of a prepared request with the host insert (SharedTable::Insert, CPU atomics),
+// from host memory: field_data[f] (the request's own, or a staging copy of them), priorities (kGiven: one
+// per row; kLargest: ignored, every row gets the table's largest priority so far, 1 while no row had
+// one) and lengths (when the request has them). The values only the data holds (priorities finite and
+// >= 0, lengths in [1, steps]) are checked before any row is claimed, so a refused batch writes nothing
+// and comes back as the error. Exceptions of the insert itself (out of memory, a row taken from this
+// writer) pass through.
+KernelStatus InsertRows(SharedTable& table, const InsertRequest& request,
+                        const std::vector<const uint8_t*>& field_data, const float* priorities,
+                        const int32_t* lengths, int32_t* rows);
 
 // update_priorities: one generation and one priority per row id.
 ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t priorities);
