@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "parallel.h"
 #include "sample.h"
 #include "table_view.h"
 
@@ -30,8 +31,10 @@ struct GatherOutputs {
 KernelStatus CheckRowsInRange(const TableView& table, const int32_t* indices, int64_t n, ErrorSite site);
 
 // indices: int32[B] rows; generations: uint32[B] as sampled; starts: int32[B] first step of each window.
+// Large gathers are shared out over `parallel`'s threads.
 KernelStatus GatherRowsCpu(const TableView& table, const int32_t* indices, const uint32_t* generations,
-                           const int32_t* starts, const GatherRequest& request, GatherOutputs out);
+                           const int32_t* starts, const GatherRequest& request, GatherOutputs out,
+                           const ParallelFor& parallel = SerialFor());
 
 // Sample + gather in one call, the common learner step: selects `sample.batch_size` rows with
 // SampleRowsCpu (prioritized: through `tree`, the table's index refreshed for the request's exponent)
@@ -41,6 +44,7 @@ KernelStatus GatherRowsCpu(const TableView& table, const int32_t* indices, const
 // picked row's state, so the gather's reads of it hit the cache.
 KernelStatus SampleGatherCpu(const TableView& table, const SampleRequest& sample, SampleResult picks,
                              const GatherRequest& gather, GatherOutputs out,
-                             const PriorityTreeView* tree = nullptr);
+                             const PriorityTreeView* tree = nullptr,
+                             const ParallelFor& parallel = SerialFor());
 
 }  // namespace gear

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "parallel.h"
 #include "sample.h"
 #include "sample_at.h"
 #include "table_view.h"
@@ -171,8 +172,10 @@ class PriorityIndex {
 // range, draws again with the next attempt, up to kIndexedAttempts; then the pick gets the failed-pick
 // marker. The law of a pick is w / total over the rows that stay as the refresh saw them.
 inline constexpr int kIndexedAttempts = 16;
+// Batches of more than 256 picks are shared out over `parallel`'s threads.
 KernelStatus SampleIndexedCpu(const TableView& table, const PriorityTreeView& tree,
-                              const SampleRequest& request, SampleResult out);
+                              const SampleRequest& request, SampleResult out,
+                              const ParallelFor& parallel = SerialFor());
 // total_weight (sample_at.h) from an index: float32 of its total, and its count of selectable rows.
 KernelStatus TotalWeightIndexedCpu(const PriorityTreeView& tree, float* total, int32_t* count);
 // sample_at (sample_at.h) through an index: each target of this table walks the tree; a walk that ends

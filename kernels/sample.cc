@@ -26,47 +26,55 @@ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_
   FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
 }
 
-KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleResult out) {
+// Uniform picks of a large batch are shared out over the threads in ranges of this many picks.
+constexpr int64_t kUniformGrain = 512;
+
+KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleResult out,
+                           const ParallelFor& parallel) {
   const int64_t claimed = ClaimedRows(t);
   if (claimed == 0) return Empty();
   auto candidate = [&](uint32_t pick, int attempt) {
     double u = UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
     return std::min<int64_t>(static_cast<int64_t>(u * claimed), claimed - 1);
   };
-  // The first candidate of every pick, fetched ahead so that the picks' cache misses overlap.
-  std::vector<int64_t> first(static_cast<size_t>(r.batch_size));
-  for (int64_t i = 0; i < r.batch_size; ++i) {
-    first[i] = candidate(static_cast<uint32_t>(i), 0);
-    __builtin_prefetch(&t.state[first[i]]);
-    __builtin_prefetch(&t.length[first[i]]);
-    __builtin_prefetch(&t.times_sampled[first[i]]);
-  }
-  std::vector<std::pair<int64_t, uint64_t>> selectable;  // filled only if rejection keeps failing
+  // Rejection, range by range: the first candidate of every pick of the range fetched ahead so that
+  // the picks' cache misses overlap. A pick whose every attempt was rejected is left at row -1.
+  parallel.Run(r.batch_size, kUniformGrain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> first(static_cast<size_t>(end - begin));
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t c = first[i - begin] = candidate(static_cast<uint32_t>(i), 0);
+      __builtin_prefetch(&t.state[c]);
+      __builtin_prefetch(&t.length[c]);
+      __builtin_prefetch(&t.times_sampled[c]);
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      out.indices[i] = -1;
+      for (int attempt = 0; attempt < kUniformAttempts; ++attempt) {
+        const int64_t c = attempt == 0 ? first[i - begin] : candidate(static_cast<uint32_t>(i), attempt);
+        const uint64_t s = LoadAcquire(&t.state[c]);
+        if (StateSelectable(s) && LengthUsable(t, c)) {
+          Record(t, r, out, i, c, s, 0.0f);
+          break;
+        }
+      }
+    }
+  });
+  // The exact fallback for the picks rejection did not place: one scan of the selectable rows.
+  std::vector<std::pair<int64_t, uint64_t>> selectable;
   bool scanned = false;
   for (int64_t i = 0; i < r.batch_size; ++i) {
-    const uint32_t pick = static_cast<uint32_t>(i);
-    int64_t row = -1;
-    uint64_t state = 0;
-    for (int attempt = 0; attempt < kUniformAttempts && row < 0; ++attempt) {
-      const int64_t c = attempt == 0 ? first[i] : candidate(pick, attempt);
-      const uint64_t s = LoadAcquire(&t.state[c]);
-      if (StateSelectable(s) && LengthUsable(t, c)) row = c, state = s;
-    }
-    if (row < 0) {
-      if (!scanned) {
-        for (int64_t k = 0; k < claimed; ++k) {
-          uint64_t s = LoadAcquire(&t.state[k]);
-          if (StateSelectable(s) && LengthUsable(t, k)) selectable.emplace_back(k, s);
-        }
-        scanned = true;
+    if (out.indices[i] >= 0) continue;
+    if (!scanned) {
+      for (int64_t k = 0; k < claimed; ++k) {
+        uint64_t s = LoadAcquire(&t.state[k]);
+        if (StateSelectable(s) && LengthUsable(t, k)) selectable.emplace_back(k, s);
       }
-      if (selectable.empty()) return Empty();
-      double u = UniformDouble(r.seed0, r.seed1, pick, 0, Draw::kFallback);
-      size_t k = std::min(static_cast<size_t>(u * selectable.size()), selectable.size() - 1);
-      row = selectable[k].first;
-      state = selectable[k].second;
+      scanned = true;
     }
-    Record(t, r, out, i, row, state, 0.0f);
+    if (selectable.empty()) return Empty();
+    double u = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kFallback);
+    size_t k = std::min(static_cast<size_t>(u * selectable.size()), selectable.size() - 1);
+    Record(t, r, out, i, selectable[k].first, selectable[k].second, 0.0f);
   }
   int64_t count = scanned ? static_cast<int64_t>(selectable.size()) : LoadRelaxed(t.selectable);
   float probability = 1.0f / static_cast<float>(std::max<int64_t>(count, 1));
@@ -137,13 +145,13 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
 }  // namespace
 
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out,
-                           const PriorityTreeView* tree) {
+                           const PriorityTreeView* tree, const ParallelFor& parallel) {
   if (request.batch_size <= 0) return {};
-  if (request.method == SampleMethod::kUniform) return SampleUniform(table, request, out);
+  if (request.method == SampleMethod::kUniform) return SampleUniform(table, request, out, parallel);
   if (out.selectable != nullptr) *out.selectable = SelectableCount(LoadRelaxed(table.selectable));
   switch (request.method) {
     case SampleMethod::kPrioritized:
-      if (tree != nullptr) return SampleIndexedCpu(table, *tree, request, out);
+      if (tree != nullptr) return SampleIndexedCpu(table, *tree, request, out, parallel);
       break;
     case SampleMethod::kFifo:
     case SampleMethod::kLifo:

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "errors.h"
+#include "parallel.h"
 #include "table_view.h"
 
 namespace gear {
@@ -78,8 +79,9 @@ GEAR_HD void RecordFailed(SampleResult out, int64_t pick) {
 }
 
 // Prioritized sampling needs `tree`, the table's priority index refreshed for the request's exponent
-// (without it the method is refused); the other methods ignore it.
+// (without it the method is refused); the other methods ignore it. Uniform and prioritized picks of a
+// large batch are shared out over `parallel`'s threads (fifo, lifo and top-k run on the calling thread).
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out,
-                           const PriorityTreeView* tree = nullptr);
+                           const PriorityTreeView* tree = nullptr, const ParallelFor& parallel = SerialFor());
 
 }  // namespace gear

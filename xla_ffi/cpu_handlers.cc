@@ -15,6 +15,7 @@
 #include "kernels/sample_at.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/handler_checks.h"
+#include "xla_ffi/xla_parallel.h"
 
 namespace ffi = xla::ffi;
 
@@ -59,8 +60,8 @@ ffi::Error HoldIndexToSample(SharedTable& table, const SampleRequest& request, c
 ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                       ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
-                      ffi::ResultBuffer<ffi::S32> selectable, int64_t handle, int64_t spec_hash,
-                      int32_t method, float priority_exponent, int32_t window) {
+                      ffi::ResultBuffer<ffi::S32> selectable, ffi::ThreadPool pool, int64_t handle,
+                      int64_t spec_hash, int32_t method, float priority_exponent, int32_t window) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
   SampleRequest request;
@@ -82,7 +83,7 @@ ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
   if (ffi::Error error = HoldIndexToSample(*table, request, "sample", &index, &tree); error.failure()) {
     return error;
   }
-  return KernelFailure(SampleRowsCpu(table->view(), request, out, tree));
+  return KernelFailure(SampleRowsCpu(table->view(), request, out, tree, XlaParallelFor(pool)));
 }
 
 ffi::Error OrderedCandidatesImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
@@ -108,7 +109,7 @@ ffi::Error OrderedCandidatesImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*af
 
 ffi::Error GatherImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
                       ffi::Buffer<ffi::S32> starts, ffi::ResultBuffer<ffi::PRED> valid,
-                      ffi::RemainingRets fields_out, int64_t handle, int64_t spec_hash,
+                      ffi::RemainingRets fields_out, ffi::ThreadPool pool, int64_t handle, int64_t spec_hash,
                       ffi::Span<const int64_t> fields, int32_t window) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
@@ -125,8 +126,8 @@ ffi::Error GatherImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> gener
     AdviseHugePages(out.fields[f], static_cast<size_t>(request.batch_size * window *
                                                        view.fields[request.field_ids[f]].step_bytes));
   }
-  return KernelFailure(
-      GatherRowsCpu(view, indices.typed_data(), generations.typed_data(), starts.typed_data(), request, out));
+  return KernelFailure(GatherRowsCpu(view, indices.typed_data(), generations.typed_data(),
+                                     starts.typed_data(), request, out, XlaParallelFor(pool)));
 }
 
 // sample + gather in one call: SampleImpl's picks, then GatherImpl's copy of them (one table lookup, one
@@ -135,9 +136,9 @@ ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/
                             ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                             ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
                             ffi::ResultBuffer<ffi::S32> selectable, ffi::ResultBuffer<ffi::PRED> valid,
-                            ffi::RemainingRets fields_out, int64_t handle, int64_t spec_hash, int32_t method,
-                            float priority_exponent, int32_t window, ffi::Span<const int64_t> fields,
-                            int32_t steps) {
+                            ffi::RemainingRets fields_out, ffi::ThreadPool pool, int64_t handle,
+                            int64_t spec_hash, int32_t method, float priority_exponent, int32_t window,
+                            ffi::Span<const int64_t> fields, int32_t steps) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
   const TableView& view = table->view();
@@ -178,7 +179,7 @@ ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/
       error.failure()) {
     return error;
   }
-  return KernelFailure(SampleGatherCpu(view, request, result, gather, out, tree));
+  return KernelFailure(SampleGatherCpu(view, request, result, gather, out, tree, XlaParallelFor(pool)));
 }
 
 ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
@@ -275,20 +276,22 @@ ffi::Error SampleAtImpl(ffi::Buffer<ffi::U32> seed, ffi::Buffer<ffi::F32> target
 }  // namespace
 }  // namespace gear
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleCpu, gear::SampleImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::U32>>()  // seed: uint32[2] from the key
-                                  .Arg<ffi::AnyBuffer>()         // after: ordering only
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // indices: int32[B]
-                                  .Ret<ffi::Buffer<ffi::U32>>()  // generations: uint32[B]
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // probabilities: float32[B]
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // starts: int32[B]
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // selectable: int32[] count N
-                                  .Attr<int64_t>("handle")
-                                  .Attr<int64_t>("spec_hash")
-                                  .Attr<int32_t>("method")
-                                  .Attr<float>("priority_exponent")
-                                  .Attr<int32_t>("window"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    GearJaxSampleCpu, gear::SampleImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::U32>>()  // seed: uint32[2] from the key
+        .Arg<ffi::AnyBuffer>()         // after: ordering only
+        .Ret<ffi::Buffer<ffi::S32>>()  // indices: int32[B]
+        .Ret<ffi::Buffer<ffi::U32>>()  // generations: uint32[B]
+        .Ret<ffi::Buffer<ffi::F32>>()  // probabilities: float32[B]
+        .Ret<ffi::Buffer<ffi::S32>>()  // starts: int32[B]
+        .Ret<ffi::Buffer<ffi::S32>>()  // selectable: int32[] count N
+        .Ctx<ffi::ThreadPool>()        // XLA's intra-op threads: large prioritized batches
+        .Attr<int64_t>("handle")
+        .Attr<int64_t>("spec_hash")
+        .Attr<int32_t>("method")
+        .Attr<float>("priority_exponent")
+        .Attr<int32_t>("window"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxOrderedCandidatesCpu, gear::OrderedCandidatesImpl,
                               ffi::Ffi::Bind()
@@ -311,6 +314,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxGatherCpu, gear::GatherImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()   // starts: int32[B]
                                   .Ret<ffi::Buffer<ffi::PRED>>()  // valid: bool[B, window]
                                   .RemainingRets()                // one [B, window, *shape] per field
+                                  .Ctx<ffi::ThreadPool>()         // XLA's intra-op threads: large gathers
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<ffi::Span<const int64_t>>("fields")
@@ -372,6 +376,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleGatherCpu, gear::SampleGatherImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>()   // selectable: int32[] count N
                                   .Ret<ffi::Buffer<ffi::PRED>>()  // valid: bool[B, steps]
                                   .RemainingRets()                // one [B, steps, *shape] per field
+                                  .Ctx<ffi::ThreadPool>()         // XLA's intra-op threads: large batches
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<int32_t>("method")
