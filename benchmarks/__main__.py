@@ -46,6 +46,7 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "pool": pool.SYSTEMS,
     "sharded": sharded.SYSTEMS,
 }
+INTERLEAVED_SUITES = ("gather", "sample", "priorities")  # the suites that time through selection.measure
 BUSY_LOAD = 0.5
 ITEM_UNITS = {
     "gather": "rows",
@@ -100,6 +101,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--iters", type=int, default=100, help="timed iterations per point and system")
     p.add_argument("--warmup", type=int, default=10, help="untimed iterations first (after compiling)")
+    p.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="gather, sample, priorities: hold every system at once and time them in turns of this many "
+        "steps, so that a machine whose speed drifts slows all alike (0: one system after another)",
+    )
     p.add_argument("--systems", help="comma-separated systems to run (default: all of the suite's)")
     p.add_argument("--reverb_python", help="interpreter with dm-reverb installed, for the Reverb baseline")
     p.add_argument(
@@ -138,6 +146,12 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
         p.error("--error_buffer needs --samples_per_insert")
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
+    if args.interleave < 0:
+        p.error(
+            f"--interleave must be >= 0 (steps per turn; 0: one system after another), got {args.interleave}"
+        )
+    if args.interleave and args.suite not in INTERLEAVED_SUITES:
+        p.error(f"--interleave applies to the {', '.join(INTERLEAVED_SUITES)} suites, not {args.suite}")
     return args
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from gear_jax.bench.common import parse_ints
 from gear_jax.bench.data import Dataset, cap_rows
-from gear_jax.bench.selection import measure
+from gear_jax.bench.selection import measure, table_copies
 from gear_jax.bench.systems import Workload
 
 DEFAULTS = {"table_rows": "100000", "item_bytes": "1024,65536", "batch_size": "32,64,128,256,512,1024"}
@@ -20,7 +20,7 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
 
     With `--window W` the table holds trajectories of `--max_steps` steps (default 4 W) and each pick
     is a window of W steps placed uniformly inside a row; `--item_bytes` is then the bytes per step.
-    Table sizes are capped so that two copies fit in `--mem_budget_gib`.
+    Table sizes are capped so that `table_copies` copies fit in `--mem_budget_gib`.
     """
     window = args.window
     steps = max(args.max_steps or 4 * window, window) if window else 1
@@ -28,11 +28,11 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
     records = []
     for requested in parse_ints(args.table_rows):
         for item_bytes in parse_ints(args.item_bytes):
-            rows = cap_rows(requested, steps * item_bytes, args.mem_budget_gib)
+            rows = cap_rows(requested, steps * item_bytes, args.mem_budget_gib, table_copies(args))
             if rows < requested:
                 note(
                     f"item_bytes={item_bytes}: table_rows capped from {requested} to {rows} "
-                    f"(--mem_budget_gib={args.mem_budget_gib} must hold two copies)"
+                    f"(--mem_budget_gib={args.mem_budget_gib} must hold {table_copies(args)} copies)"
                 )
             work = Workload(Dataset(rows, steps, item_bytes), "uniform", window=window, collect=True)
             point = {"table_rows": rows, "item_bytes": item_bytes, "window": window}

@@ -27,7 +27,7 @@ import gear_jax as gj
 from gear_jax.bench.common import GEAR, PRIORITY_READ, parse_ints, parse_names
 from gear_jax.bench.data import Dataset, cap_rows
 from gear_jax.bench.references import STATE_BYTES, PriorityReadSystem
-from gear_jax.bench.selection import measure
+from gear_jax.bench.selection import measure, table_copies
 from gear_jax.bench.systems import (
     FlashbaxSumTreeSystem,
     GearSystem,
@@ -81,19 +81,21 @@ def build(name: str, work: Workload, updates: bool) -> System:
 def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str, Any]]:
     """Records for every table size x item size x workload, each system timing all batch sizes.
 
-    Table sizes are capped so that two tables fit in `--mem_budget_gib` (one system holds its table
-    at a time; the second leaves room for filling and freeing).
+    Table sizes are capped so that `table_copies` tables fit in `--mem_budget_gib` (two when one system
+    holds its table at a time: the second leaves room for filling and freeing).
     """
     batch_sizes = parse_ints(args.batch_size)
     workloads = parse_workloads(args.workloads)
     records = []
     for requested in parse_ints(args.table_rows):
         for item_bytes in parse_ints(args.item_bytes):
-            rows = cap_rows(requested, table_bytes_per_row(item_bytes), args.mem_budget_gib)
+            rows = cap_rows(
+                requested, table_bytes_per_row(item_bytes), args.mem_budget_gib, table_copies(args)
+            )
             if rows < requested:
                 note(
                     f"item_bytes={item_bytes}: table_rows capped from {requested} to {rows} "
-                    f"(--mem_budget_gib={args.mem_budget_gib} must hold two tables)"
+                    f"(--mem_budget_gib={args.mem_budget_gib} must hold {table_copies(args)} tables)"
                 )
             work = Workload(
                 Dataset(rows, 1, item_bytes),
@@ -105,6 +107,13 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
             point = {"table_rows": rows, "item_bytes": item_bytes}
             for workload in workloads:
                 updates = workload == "update"
-                records += measure(work, point, WORKLOADS[workload], batch_sizes, args, note,
-                                   make=lambda name, work=work, updates=updates: build(name, work, updates))
+                records += measure(
+                    work,
+                    point,
+                    WORKLOADS[workload],
+                    batch_sizes,
+                    args,
+                    note,
+                    make=lambda name, work=work, updates=updates: build(name, work, updates),
+                )
     return records

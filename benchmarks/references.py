@@ -75,6 +75,10 @@ class Reference(System):
     def work_per_step(self, batch_size: int) -> tuple[int, int]:
         return batch_size, self.span(batch_size, 0)[1]
 
+    @property
+    def interleavable(self) -> bool:  # CUDA-event timed copies run alone
+        return self.device is None
+
     def latencies(
         self, batch_sizes: list[int], warmup: int, iters: int, tick: Callable[[], None]
     ) -> dict[int, np.ndarray]:

@@ -45,6 +45,7 @@ class ReverbSystem(System):
     """Reverb: a local server in another interpreter, sampled through `reverb.TrajectoryDataset`."""
 
     name = "reverb"
+    interleavable = False  # timed inside its worker process
 
     def __init__(self, work: Workload, python: str | None, timeout_s: float):
         super().__init__(work)

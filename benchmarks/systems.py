@@ -75,6 +75,9 @@ class System:
 
     name = ""
     measured_as: str | None = None
+    # Its steps can be timed one turn at a time between other systems' steps (`--interleave`): false
+    # for a system that times its work elsewhere (another process, CUDA events).
+    interleavable = True
 
     def __init__(self, work: Workload):
         self.work = work
@@ -94,7 +97,7 @@ class System:
     def latencies(
         self, batch_sizes: list[int], warmup: int, iters: int, tick: Callable[[], None]
     ) -> dict[int, np.ndarray]:
-        """Seconds per step for each batch size."""
+        """Seconds per step for each batch size, this system alone."""
         return {b: time_calls(self.make_step(b), warmup, iters, tick) for b in batch_sizes}
 
     def close(self) -> None:

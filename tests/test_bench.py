@@ -356,6 +356,62 @@ def test_priorities_baselines_and_update_workload(tmp_path: Path) -> None:
             assert "time_ratio_vs_priority_read" in r
 
 
+def test_interleaved_priorities_cap_tables_for_every_system_held_at_once(tmp_path: Path) -> None:
+    # about 49 B of table per row: 0.002 GiB for 4 tables (3 systems + 1) caps 100000 rows near 10950
+    report = run_bench(
+        tmp_path,
+        "priorities",
+        "--table_rows=100000",
+        "--batch_size=16,32",
+        "--mem_budget_gib=0.002",
+        "--interleave=2",
+        "--systems=gear_jax,numpy_cumsum,priority_read",
+        "--workloads=static,update",
+    )
+    rows = {r["point"]["table_rows"] for r in report["records"]}
+    assert len(rows) == 1 and 8000 < rows.pop() < 14000, report["notes"]
+    assert any("must hold 4 tables" in n for n in report["notes"]), report["notes"]
+    assert report["config"]["interleave"] == 2
+    check_report(
+        report,
+        "priorities",
+        grid(
+            table_rows=sorted({r["point"]["table_rows"] for r in report["records"]}),
+            item_bytes=[8],
+            batch_size=[16, 32],
+        ),
+        always=["gear_jax", "numpy_cumsum", "priority_read"],
+    )
+    assert {r["op"] for r in report["records"]} == {"prioritized", "prioritized+update"}
+    for r in report["records"]:
+        if r["system"] == "gear_jax":
+            assert {"speedup_vs_numpy_cumsum", "time_ratio_vs_priority_read"} <= set(r)
+
+
+def test_interleave_calls_takes_turns_and_numbers_each_steps_calls() -> None:
+    calls: list[tuple[str, int]] = []
+    steps = {name: (lambda i, name=name: calls.append((name, i))) for name in ("a", "b", "c")}
+    ticks = []
+    latencies = selection.interleave_calls(steps, iters=5, turn=2, tick=lambda: ticks.append(1))
+    assert calls == [
+        *[("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)],  # round 0 starts with a
+        *[("b", 2), ("b", 3), ("c", 2), ("c", 3), ("a", 2), ("a", 3)],  # round 1 with b
+        *[("c", 4), ("a", 4), ("b", 4)],  # round 2 with c: the last call of each
+    ]
+    assert len(ticks) == 15
+    assert set(latencies) == {"a", "b", "c"}
+    for times in latencies.values():
+        assert times.shape == (5,) and np.all(times >= 0) and np.all(times < 1)
+
+
+def test_interleave_flag_refuses_other_suites_and_negative_turns() -> None:
+    for flags in (["insert", "--interleave=2"], ["gather", "--interleave=-1"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "gear_jax.bench", *flags], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and "--interleave" in done.stderr, (flags, done.stderr)
+
+
 def test_priorities_workloads_flag_refuses_unknown_names() -> None:
     cmd = [sys.executable, "-m", "gear_jax.bench", "priorities", "--workloads=static,dynamic"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
