@@ -21,6 +21,7 @@ from gear_jax.errors import (
     TableMismatchError,
     TableNotFoundError,
 )
+from gear_jax.malloc import malloc_tuning, tune_malloc
 from gear_jax.pool import clear_pool, configure_pool, pool_stats
 from gear_jax.ops import (
     METHODS,
@@ -48,6 +49,9 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module("gear_jax.torch")
     raise AttributeError(f"module 'gear_jax' has no attribute {name!r}")
+
+
+tune_malloc()  # result buffers reused instead of mapped fresh per call: gear_jax/malloc.py
 
 
 def build_info() -> dict[str, Any]:
@@ -92,6 +96,7 @@ __all__ = [
     "configure_pool",
     "gather",
     "insert",
+    "malloc_tuning",
     "ordered_candidates",
     "pool_stats",
     "sample",

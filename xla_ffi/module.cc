@@ -6,9 +6,14 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -401,6 +406,25 @@ PYBIND11_MODULE(_native, m) {
       "sweep_dead_tables", [] { return gear::SweepDeadTables(/*force=*/true); },
       "Removes every dead table that is not persistent (as a create does); returns their names");
   m.def("pid_namespace", &gear::PidNamespace, "This process's PID namespace (0: unknown)");
+  m.def(
+      "set_malloc_thresholds",
+      [](int64_t mmap_threshold, int64_t trim_threshold) {
+#if defined(__GLIBC__)
+        if (mmap_threshold <= 0 || trim_threshold <= 0 || mmap_threshold > INT32_MAX ||
+            trim_threshold > INT32_MAX)
+          throw std::invalid_argument("malloc thresholds must lie in [1, 2^31)");
+        return mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold)) == 1 &&
+               mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_threshold)) == 1;
+#else
+        (void)mmap_threshold;
+        (void)trim_threshold;
+        return false;
+#endif
+      },
+      py::arg("mmap_threshold"), py::arg("trim_threshold"),
+      "glibc's mallopt(M_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD) for this process "
+      "(gear_jax/malloc.py); "
+      "false where either is refused or the C library is not glibc");
   m.def(
       "header_offsets",
       [] {
