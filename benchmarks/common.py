@@ -209,6 +209,7 @@ def machine_info() -> dict[str, Any]:
         "load_avg_start": list(os.getloadavg()),
         "gear_jax": gear_jax.build_info(),
         "gear_jax_revision": source_revision(gear_jax.__file__),
+        "malloc_tuning": gear_jax.malloc_tuning(),  # result buffers reused or not: gear_jax/malloc.py
         "versions": {p: _version(p) for p in ("numpy", "jax", "flashbax", "torch", "torchrl", "tensordict")},
     }
 

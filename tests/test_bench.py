@@ -59,6 +59,7 @@ def check_report(
     assert REPORT_KEYS <= set(report)
     assert report["suite"] == suite and report["available"] is True
     assert report["machine"]["cpu_count"] >= 1 and "version" in report["machine"]["gear_jax"]
+    assert isinstance(report["machine"]["malloc_tuning"]["applied"], bool)
     records = report["records"]
     counts = Counter((json.dumps(r["point"], sort_keys=True), r["system"], r["op"]) for r in records)
     assert all(n == 1 for n in counts.values()), counts
