@@ -65,10 +65,11 @@ def measure(
     def make_system(name: str) -> System | None:
         try:
             return make(name) if make is not None else build(name, work, args)
+        except Unavailable as e:  # gear_jax too: a suite may not run it at every point
+            note(_skipped(name, point, op, e))
+            return None
         except Exception as e:  # noqa: BLE001 - a baseline failing is reported, not fatal
-            if name == GEAR and not isinstance(e, Unavailable):
-                raise
-            note(f"skipped {name} at {point} {op}: {failure(e)}")
+            note(_skipped_baseline(name, point, op, e))
             return None
 
     if getattr(args, "interleave", 0):
@@ -82,6 +83,19 @@ def measure(
         if latencies is not None:
             records += _records(system, point, op, batch_sizes, latencies)
     return records
+
+
+def _skipped(name: str, point: dict[str, Any], op: str, e: Exception) -> str:
+    """The note for system `name` skipped at `point` and `op` because of `e`."""
+    return f"skipped {name} at {point} {op}: {failure(e)}"
+
+
+def _skipped_baseline(name: str, point: dict[str, Any], op: str, e: Exception) -> str:
+    """`_skipped`'s note for a baseline; a gear_jax failure is no note: `e` propagates (call inside
+    the `except` block)."""
+    if name == GEAR:
+        raise e
+    return _skipped(name, point, op, e)
 
 
 def _time_alone(
@@ -100,9 +114,7 @@ def _time_alone(
             latencies = system.latencies(batch_sizes, args.warmup, args.iters, bar.update)
         detail = system.describe()
     except Exception as e:  # noqa: BLE001
-        if name == GEAR:
-            raise
-        note(f"skipped {name} at {point} {op}: {failure(e)}")
+        note(_skipped_baseline(name, point, op, e))
         return None
     finally:
         system.close()
@@ -176,9 +188,7 @@ def _measure_interleaved(
                     for i in range(args.warmup):
                         step(i)
                 except Exception as e:  # noqa: BLE001
-                    if system.name == GEAR:
-                        raise
-                    note(f"skipped {system.name} at {point} {op}: {failure(e)}")
+                    note(_skipped_baseline(system.name, point, op, e))
                     together.remove(system)
                     system.close()
                     continue
