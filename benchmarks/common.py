@@ -33,6 +33,10 @@ from typing import Any
 import numpy as np
 
 GEAR = "gear_jax"
+# gear_jax.host: the same kernels called from Python outside jit (numpy results), timed beside the jitted
+# path; its records get speedups over the baselines too.
+GEAR_HOST = "gear_jax_host"
+GEAR_SYSTEMS = (GEAR, GEAR_HOST)
 PINNED_COPY = "pinned_copy"
 PRIORITY_READ = "priority_read"
 REFERENCES = (PINNED_COPY, PRIORITY_READ)
@@ -124,13 +128,19 @@ def make_record(
 
 
 def add_speedups(records: list[dict[str, Any]]) -> None:
-    """Adds `speedup_vs_<system>` (baseline p50 / gear_jax p50) to every gear_jax record, in place, and
+    """Adds `speedup_vs_<system>` (baseline p50 / gear_jax p50) to every gear_jax record (and every
+    gear_jax_host record: the host path's p50 in the denominator), in place, and
     for a reference system also `bandwidth_fraction_vs_<reference>` (gear_jax bytes/s / reference
     bytes/s) and `time_ratio_vs_<reference>` (gear_jax p50 / reference p50)."""
-    gear = {_key(r): r for r in records if r["system"] == GEAR}
+    for system in GEAR_SYSTEMS:
+        _add_speedups_of(system, records)
+
+
+def _add_speedups_of(system: str, records: list[dict[str, Any]]) -> None:
+    gear = {_key(r): r for r in records if r["system"] == system}
     for r in records:
         target = gear.get(_key(r))
-        if r["system"] == GEAR or target is None:
+        if r["system"] in GEAR_SYSTEMS or target is None:
             continue
         name = r["system"]
         target[f"speedup_vs_{name}"] = r["latency_s"]["p50"] / target["latency_s"]["p50"]

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from tqdm import tqdm
 
-from gear_jax.bench.common import GEAR, PERCENTILES
+from gear_jax.bench.common import GEAR, GEAR_HOST, PERCENTILES
 
 TABLE_WIDTH = 200
 FRACTION = "bandwidth_fraction_vs_"
@@ -77,16 +77,26 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
         "GB/s",
         "gear_jax speedup",
     ]
+    hosted = any(r["system"] == GEAR_HOST for r in records)
+    if hosted:
+        header.append(f"{GEAR_HOST} speedup")
     for ref in refs:
         header += [f"GB/s / {ref}", f"p50 / {ref}"]
     ratios = any(ACHIEVED_RATIO in r for r in records)
     if ratios:
         header.append("samples/insert")
-    gear = {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == GEAR}
+    by_system = {
+        g: {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == g}
+        for g in (GEAR, GEAR_HOST)
+    }
+
+    def speedup_cell(g: str, r: dict[str, Any]) -> str:
+        target = by_system[g].get((json.dumps(r["point"], sort_keys=True), r["op"]))
+        speedup = target.get(f"speedup_vs_{r['system']}") if target is not None else None
+        return f"{speedup:.2f}x" if speedup is not None else ""
+
     rows = []
     for r in records:
-        target = gear.get((json.dumps(r["point"], sort_keys=True), r["op"]))
-        speedup = target.get(f"speedup_vs_{r['system']}") if target is not None else None
         rows.append(
             [
                 *(str(r["point"][k]) for k in keys),
@@ -95,7 +105,8 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
                 *(format_seconds(r["latency_s"][f"p{p}"]) for p in PERCENTILES),
                 format_rate(r["throughput"]["items_per_s"], ""),
                 f"{r['throughput']['bytes_per_s'] / 1e9:.3f}",
-                f"{speedup:.2f}x" if speedup is not None else "",
+                speedup_cell(GEAR, r),
+                *([speedup_cell(GEAR_HOST, r)] if hosted else []),
                 *(cell for ref in refs for cell in _reference_cells(r, ref)),
                 *([f"{r[ACHIEVED_RATIO]:.3f}" if ACHIEVED_RATIO in r else ""] if ratios else []),
             ]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from gear_jax.bench.common import GEAR, PINNED_COPY, Unavailable, make_record
+from gear_jax.bench.common import GEAR_SYSTEMS, PINNED_COPY, Unavailable, make_record
 from gear_jax.bench.display import progress
 from gear_jax.bench.references import REFERENCE_SYSTEMS
 from gear_jax.bench.reverb_baseline import ReverbSystem
@@ -91,9 +91,9 @@ def _skipped(name: str, point: dict[str, Any], op: str, e: Exception) -> str:
 
 
 def _skipped_baseline(name: str, point: dict[str, Any], op: str, e: Exception) -> str:
-    """`_skipped`'s note for a baseline; a gear_jax failure is no note: `e` propagates (call inside
-    the `except` block)."""
-    if name == GEAR:
+    """`_skipped`'s note for a baseline; a gear_jax (or gear_jax_host) failure is no note: `e`
+    propagates (call inside the `except` block)."""
+    if name in GEAR_SYSTEMS:
         raise e
     return _skipped(name, point, op, e)
 

@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 import gear_jax as gj
-from gear_jax.bench.common import GEAR, Unavailable, time_calls
+from gear_jax.bench.common import GEAR, GEAR_HOST, Unavailable, time_calls
 from gear_jax.bench.data import Dataset
 
 Step = Callable[[int], Any]
@@ -233,6 +233,38 @@ class GearSystem(System):
 
     def close(self) -> None:
         self.table.close()
+
+
+class GearHostSystem(GearSystem):
+    """gear_jax.host: the same table and kernels called from Python outside jit (numpy results, into
+    preallocated buffers as numpy's baseline): what a PyTorch or numpy learner on the CPU would call."""
+
+    name = GEAR_HOST
+
+    def make_step(self, batch_size: int) -> Step:
+        work, table = self.work, self.table
+        rng = np.random.default_rng(0)
+        options = {
+            "method": work.method,
+            "priority_exponent": work.priority_exponent,
+            "window": work.window or None,
+        }
+        if not work.collect:
+            return lambda i: gj.host.sample(table, rng, batch_size, **options)
+        out = {name: np.empty(shape, dtype) for name, shape, dtype in _host_outputs(table, batch_size, work)}
+
+        def step(i: int) -> dict[str, np.ndarray]:
+            return gj.host.sample_gather(table, rng, batch_size, fields=("x",), out=out, **options)[1]
+
+        return step
+
+
+def _host_outputs(table: gj.Table, batch_size: int, work: Workload) -> list[tuple[str, tuple, Any]]:
+    """(name, shape, dtype) of a host sample_gather's results, for buffers made once."""
+    steps = (work.window or table.max_steps) if table.spec.is_trajectory else 1
+    lead = (batch_size, steps) if table.spec.is_trajectory else (batch_size,)
+    field = table.spec.fields["x"]
+    return [("valid", lead, np.bool_), ("x", (*lead, *field.shape), field.dtype)]
 
 
 class NumpySystem(System):
@@ -735,6 +767,7 @@ class TorchrlSystem(System):
 
 IN_PROCESS: dict[str, type[System]] = {
     GEAR: GearSystem,
+    GEAR_HOST: GearHostSystem,
     "numpy": NumpySystem,
     "jnp_take": JnpSystem,
     "flashbax": FlashbaxSystem,

@@ -15,6 +15,7 @@ from gear_jax.errors import (
     CheckpointError,
     GearJaxError,
     InvalidArgumentError,
+    NotEnoughRowsError,
     RateLimiterTimeout,
     SpecError,
     TableClosedError,
@@ -39,7 +40,7 @@ from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import EpisodeWriter, Table
 from gear_jax.sharded import ShardedSample, ShardedTable
-from gear_jax import casting, sharded, transitions
+from gear_jax import casting, host, sharded, transitions
 
 
 def __getattr__(name: str) -> Any:
@@ -76,6 +77,7 @@ __all__ = [
     "GearJaxError",
     "InvalidArgumentError",
     "METHODS",
+    "NotEnoughRowsError",
     "RateLimiter",
     "RateLimiterCounts",
     "RateLimiterTimeout",
@@ -95,6 +97,7 @@ __all__ = [
     "clear_pool",
     "configure_pool",
     "gather",
+    "host",
     "insert",
     "malloc_tuning",
     "ordered_candidates",

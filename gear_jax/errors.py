@@ -41,3 +41,8 @@ class CheckpointError(GearJaxError, ValueError):
 class RateLimiterTimeout(GearJaxError, TimeoutError):
     """A wait for a table's rate limiter (an insert, `add`, `end_episode` or `await_samples`) ran out of
     time; the message says what waited, the counts and bounds, and what to start or raise."""
+
+
+class NotEnoughRowsError(GearJaxError, RuntimeError):
+    """A selection on the host (`gear_jax.host`) found no selectable row, or fewer than the batch for
+    fifo, lifo and topk; insert rows (or wait for the writers) and sample again."""

@@ -23,4 +23,13 @@ class ParallelFor {
 // The calling thread alone: body(0, n).
 const ParallelFor& SerialFor();
 
+// A ParallelFor over a pool of threads, given as `schedule` (hands a task to a pool thread) and the
+// number of tasks worth scheduling (`helpers`, the pool's threads). The calling thread takes ranges
+// too, and waits only for ranges a pool thread has started, never for a task still queued: a call made
+// from one of the pool's own threads cannot wait on itself. A task that starts after the call returned
+// finds every range taken and touches nothing of the call. Outputs are written before it returns
+// (release by each range, acquire by the caller).
+void RunOverPool(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body, int64_t helpers,
+                 const std::function<void(std::function<void()>)>& schedule);
+
 }  // namespace gear

@@ -22,6 +22,7 @@
 #include "kernels/sample.h"
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/dead_tables.h"
+#include "xla_ffi/host_calls.h"
 #include "xla_ffi/open_table.h"
 #include "xla_ffi/python_waits.h"
 #include "xla_ffi/row_writer.h"
@@ -307,6 +308,8 @@ PYBIND11_MODULE(_native, m) {
       gear::RaiseAs("InvalidArgumentError", e.what());
     } catch (const gear::TableClosedError& e) {
       gear::RaiseAs("TableClosedError", e.what());
+    } catch (const gear::HostCallError& e) {
+      gear::RaiseAs(e.python_type(), e.what());
     }
   });
 
@@ -527,7 +530,15 @@ PYBIND11_MODULE(_native, m) {
           py::arg("n"))
       .def("rate_limiter", &gear::RateLimiterSettings)
       .def("rate_limiter_counts", &gear::RateLimiterCountsOf)
-      .def("abandon", &OpenTable::Abandon, py::arg("row"));
+      .def("abandon", &OpenTable::Abandon, py::arg("row"))
+      // gear_jax.host: the CPU kernels on numpy arrays, outside XLA (host_calls.h).
+      .def("host_sample", &gear::HostSample, py::arg("seed0"), py::arg("seed1"), py::arg("batch_size"),
+           py::arg("method"), py::arg("priority_exponent"), py::arg("window"), py::arg("field_ids"),
+           py::arg("steps"), py::arg("outputs"))
+      .def("host_gather", &gear::HostGather, py::arg("indices"), py::arg("generations"), py::arg("starts"),
+           py::arg("field_ids"), py::arg("steps"), py::arg("outputs"))
+      .def("host_update_priorities", &gear::HostUpdatePriorities, py::arg("indices"), py::arg("generations"),
+           py::arg("priorities"));
 
   py::class_<gear::RowWriter>(m, "RowWriter", "The short path of one-row writes (row_writer.h)")
       .def(py::init([](py::object table,

@@ -1,54 +1,10 @@
 #include "xla_ffi/xla_parallel.h"
 
-#include <algorithm>
-#include <atomic>
-#include <memory>
-#include <thread>
-
 namespace gear {
-namespace {
-
-// One call's ranges, shared with the pool's tasks (which may outlive the call: they hold it by
-// shared_ptr, and read `body` only after taking a range, which no late task can).
-struct Ranges {
-  int64_t n = 0, grain = 1, count = 0;
-  const std::function<void(int64_t, int64_t)>* body = nullptr;
-  std::atomic<int64_t> next{0};  // the next range to take
-  std::atomic<int64_t> done{0};  // ranges finished
-
-  void Drain() {
-    for (;;) {
-      const int64_t k = next.fetch_add(1, std::memory_order_relaxed);
-      if (k >= count) return;
-      const int64_t begin = k * grain;
-      (*body)(begin, std::min(n, begin + grain));
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
-}  // namespace
 
 void XlaParallelFor::Run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) const {
-  if (n <= 0) return;
-  grain = std::max<int64_t>(grain, 1);
-  const int64_t count = (n + grain - 1) / grain;
-  const int64_t helpers = count > 1 ? std::min<int64_t>(pool_.num_threads(), count - 1) : 0;
-  if (helpers <= 0) {
-    body(0, n);
-    return;
-  }
-  auto ranges = std::make_shared<Ranges>();
-  ranges->n = n;
-  ranges->grain = grain;
-  ranges->count = count;
-  ranges->body = &body;
-  for (int64_t h = 0; h < helpers; ++h) pool_.Schedule([ranges] { ranges->Drain(); });
-  ranges->Drain();
-  // Every range is taken; wait for the ones pool threads are running (a few microseconds of copying).
-  for (int spins = 0; ranges->done.load(std::memory_order_acquire) < count; ++spins) {
-    if (spins > 64) std::this_thread::yield();
-  }
+  RunOverPool(n, grain, body, pool_.num_threads(),
+              [this](std::function<void()> task) { pool_.Schedule(std::move(task)); });
 }
 
 }  // namespace gear

@@ -9,10 +9,7 @@
 
 namespace gear {
 
-// The calling thread takes ranges too, and waits only for ranges a pool thread has started, never for
-// a task still queued: a call made from one of the pool's own threads cannot wait on itself. A task that
-// starts after the call returned finds every range taken and touches nothing of the call. The
-// handler's outputs are written before Run returns (release by each range, acquire by the caller).
+// RunOverPool (kernels/parallel.h) with XLA's pool: the calling thread takes ranges too.
 class XlaParallelFor : public ParallelFor {
  public:
   explicit XlaParallelFor(xla::ffi::ThreadPool pool) : pool_(pool) {}

@@ -1,0 +1,245 @@
+"""gear_jax.host: the CPU kernels called on numpy arrays outside jit, checked against the custom calls
+(same key, same picks and bytes), statistically, under concurrent writers, and on bad input."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import (
+    P_THRESHOLD,
+    assert_prioritized,
+    prioritized_table,
+    start_uniform_writers,
+    transitions,
+)
+from scipy import stats
+
+import gear_jax as gj
+
+CPU = jax.devices("cpu")[0]
+
+
+def _on_cpu(fn, *args):
+    with jax.default_device(CPU):
+        return jax.tree.map(np.asarray, jax.jit(fn)(*args))
+
+
+def _assert_same_sample(a, b):
+    for name in ("indices", "generations", "probabilities", "starts", "selectable"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), err_msg=name
+        )
+    assert a.window == b.window and a.table_handle == b.table_handle
+
+
+@pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "lifo", "topk"])
+def test_a_key_picks_what_the_custom_call_picks(make_table, method):
+    table, _ = prioritized_table(make_table)
+    for seed in range(5):
+        key = jax.random.key(seed)
+        kwargs = {"method": method, "priority_exponent": 0.7}
+        on_host = gj.host.sample(table, key, 8, **kwargs)
+        jitted = _on_cpu(lambda k: gj.sample(table, k, 8, **kwargs), key)
+        _assert_same_sample(on_host, jitted)
+        s, batch = gj.host.sample_gather(table, key, 8, **kwargs)
+        js, jbatch = _on_cpu(lambda k: gj.sample_gather(table, k, 8, **kwargs), key)
+        _assert_same_sample(s, js)
+        assert batch.keys() == jbatch.keys()
+        for name in batch:
+            assert batch[name].dtype == jbatch[name].dtype
+            np.testing.assert_array_equal(batch[name], jbatch[name], err_msg=name)
+        assert isinstance(batch["obs"], np.ndarray) and isinstance(s.indices, np.ndarray)
+
+
+def test_windows_of_trajectories_match_the_custom_call(make_table):
+    fields = {"obs": gj.Field((2,), "float32"), "reward": gj.Field((), "float32")}
+    table = make_table(fields, capacity=8, max_steps=6)
+    rng = np.random.default_rng(0)
+    lengths = np.array([6, 3, 5, 1, 6], np.int32)
+    table.insert(
+        {
+            "obs": rng.normal(size=(5, 6, 2)).astype(np.float32),
+            "reward": rng.normal(size=(5, 6)).astype(np.float32),
+        },
+        lengths=lengths,
+    )
+    key = jax.random.key(3)
+    s, batch = gj.host.sample_gather(table, key, 16, fields=["reward"], window=4)
+    js, jbatch = _on_cpu(lambda k: gj.sample_gather(table, k, 16, fields=["reward"], window=4), key)
+    _assert_same_sample(s, js)
+    assert set(batch) == {"reward", "valid"} and batch["reward"].shape == (16, 4)
+    np.testing.assert_array_equal(batch["reward"], jbatch["reward"])
+    np.testing.assert_array_equal(batch["valid"], jbatch["valid"])
+    # A gather of the same sample with another window, against the custom call's.
+    again = gj.host.gather(table, s, window=2)
+    jagain = _on_cpu(lambda smp: gj.gather(table, smp, window=2), js)
+    for name in ("obs", "reward", "valid"):
+        np.testing.assert_array_equal(again[name], jagain[name], err_msg=name)
+    assert again["obs"].shape == (16, 2, 2)
+
+
+def test_uniform_picks_with_a_numpy_generator_are_uniform(make_table):
+    table = make_table(capacity=64)
+    table.insert(transitions(50))
+    rng = np.random.default_rng(11)
+    counts = np.zeros(64, np.int64)
+    for _ in range(40):
+        s, batch = gj.host.sample_gather(table, rng, 1_000)
+        counts += np.bincount(s.indices, minlength=64)
+        # Every gathered row is the row picked: transitions() writes the row id into "action".
+        np.testing.assert_array_equal(batch["action"], s.indices)
+        assert batch["valid"].all()
+    assert counts[50:].sum() == 0
+    assert stats.chisquare(counts[:50]).pvalue > P_THRESHOLD
+    np.testing.assert_allclose(s.probabilities, 1 / 50)
+    assert int(s.selectable) == 50
+
+
+def test_prioritized_picks_follow_the_priorities(make_table):
+    table, priorities = prioritized_table(make_table)
+    rng = np.random.default_rng(5)
+    counts = np.zeros(32, np.int64)
+    for _ in range(20):
+        s = gj.host.sample(table, rng, 2_000, method="prioritized", priority_exponent=0.6)
+        counts += np.bincount(s.indices, minlength=32)
+    assert_prioritized(counts, s, priorities, 0.6)
+
+
+def test_generator_advances_one_draw_per_call(make_table):
+    table = make_table()
+    table.insert(transitions(10))
+    a = gj.host.sample(table, np.random.default_rng(1), 16)
+    rng = np.random.default_rng(1)
+    b = gj.host.sample(table, rng, 16)
+    c = gj.host.sample(table, rng, 16)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    assert not np.array_equal(b.indices, c.indices)
+
+
+def test_update_priorities_changes_the_distribution_and_skips_overwritten_rows(make_table):
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    rng = np.random.default_rng(0)
+    s = gj.host.sample(table, rng, 8, method="fifo")
+    np.testing.assert_array_equal(np.sort(s.indices), np.arange(8))
+    new = np.where(s.indices == 3, 5.0, 0.0).astype(np.float32)
+    assert gj.host.update_priorities(table, s, new) == 8
+    # Only row 3 keeps a priority above 0: it is the only selectable row.
+    picks = gj.host.sample(table, rng, 200, method="prioritized")
+    assert set(picks.indices.tolist()) == {3} and int(picks.selectable) == 1
+    assert table.row_status()["priority"][3] == 5.0
+    # Row 3 overwritten (the ring wraps to it after 8 more inserts... the oldest first): its old
+    # generation no longer matches, so the update skips it and the gather returns it invalid.
+    table.insert(transitions(8, start=100))
+    assert gj.host.update_priorities(table, s, np.ones(8, np.float32)) == 0
+    batch = gj.host.gather(table, s)
+    assert not batch["valid"].any() and not batch["obs"].any()
+
+
+def test_results_go_into_the_arrays_given_as_out(make_table):
+    table = make_table()
+    table.insert(transitions(10))
+    out = {"obs": np.full((4, 3), np.nan, np.float32), "valid": np.zeros(4, bool)}
+    s, batch = gj.host.sample_gather(table, np.random.default_rng(2), 4, out=out)
+    assert batch["obs"] is out["obs"] and batch["valid"] is out["valid"]
+    np.testing.assert_array_equal(out["obs"][:, 0], s.indices.astype(np.float32))
+    assert out["valid"].all()
+    assert batch["action"].shape == (4,)  # not given: allocated
+
+
+def test_a_jitted_sample_gathers_on_the_host_and_a_host_sample_updates_in_jit(make_table):
+    table, _ = prioritized_table(make_table)
+    js = _on_cpu(lambda k: gj.sample(table, k, 6), jax.random.key(0))
+    batch = gj.host.gather(table, js)
+    np.testing.assert_array_equal(batch["action"], js.indices)
+    s = gj.host.sample(table, np.random.default_rng(0), 6, method="fifo")
+    with jax.default_device(CPU):
+        count = jax.jit(lambda smp, p: gj.update_priorities(table, smp, p))(s, jnp.full(6, 2.0))
+    assert int(count) == 6
+    assert (table.row_status()["priority"][s.indices] == 2.0).all()
+
+
+def test_gathers_under_concurrent_writers_are_never_torn(make_table):
+    """Writers in other processes rewrite rows with one value per row; a valid gathered row holds one
+    value throughout, and invalid rows are zero."""
+    width = 256
+    table = make_table({"v": gj.Field((width,), "int32")}, capacity=16)
+    table.insert({"v": np.zeros((16, width), np.int32)})
+    writers = start_uniform_writers(table, width, seconds=3.0)
+    rng = np.random.default_rng(0)
+    valid_rows = invalid_rows = 0
+    try:
+        end = time.monotonic() + 2.5
+        while time.monotonic() < end:
+            _, batch = gj.host.sample_gather(table, rng, 64)
+            v, ok = batch["v"], batch["valid"]
+            assert (v[ok] == v[ok][:, :1]).all(), "a valid row mixes two writes"
+            assert not v[~ok].any()
+            valid_rows += int(ok.sum())
+            invalid_rows += int((~ok).sum())
+    finally:
+        for w in writers:
+            _, err = w.communicate(timeout=60)
+            assert w.returncode == 0, err
+    assert valid_rows > 1_000
+
+
+def test_bad_arguments_are_refused_by_name(make_table):
+    table = make_table()
+    table.insert(transitions(4))
+    rng = np.random.default_rng(0)
+    s = gj.host.sample(table, rng, 4)
+    cases = [
+        (lambda: gj.host.sample(table, 7, 4), "rng must be a numpy.random.Generator"),
+        (lambda: gj.host.sample(table, rng, 0), "batch_size=0"),
+        (lambda: gj.host.sample(table, rng, 4, method="best"), "method='best'"),
+        (lambda: gj.host.sample(table, rng, 4, priority_exponent=-1), "priority_exponent=-1"),
+        (lambda: gj.host.sample(table, rng, 4, window=2), "window=2"),
+        (lambda: gj.host.sample(object(), rng, 4), "`table` must be a gear_jax.Table"),
+        (lambda: gj.host.gather(table, s, fields=["nope"]), "fields ['nope']"),
+        (lambda: gj.host.gather(table, s, fields=3), "fields=3"),
+        (lambda: gj.host.gather(table, "s"), "must be a gear_jax.Sample"),
+        (
+            lambda: gj.host.gather(table, s, out={"obs": np.zeros((4, 3), np.float64)}),
+            "out['obs'] is float64",
+        ),
+        (lambda: gj.host.gather(table, s, out={"obs": np.zeros((3, 4), np.float32).T}), "C-contiguous"),
+        (lambda: gj.host.gather(table, s, out={"bogus": np.zeros(4)}), "['bogus']"),
+        (lambda: gj.host.update_priorities(table, s, np.ones(3)), "shape (3,)"),
+        (lambda: gj.host.update_priorities(table, s, np.array(["a"] * 4)), "dtype <U1"),
+        (lambda: gj.host.update_priorities(table, s, [1.0, np.nan, 1.0, 1.0]), "priorities[1] = nan"),
+    ]
+    for call, words in cases:
+        with pytest.raises(gj.InvalidArgumentError) as info:
+            call()
+        assert words in str(info.value), (words, str(info.value))
+    assert (table.row_status()["priority"][:4] == 1.0).all()  # the refused NaN update changed nothing
+
+
+def test_a_table_with_too_few_rows_raises_not_enough_rows(make_table):
+    table = make_table()
+    rng = np.random.default_rng(0)
+    with pytest.raises(gj.NotEnoughRowsError, match="gear_jax.host.sample"):
+        gj.host.sample_gather(table, rng, 4)
+    table.insert(transitions(3))
+    with pytest.raises(gj.NotEnoughRowsError):
+        gj.host.sample(table, rng, 4, method="fifo")
+    assert len(gj.host.sample(table, rng, 3, method="fifo").indices) == 3
+
+
+def test_a_closed_table_raises_instead_of_reading_freed_memory(make_table):
+    table = make_table()
+    table.insert(transitions(4))
+    rng = np.random.default_rng(0)
+    s = gj.host.sample(table, rng, 4)
+    table.close()
+    for call in (
+        lambda: gj.host.sample(table, rng, 4),
+        lambda: gj.host.gather(table, s),
+        lambda: gj.host.sample_gather(table, rng, 4),
+        lambda: gj.host.update_priorities(table, s, np.ones(4)),
+    ):
+        with pytest.raises(gj.TableClosedError, match="is closed"):
+            call()

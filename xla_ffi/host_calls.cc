@@ -1,0 +1,258 @@
+#include "xla_ffi/host_calls.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "kernels/errors.h"
+#include "kernels/gather.h"
+#include "kernels/priorities.h"
+#include "kernels/priority_index.h"
+#include "kernels/sample.h"
+#include "xla_ffi/priority_indexes.h"
+#include "xla_ffi/shared_table.h"
+
+namespace py = pybind11;
+
+namespace gear {
+namespace {
+
+// Threads that share out large host calls as XLA's intra-op pool shares out the custom calls (the
+// kernels' grains decide what is large): one fewer than the CPUs this process may run on, the caller
+// being the last. Started at the first call of a process (again in a forked child, whose copy of the
+// parent's pool has no threads) and never stopped: idle, they wait on a condition variable.
+class HostThreads : public ParallelFor {
+ public:
+  static const HostThreads& Get() {
+    static std::atomic<HostThreads*> current{nullptr};
+    HostThreads* pool = current.load(std::memory_order_acquire);
+    if (pool != nullptr && pool->pid_ == getpid()) return *pool;
+    auto* fresh = new HostThreads();  // leaked on purpose: exit never waits for its threads
+    // Two first calls at once: one pool wins, the other's threads stay idle for good.
+    return current.compare_exchange_strong(pool, fresh, std::memory_order_acq_rel) ? *fresh : *pool;
+  }
+
+  void Run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) const override {
+    RunOverPool(n, grain, body, helpers_, [this](std::function<void()> task) { Push(std::move(task)); });
+  }
+
+ private:
+  HostThreads() : pid_(getpid()) {
+    cpu_set_t cpus;
+    const int available = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    helpers_ = std::clamp(available - 1, 0, 15);
+    for (int h = 0; h < helpers_; ++h) std::thread([this] { Work(); }).detach();
+  }
+
+  void Push(std::function<void()> task) const {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks_.push_back(std::move(task));
+    }
+    ready_.notify_one();
+  }
+
+  void Work() const {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return !tasks_.empty(); });
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  const pid_t pid_;
+  int helpers_ = 0;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable ready_;
+  mutable std::deque<std::function<void()>> tasks_;
+};
+
+// The refusal of a kernel, in the words the custom calls use, prefixed with the host operation.
+void ThrowIfFailed(const KernelStatus& status) {
+  if (status.ok()) return;
+  const bool too_few = status.code() == KernelCode::kEmpty || status.code() == KernelCode::kTooFew;
+  throw HostCallError(too_few ? "NotEnoughRowsError" : "InvalidArgumentError",
+                      std::string("gear_jax.host.") + status.op() + ": " + status.message());
+}
+
+void Refuse(const char* op, const std::string& message) {
+  throw HostCallError("InvalidArgumentError", std::string("gear_jax.host.") + op + ": " + message);
+}
+
+// The gather of B picks x `steps` into `outputs` (valid first, then one per field of `field_ids`),
+// checked against the table's layout so that no write leaves an output.
+void PlanGather(const TableView& view, int64_t batch, const std::vector<int64_t>& field_ids, int32_t steps,
+                const std::vector<py::array>& outputs, const char* op, GatherRequest* request,
+                GatherOutputs* out) {
+  if (field_ids.size() > static_cast<size_t>(kMaxFields) || outputs.size() != field_ids.size() + 1) {
+    Refuse(op, "expected the valid mask and one output per field (at most " + std::to_string(kMaxFields) +
+                   " fields)");
+  }
+  if (steps < 1 || steps > view.max_steps) {
+    Refuse(op, "steps=" + std::to_string(steps) +
+                   " is outside [1, max_steps=" + std::to_string(view.max_steps) + "]");
+  }
+  request->batch_size = batch;
+  request->window = steps;
+  request->num_fields = static_cast<int32_t>(field_ids.size());
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const py::array& array = outputs[k];
+    int64_t expected = batch * steps;  // the valid mask: one bool per step
+    std::string what = "the valid mask";
+    if (k > 0) {
+      const int64_t field = field_ids[k - 1];
+      if (field < 0 || field >= view.num_fields) {
+        Refuse(op, "field id " + std::to_string(field) + " is outside [0, " +
+                       std::to_string(view.num_fields) + ")");
+      }
+      expected *= view.fields[field].step_bytes;
+      what = "the output of field " + std::to_string(field);
+      request->field_ids[k - 1] = static_cast<int32_t>(field);
+    } else if (array.itemsize() != 1) {
+      Refuse(op, "the valid mask must be an array of bool");
+    }
+    if (!(array.flags() & py::array::c_style) || !array.writeable()) {
+      Refuse(op, what + " must be a writable C-contiguous array");
+    }
+    if (array.nbytes() != expected) {
+      Refuse(op, what + " holds " + std::to_string(array.nbytes()) + " bytes, expected " +
+                     std::to_string(expected));
+    }
+    void* data = const_cast<void*>(array.data());
+    if (k == 0) {
+      out->valid = static_cast<bool*>(data);
+    } else {
+      out->fields[k - 1] = static_cast<uint8_t*>(data);
+    }
+  }
+}
+
+template <typename T>
+void CheckPicks(const py::array_t<T, py::array::c_style>& array, int64_t batch, const char* name,
+                const char* op) {
+  if (array.ndim() != 1 || array.shape(0) != batch) {
+    Refuse(op, std::string(name) + " must have one entry per pick (" + std::to_string(batch) + ")");
+  }
+}
+
+}  // namespace
+
+py::tuple HostSample(OpenTable& self, uint32_t seed0, uint32_t seed1, int64_t batch_size, int32_t method,
+                     float priority_exponent, int32_t window, const std::vector<int64_t>& field_ids,
+                     int32_t steps, const std::vector<py::array>& outputs) {
+  const char* op = outputs.empty() ? "sample" : "sample_gather";
+  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
+  SharedTable& table = *held;
+  const TableView& view = table.view();
+  if (batch_size < 1 || batch_size > 0x7fffffff) Refuse(op, "batch_size must lie in [1, 2**31 - 1]");
+  if (!IsSampleMethod(method)) Refuse(op, "unknown method " + std::to_string(method));
+  if (!std::isfinite(priority_exponent) || priority_exponent < 0.0f) {
+    Refuse(op, "priority_exponent must be finite and >= 0");
+  }
+  if (window < 0 || window > view.max_steps) Refuse(op, "window must lie in [0, max_steps] (0: none)");
+  SampleRequest request;
+  request.method = static_cast<SampleMethod>(method);
+  request.priority_exponent = priority_exponent;
+  request.window = window;
+  request.seed0 = seed0;
+  request.seed1 = seed1;
+  request.batch_size = batch_size;
+  GatherRequest gather;
+  GatherOutputs out{};
+  if (!outputs.empty()) PlanGather(view, batch_size, field_ids, steps, outputs, op, &gather, &out);
+
+  const auto b = static_cast<py::ssize_t>(batch_size);
+  py::array_t<int32_t> indices(b), starts(b);
+  py::array_t<uint32_t> generations(b);
+  py::array_t<float> probabilities(b);
+  int32_t selectable = 0;
+  SampleResult picks{indices.mutable_data(),
+                     generations.mutable_data(),
+                     probabilities.mutable_data(),
+                     starts.mutable_data(),
+                     nullptr,
+                     &selectable};
+  KernelStatus status;
+  {
+    py::gil_scoped_release release;
+    table.CheckCounts(/*force=*/false);  // as a custom call does: repairs counters a dead writer left off
+    PriorityIndexes::Held index;
+    const PriorityTreeView* tree = nullptr;
+    if (request.method == SampleMethod::kPrioritized) {
+      index = table.priority_indexes().ForCpu(view, priority_exponent);  // bad_alloc: MemoryError
+      tree = &index.view();
+    }
+    const ParallelFor& threads = HostThreads::Get();
+    status = outputs.empty() ? SampleRowsCpu(view, request, picks, tree, threads)
+                             : SampleGatherCpu(view, request, picks, gather, out, tree, threads);
+  }
+  ThrowIfFailed(status);
+  return py::make_tuple(indices, generations, probabilities, starts, selectable);
+}
+
+void HostGather(OpenTable& self, const py::array_t<int32_t, py::array::c_style>& indices,
+                const py::array_t<uint32_t, py::array::c_style>& generations,
+                const py::array_t<int32_t, py::array::c_style>& starts, const std::vector<int64_t>& field_ids,
+                int32_t steps, const std::vector<py::array>& outputs) {
+  constexpr const char* kOp = "gather";
+  const std::shared_ptr<SharedTable> held = self.ref();
+  const TableView& view = held->view();
+  const int64_t batch = indices.ndim() == 1 ? indices.shape(0) : -1;
+  CheckPicks(indices, batch, "indices", kOp);
+  CheckPicks(generations, batch, "generations", kOp);
+  CheckPicks(starts, batch, "starts", kOp);
+  GatherRequest request;
+  GatherOutputs out{};
+  PlanGather(view, batch, field_ids, steps, outputs, kOp, &request, &out);
+  KernelStatus status;
+  {
+    py::gil_scoped_release release;
+    held->CheckCounts(/*force=*/false);
+    status = GatherRowsCpu(view, indices.data(), generations.data(), starts.data(), request, out,
+                           HostThreads::Get());
+  }
+  ThrowIfFailed(status);
+}
+
+int32_t HostUpdatePriorities(OpenTable& self, const py::array_t<int32_t, py::array::c_style>& indices,
+                             const py::array_t<uint32_t, py::array::c_style>& generations,
+                             const py::array_t<float, py::array::c_style>& priorities) {
+  constexpr const char* kOp = "update_priorities";
+  const std::shared_ptr<SharedTable> held = self.ref();
+  SharedTable& table = *held;
+  const int64_t n = indices.ndim() == 1 ? indices.shape(0) : -1;
+  CheckPicks(indices, n, "indices", kOp);
+  CheckPicks(generations, n, "generations", kOp);
+  CheckPicks(priorities, n, "priorities", kOp);
+  int32_t updated = 0;
+  KernelStatus status;
+  {
+    py::gil_scoped_release release;
+    table.CheckCounts(/*force=*/false);
+    // In a counter window, as the custom call: a priority moved to or from 0 changes `selectable`.
+    const int slot = table.OpenWindow();
+    status = ScatterPrioritiesCpu(table.view(), indices.data(), generations.data(), priorities.data(), n,
+                                  &updated);
+    table.CloseWindow(slot);
+  }
+  ThrowIfFailed(status);
+  return updated;
+}
+
+}  // namespace gear

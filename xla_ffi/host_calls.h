@@ -1,0 +1,56 @@
+// Sampling, gathering and priority updates called from Python on numpy arrays, outside any XLA program
+// (gear_jax/host.py). They run the CPU kernels the custom calls run (kernels/sample.h, gather.h,
+// priorities.h) with the same checks, without the GIL (large batches shared out over a pool of host
+// threads, as XLA's intra-op pool shares out the custom calls), so a key's seed words
+// give the same picks and the same bytes here as in a jitted call on the CPU. What they save is the
+// cost of a jitted call: JAX's dispatch, XLA's result allocation and the table lookup by handle.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/open_table.h"
+
+namespace gear {
+
+// A kernel's refusal, raised in Python as the gear_jax exception `python_type` (gear_jax/errors.py):
+// "NotEnoughRowsError" (no selectable row; fewer than B for fifo, lifo, topk) or "InvalidArgumentError".
+class HostCallError : public std::runtime_error {
+ public:
+  HostCallError(const char* python_type, const std::string& message)
+      : std::runtime_error(message), python_type_(python_type) {}
+  const char* python_type() const { return python_type_; }
+
+ private:
+  const char* python_type_;
+};
+
+// Selects `batch_size` rows (the sample custom call's kernel) and, when `outputs` is not empty, gathers
+// them (sample_gather's): outputs holds the valid mask (bool[B, steps]) then one C-contiguous, writable
+// array of B x steps x step bytes per field of `field_ids`. Returns (indices int32[B], generations
+// uint32[B], probabilities float32[B], starts int32[B], selectable).
+pybind11::tuple HostSample(OpenTable& self, uint32_t seed0, uint32_t seed1, int64_t batch_size,
+                           int32_t method, float priority_exponent, int32_t window,
+                           const std::vector<int64_t>& field_ids, int32_t steps,
+                           const std::vector<pybind11::array>& outputs);
+
+// Gathers the picks (indices int32[B], generations uint32[B], starts int32[B]) into `outputs`, laid out
+// as HostSample's.
+void HostGather(OpenTable& self, const pybind11::array_t<int32_t, pybind11::array::c_style>& indices,
+                const pybind11::array_t<uint32_t, pybind11::array::c_style>& generations,
+                const pybind11::array_t<int32_t, pybind11::array::c_style>& starts,
+                const std::vector<int64_t>& field_ids, int32_t steps,
+                const std::vector<pybind11::array>& outputs);
+
+// Sets the priorities of the picked rows not overwritten since; returns the entries applied.
+int32_t HostUpdatePriorities(OpenTable& self,
+                             const pybind11::array_t<int32_t, pybind11::array::c_style>& indices,
+                             const pybind11::array_t<uint32_t, pybind11::array::c_style>& generations,
+                             const pybind11::array_t<float, pybind11::array::c_style>& priorities);
+
+}  // namespace gear
