@@ -10,8 +10,10 @@
   or float64 tensor makes a narrowed copy; a non-contiguous tensor is copied too (JAX imports compact
   layouts only). A copy is never silent: it raises `CopyWarning`, or `InvalidArgumentError` with
   `allow_copy=False`.
-- `Sampler(table, batch_size, ...)`: an iterator of batches (dicts of tensors) made by a jitted
-  `gj.sample` + `gj.gather`, with `update_priorities(tensor)` for the last batch.
+- `Sampler(table, batch_size, ...)`: an iterator of batches (dicts of tensors), with
+  `update_priorities(tensor)` for the last batch. For a GPU, a jitted `gj.sample` + `gj.gather` (the CUDA
+  kernels read the pinned table into device memory); for the CPU, `gj.host.sample_gather` and
+  `gj.host.update_priorities` (the same kernels without a JAX dispatch per batch or per update).
 - `Table.insert` and `EpisodeWriter.append` take torch tensors. CPU tensors (pinned or not) are read in
   place; a CUDA tensor is copied once, from the device straight into the table's rows (`insert_tensors`).
 """
@@ -28,7 +30,7 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from gear_jax import ops
+from gear_jax import host, ops
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.table import AdmittedInserts, Table
 
@@ -293,13 +295,18 @@ def _jax_device(device: Any) -> jax.Device:
 class Sampler:
     """Batches of a gear_jax table as dicts of torch tensors, for a PyTorch learner.
 
-    Each batch is one jitted `gj.sample` + `gj.gather` on the JAX device that matches `device`, handed
-    to torch without a copy. Besides the fields and `valid`, a batch holds `indices` (int32[B] row ids)
-    and `probabilities` (float32[B]) and `selectable` (int64, the count N of selectable rows when the
-    batch was drawn), so a learner can form importance weights (N * P)^-beta.
+    On a GPU each batch is one jitted `gj.sample` + `gj.gather` on the JAX device that matches `device`,
+    handed to torch without a copy. On the CPU it is `gj.host.sample_gather` into numpy arrays that torch
+    shares (`seed` seeds a numpy Generator), and `update_priorities` is `gj.host.update_priorities`: no
+    JAX dispatch per batch or update (an update through JAX's dispatch of an effectful call costs
+    hundreds of microseconds on a small CPU).
 
-    With `prefetch=True` the next batch is enqueued before the current one is returned, so JAX draws it
-    while the consumer works on this one; its sample then runs before this batch's priority update (the
+    Besides the fields and `valid`, a batch holds `indices` (int32[B] row ids) and `probabilities`
+    (float32[B]) and `selectable` (int64, the count N of selectable rows when the batch was drawn), so a
+    learner can form importance weights (N * P)^-beta.
+
+    With `prefetch=True` the next batch is enqueued before the current one is returned (on a GPU, JAX
+    draws it while the consumer works on this one); its sample then runs before this batch's priority update (the
     usual trade of prefetching replay). With `prefetch=False` an update is ordered before the next
     sample.
 
@@ -333,7 +340,15 @@ class Sampler:
         self._key = jax.device_put(jax.random.key(seed), self._device)
         self._after = jax.device_put(jnp.zeros((), jnp.int32), self._device)
         self._last: ops.Sample | None = None
-        self._pending: tuple[dict[str, jax.Array], ops.Sample] | None = None
+        self._pending: tuple[dict[str, Any], ops.Sample] | None = None
+        self._on_host = self._device.platform == "cpu"
+        self._rng = np.random.default_rng(seed)
+        self._host_options = {
+            "fields": fields,
+            "method": method,
+            "priority_exponent": priority_exponent,
+            "window": window,
+        }
 
         def draw(key: jax.Array, after: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], ops.Sample]:
             key, sub = jax.random.split(key)
@@ -360,7 +375,12 @@ class Sampler:
         self._draw = jax.jit(draw)
         self._update = jax.jit(update)
 
-    def _enqueue(self) -> tuple[dict[str, jax.Array], ops.Sample]:
+    def _enqueue(self) -> tuple[dict[str, Any], ops.Sample]:
+        if self._on_host:
+            s, out = host.sample_gather(self._table, self._rng, self._batch_size, **self._host_options)
+            out["indices"] = s.indices
+            out["probabilities"] = s.probabilities
+            return out, s
         self._key, out, s = self._draw(self._key, self._after)
         return out, s
 
@@ -371,6 +391,10 @@ class Sampler:
         out, s = self._pending if self._pending is not None else self._enqueue()
         self._pending = self._enqueue() if self._prefetch else None
         self._last = s
+        if self._on_host:
+            batch = {name: _column_tensor(value) for name, value in out.items()}
+            batch["selectable"] = torch.tensor(int(s.selectable), dtype=torch.int64)
+            return batch
         batch = to_torch(out)
         batch["selectable"] = batch["selectable"].to(torch.int64)  # the N of the sample, as before
         return batch
@@ -404,6 +428,9 @@ class Sampler:
             raise InvalidArgumentError(
                 f"update_priorities: priorities lie on {priorities.device}, the sampler's batches on {wanted}"
             )
+        if self._on_host:
+            values = priorities.detach().to(torch.float32).contiguous().numpy()
+            return torch.tensor(host.update_priorities(self._table, self._last, values), dtype=torch.int32)
         with warnings.catch_warnings():  # B floats: a copy, where one is needed, costs nothing here
             warnings.simplefilter("ignore", CopyWarning)
             p = from_torch(priorities.detach().to(torch.float32).contiguous())
