@@ -306,9 +306,9 @@ class Sampler:
     learner can form importance weights (N * P)^-beta.
 
     With `prefetch=True` the next batch is enqueued before the current one is returned (on a GPU, JAX
-    draws it while the consumer works on this one); its sample then runs before this batch's priority update (the
-    usual trade of prefetching replay). With `prefetch=False` an update is ordered before the next
-    sample.
+    draws it while the consumer works on this one); its sample then runs before this batch's priority
+    update (the usual trade of prefetching replay). With `prefetch=False` an update is ordered before
+    the next sample.
 
     Example:
       sampler = gj.torch.Sampler(table, 256, method="prioritized", priority_exponent=0.6)
