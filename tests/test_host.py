@@ -1,6 +1,7 @@
 """gear_jax.host: the CPU kernels called on numpy arrays outside jit, checked against the custom calls
 (same key, same picks and bytes), statistically, under concurrent writers, and on bad input."""
 
+import os
 import time
 
 import jax
@@ -243,3 +244,44 @@ def test_a_closed_table_raises_instead_of_reading_freed_memory(make_table):
     ):
         with pytest.raises(gj.TableClosedError, match="is closed"):
             call()
+
+
+def test_large_calls_shared_over_host_threads_match_the_custom_call(make_table):
+    """256 picks of 4 KiB (1 MiB: ranges of 128 KiB over the host threads) and 4,096 prioritized picks
+    (ranges of 256) give the jitted call's picks and bytes."""
+    table = make_table({"x": gj.Field((1024,), "float32")}, capacity=512)
+    rng = np.random.default_rng(0)
+    table.insert({"x": rng.normal(size=(512, 1024)).astype(np.float32)}, priorities=rng.uniform(0.1, 2, 512))
+    key = jax.random.key(9)
+    for method, b in (("uniform", 256), ("prioritized", 4096)):
+        s, batch = gj.host.sample_gather(table, key, b, method=method)
+        js, jbatch = _on_cpu(lambda k, m=method, n=b: gj.sample_gather(table, k, n, method=m), key)
+        _assert_same_sample(s, js)
+        np.testing.assert_array_equal(batch["x"], jbatch["x"])
+        assert batch["valid"].all()
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child makes no JAX call
+def test_a_forked_child_samples_with_its_own_threads(make_table):
+    """The parent's host threads do not survive a fork; the child's first large call starts its own."""
+    table = make_table({"x": gj.Field((1024,), "float32")}, capacity=512)
+    table.insert({"x": np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)})
+    gj.host.sample_gather(table, np.random.default_rng(0), 256)  # the parent's pool starts
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if a large call works and reads the right rows
+        try:
+            s, batch = gj.host.sample_gather(table, np.random.default_rng(1), 256)
+            ok = bool(batch["valid"].all()) and bool((batch["x"][:, 0] == s.indices * 1024.0).all())
+        except BaseException:  # noqa: BLE001 - any failure is the child's exit status
+            ok = False
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            pytest.fail("the forked child hung in a host call")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
