@@ -236,8 +236,9 @@ class GearSystem(System):
 
 
 class GearHostSystem(GearSystem):
-    """gear_jax.host: the same table and kernels called from Python outside jit (numpy results, into
-    preallocated buffers as numpy's baseline): what a PyTorch or numpy learner on the CPU would call."""
+    """gear_jax.host: the same table and kernels called from Python outside jit, what a PyTorch or numpy
+    learner on the CPU would call: `gj.host.sample` for selection alone, a `gj.host.Sampler` (arrays made
+    once, as numpy's baseline `np.take`s into a preallocated buffer) for sample + gather."""
 
     name = GEAR_HOST
 
@@ -251,20 +252,8 @@ class GearHostSystem(GearSystem):
         }
         if not work.collect:
             return lambda i: gj.host.sample(table, rng, batch_size, **options)
-        out = {name: np.empty(shape, dtype) for name, shape, dtype in _host_outputs(table, batch_size, work)}
-
-        def step(i: int) -> dict[str, np.ndarray]:
-            return gj.host.sample_gather(table, rng, batch_size, fields=("x",), out=out, **options)[1]
-
-        return step
-
-
-def _host_outputs(table: gj.Table, batch_size: int, work: Workload) -> list[tuple[str, tuple, Any]]:
-    """(name, shape, dtype) of a host sample_gather's results, for buffers made once."""
-    steps = (work.window or table.max_steps) if table.spec.is_trajectory else 1
-    lead = (batch_size, steps) if table.spec.is_trajectory else (batch_size,)
-    field = table.spec.fields["x"]
-    return [("valid", lead, np.bool_), ("x", (*lead, *field.shape), field.dtype)]
+        sampler = gj.host.Sampler(table, batch_size, fields=("x",), rng=rng, **options)
+        return lambda i: sampler()[1]
 
 
 class NumpySystem(System):

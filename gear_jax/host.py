@@ -14,7 +14,7 @@ directly, on the calling thread without the GIL, into numpy arrays (or arrays yo
 
 Semantics are the custom calls' on the CPU: the same rows are selectable, rows being written are never
 picked, a gathered row overwritten meanwhile comes back invalid and zeroed, and the same seed words give
-the same picks and bytes. `rng` is a `numpy.random.Generator` (one 64-bit draw per call makes the two
+the same picks and bytes. `rng` is a `numpy.random.Generator` (64 random bits per call make the two
 seed words) or a JAX PRNG key (its words come from `jax.random.bits` as in the custom calls, so
 `gj.host.sample(table, key, ...)` picks what `jax.jit(gj.sample)(table, key, ...)` picks on the CPU).
 
@@ -26,16 +26,18 @@ feed a GPU. The `Sample` returned holds numpy arrays and is accepted by the jitt
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from gear_jax import ops
+from gear_jax import _native, ops
 from gear_jax.errors import InvalidArgumentError, TableClosedError
 from gear_jax.table import Table
 
-__all__ = ["gather", "sample", "sample_gather", "update_priorities"]
+__all__ = ["Sampler", "gather", "sample", "sample_gather", "update_priorities"]
 
 
 def _table(table: Any, op: str) -> Table:
@@ -46,18 +48,41 @@ def _table(table: Any, op: str) -> Table:
     return table
 
 
+def _draw_64_bits(generator: np.random.Generator) -> Callable[[], int]:
+    """A function drawing 64 random bits from `generator`: one raw draw of its bit generator (64 bits
+    for PCG64, Philox and SFC64), two of MT19937's 32-bit draws."""
+    raw = generator.bit_generator.random_raw
+    if isinstance(generator.bit_generator, np.random.MT19937):
+        return lambda: (raw() << 32) | raw()
+    return raw
+
+
 def _seed_words(rng: Any, op: str) -> tuple[int, int]:
     """The two uint32 words a kernel draws its random numbers from."""
     if isinstance(rng, np.random.Generator):
-        raw = rng.bit_generator.random_raw()
-        return raw & 0xFFFFFFFF, raw >> 32
-    if isinstance(rng, (int, np.integer, np.random.RandomState)) or rng is None:
+        bits = _draw_64_bits(rng)()
+        return bits & 0xFFFFFFFF, bits >> 32
+    if not isinstance(rng, jax.Array):
         raise InvalidArgumentError(
             f"{op}: rng must be a numpy.random.Generator (np.random.default_rng(seed)) or a JAX PRNG key, "
             f"got {type(rng).__name__}; keep one generator and pass it to every call"
         )
     words = np.asarray(ops._seed(rng, op))  # a JAX key: the words the custom calls draw from it
     return int(words[0]), int(words[1])
+
+
+# Bytes of a sample's four per-pick arrays (indices, generations, probabilities, starts) per pick.
+_PICK_BYTES = 16
+
+
+def _check_fits(nbytes: int, what: str, op: str) -> None:
+    """Refuses results of `nbytes` bytes that the host's available memory can not hold."""
+    available = _memory_available()
+    if available is not None and nbytes > available:
+        raise InvalidArgumentError(
+            f"{op}: {what} need {nbytes / 2**30:.2f} GiB, more than the {available / 2**30:.2f} GiB of host "
+            "memory available; use a smaller batch"
+        )
 
 
 def _memory_available() -> int | None:
@@ -109,12 +134,7 @@ def _make_plan(
     outputs = [("valid", lead, np.dtype(np.bool_))]
     outputs += [(f, (*lead, *spec.fields[f].shape), np.dtype(spec.fields[f].dtype)) for f in chosen]
     nbytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in outputs)
-    available = _memory_available()
-    if available is not None and nbytes > available:
-        raise InvalidArgumentError(
-            f"{op}: {batch} picks x {steps} steps of {len(chosen)} fields need {nbytes / 2**30:.2f} GiB, "
-            f"more than the {available / 2**30:.2f} GiB of host memory available; use a smaller batch"
-        )
+    _check_fits(nbytes, f"{batch} picks x {steps} steps of {len(chosen)} fields", op)
     return tuple(outputs), [names.index(f) for f in chosen], steps, tuple(chosen)
 
 
@@ -241,6 +261,9 @@ def _selection(
     table: Table, batch_size: Any, method: Any, priority_exponent: Any, window: Any, op: str
 ) -> tuple[int, int, float, int]:
     ops._check_batch_size(batch_size, op)
+    _check_fits(
+        int(batch_size) * _PICK_BYTES, f"the row ids, generations and probabilities of {batch_size} picks", op
+    )
     if method not in ops.METHODS:
         raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(ops.METHODS)}")
     return (
@@ -263,7 +286,7 @@ def sample(
 
     Args:
       table: a gear_jax.Table.
-      rng: a `numpy.random.Generator` (advanced by one 64-bit draw) or a JAX PRNG key.
+      rng: a `numpy.random.Generator` (64 bits drawn per call) or a JAX PRNG key.
       batch_size, method, priority_exponent, window: as for `gear_jax.sample`.
 
     Returns:
@@ -366,8 +389,14 @@ def update_priorities(table: Table, sample: ops.Sample, priorities: Any) -> int:
     op = "gear_jax.host.update_priorities"
     table = _table(table, op)
     b = ops._check_sample(sample, op, table)
+    if hasattr(priorities, "detach") and hasattr(priorities, "device"):  # a torch tensor
+        if priorities.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"{op}: priorities lie on {priorities.device}; move them to the CPU (priorities.cpu())"
+            )
+        priorities = priorities.detach()
     values = np.asarray(priorities)
-    if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
+    if not (jnp.issubdtype(values.dtype, jnp.floating) or jnp.issubdtype(values.dtype, jnp.integer)):
         raise InvalidArgumentError(f"{op}: priorities has dtype {values.dtype}; expected floats")
     if values.shape != (b,):
         raise InvalidArgumentError(
@@ -378,3 +407,88 @@ def update_priorities(table: Table, sample: ops.Sample, priorities: Any) -> int:
         np.asarray(sample.generations, np.uint32),
         np.ascontiguousarray(values, np.float32),
     )
+
+
+class Sampler:
+    """The same `sample_gather` again and again, into arrays made once: for a learner's loop.
+
+    The arguments are checked once, here; each call is one native call (the kernels' work and about a
+    microsecond more) that writes its picks and rows into the sampler's own arrays and returns them. A
+    call overwrites what the call `buffers` calls before it returned: keep a batch beyond that (a queue
+    of prefetched batches, a list of them) and it changes under you. Give `buffers=k + 1` to keep the
+    last k batches intact while drawing the next, or copy what you keep.
+
+        sampler = gj.host.Sampler(table, 256, method="prioritized", priority_exponent=0.6, rng=0)
+        for step in range(1000):
+            s, batch = sampler()                      # numpy arrays, the sampler's own
+            td = learn(batch["obs"], batch["valid"])
+            sampler.update_priorities(np.abs(td) + 1e-3)   # the last draw's rows
+
+    A sampler is for one thread at a time (a call while another thread's call on the same sampler runs
+    raises); give each thread its own.
+
+    Args:
+      table: a gear_jax.Table.
+      batch_size, fields, method, priority_exponent, window: as for `sample_gather`.
+      rng: a `numpy.random.Generator` (64 bits drawn per call, as `sample_gather` draws them) or
+        an int seed for a new one; None: a Generator seeded from the operating system.
+      buffers: how many sets of arrays the calls cycle through (>= 1).
+
+    Raises:
+      InvalidArgumentError: a bad argument (here, not at the first call).
+      TableClosedError: the table is closed (here, and at a call once it was closed).
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        batch_size: int,
+        fields: Sequence[str] | None = None,
+        method: str = "uniform",
+        priority_exponent: float = 1.0,
+        window: int | None = None,
+        rng: np.random.Generator | int | None = None,
+        buffers: int = 1,
+    ):
+        op = "gear_jax.host.Sampler"
+        table = _table(table, op)
+        b, method_id, exponent, win, plan = _checked_selection(
+            table, batch_size, method, priority_exponent, window, fields, True, op
+        )
+        assert plan is not None
+        if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+            rng = np.random.default_rng(None if rng is None else int(rng))
+        if not isinstance(rng, np.random.Generator):
+            raise InvalidArgumentError(
+                f"{op}: rng must be a numpy.random.Generator, an int seed or None, got {type(rng).__name__}"
+            )
+        if isinstance(buffers, bool) or not isinstance(buffers, (int, np.integer)) or buffers < 1:
+            raise InvalidArgumentError(f"{op}: buffers={buffers!r} must be an int >= 1")
+        self._table = table
+        self._window = win
+        self._draw_64_bits = _draw_64_bits(rng)
+        # Per buffer: (the native draw, its picks, its batch).
+        self._sets: list[tuple[Any, tuple[np.ndarray, ...], dict[str, np.ndarray]]] = []
+        for _ in range(int(buffers)):
+            arrays = [np.empty(shape, dtype) for _, shape, dtype in plan[0]]
+            draw = _native.HostDraw(table._native, b, method_id, exponent, win, plan[1], plan[2], arrays)
+            self._sets.append((draw, draw.picks(), _batch(plan, arrays)))
+        self._next = 0
+        self._last: ops.Sample | None = None
+
+    def __call__(self) -> tuple[ops.Sample, dict[str, np.ndarray]]:
+        """Draws the next batch: (Sample, batch), numpy arrays that the sampler reuses (see above)."""
+        draw, picks, batch = self._sets[self._next]
+        self._next = (self._next + 1) % len(self._sets)
+        bits = self._draw_64_bits()
+        selectable = draw.run(bits & 0xFFFFFFFF, bits >> 32)
+        sample = self._last = _new_sample((*picks, selectable), self._window, self._table)
+        return sample, dict(batch)
+
+    def update_priorities(self, priorities: Any) -> int:
+        """Sets the priorities of the last draw's rows (`update_priorities` with its Sample)."""
+        if self._last is None:
+            raise InvalidArgumentError(
+                "gear_jax.host.Sampler.update_priorities: nothing drawn yet; call the sampler first"
+            )
+        return update_priorities(self._table, self._last, priorities)

@@ -308,7 +308,8 @@ class Sampler:
     With `prefetch=True` the next batch is enqueued before the current one is returned (on a GPU, JAX
     draws it while the consumer works on this one); its sample then runs before this batch's priority
     update (the usual trade of prefetching replay). With `prefetch=False` an update is ordered before
-    the next sample.
+    the next sample. On the CPU a draw runs on the calling thread, where drawing early gains nothing:
+    there `prefetch` is ignored and every update precedes the next sample.
 
     Example:
       sampler = gj.torch.Sampler(table, 256, method="prioritized", priority_exponent=0.6)
@@ -336,7 +337,7 @@ class Sampler:
         self._table = table
         self._batch_size = int(batch_size)
         self._device = _jax_device(device)
-        self._prefetch = bool(prefetch)
+        self._prefetch = bool(prefetch) and _jax_device(device).platform != "cpu"
         self._key = jax.device_put(jax.random.key(seed), self._device)
         self._after = jax.device_put(jnp.zeros((), jnp.int32), self._device)
         self._last: ops.Sample | None = None

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 namespace gear {
@@ -14,14 +16,22 @@ struct Ranges {
   int64_t n = 0, grain = 1, count = 0;
   const std::function<void(int64_t, int64_t)>* body = nullptr;
   std::atomic<int64_t> next{0};  // the next range to take
-  std::atomic<int64_t> done{0};  // ranges finished
+  std::atomic<int64_t> done{0};  // ranges finished (or failed)
+  std::mutex failure_mutex;
+  std::exception_ptr failure;  // the first range's exception (bad_alloc), rethrown by the caller
 
-  void Drain() {
+  void Drain() noexcept {
     for (;;) {
       const int64_t k = next.fetch_add(1, std::memory_order_relaxed);
       if (k >= count) return;
       const int64_t begin = k * grain;
-      (*body)(begin, std::min(n, begin + grain));
+      try {
+        (*body)(begin, std::min(n, begin + grain));
+      } catch (...) {  // kept for the caller: a pool thread must not end the process, nor the caller
+                       // leave while other ranges still use its stack
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+      }
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -62,6 +72,8 @@ void RunOverPool(int64_t n, int64_t grain, const std::function<void(int64_t, int
   for (int spins = 0; ranges->done.load(std::memory_order_acquire) < count; ++spins) {
     if (spins > 64) std::this_thread::yield();
   }
+  std::lock_guard<std::mutex> lock(ranges->failure_mutex);
+  if (ranges->failure) std::rethrow_exception(ranges->failure);
 }
 
 }  // namespace gear

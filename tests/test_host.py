@@ -2,6 +2,7 @@
 (same key, same picks and bytes), statistically, under concurrent writers, and on bad input."""
 
 import os
+import threading
 import time
 
 import jax
@@ -285,3 +286,174 @@ def test_a_forked_child_samples_with_its_own_threads(make_table):
             pytest.fail("the forked child hung in a host call")
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "topk"])
+def test_a_sampler_draws_what_sample_gather_draws_with_the_same_generator(make_table, method):
+    table, _ = prioritized_table(make_table)
+    sampler = gj.host.Sampler(table, 8, method=method, priority_exponent=0.7, rng=3)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        s, batch = sampler()
+        expected_s, expected = gj.host.sample_gather(table, rng, 8, method=method, priority_exponent=0.7)
+        _assert_same_sample(s, expected_s)
+        assert batch.keys() == expected.keys()
+        for name in batch:
+            np.testing.assert_array_equal(batch[name], expected[name], err_msg=name)
+
+
+def test_a_sampler_draws_windows_of_trajectories_as_the_custom_call(make_table):
+    table = make_table({"obs": gj.Field((2,), "float32")}, capacity=8, max_steps=6)
+    rng = np.random.default_rng(0)
+    table.insert({"obs": rng.normal(size=(5, 6, 2)).astype(np.float32)}, lengths=[6, 3, 5, 1, 6])
+    sampler = gj.host.Sampler(table, 16, fields=["obs"], window=4, rng=np.random.default_rng(8))
+    s, batch = sampler()
+    # gj.host.sample_gather, which the tests above tie to the custom call, with the same generator.
+    expected_s, expected = gj.host.sample_gather(
+        table, np.random.default_rng(8), 16, fields=["obs"], window=4
+    )
+    _assert_same_sample(s, expected_s)
+    assert s.window == 4 and batch["obs"].shape == (16, 4, 2) and batch["valid"].shape == (16, 4)
+    assert batch["valid"].sum() < 16 * 4  # rows of 3 and 1 steps pad their windows
+    np.testing.assert_array_equal(batch["obs"], expected["obs"])
+    np.testing.assert_array_equal(batch["valid"], expected["valid"])
+
+
+def test_a_sampler_reuses_its_buffers_in_turn(make_table):
+    table = make_table(capacity=64)
+    table.insert(transitions(64))
+    sampler = gj.host.Sampler(table, 16, fields=["action"], rng=0, buffers=2)
+    s1, b1 = sampler()
+    kept = b1["action"].copy()
+    np.testing.assert_array_equal(kept, s1.indices)
+    s2, b2 = sampler()
+    assert b2["action"] is not b1["action"]
+    np.testing.assert_array_equal(b1["action"], kept)  # the other buffer: still the first batch
+    s3, b3 = sampler()
+    assert b3["action"] is b1["action"] and s3.indices is s1.indices  # the first buffer again
+    np.testing.assert_array_equal(b3["action"], s3.indices)
+    assert not np.array_equal(b3["action"], kept)  # overwritten (16 picks of 64: equal by chance ~1e-29)
+
+
+def test_a_sampler_updates_the_priorities_of_its_last_draw(make_table):
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    sampler = gj.host.Sampler(table, 8, method="fifo", rng=0)
+    with pytest.raises(gj.InvalidArgumentError, match="nothing drawn yet"):
+        sampler.update_priorities(np.ones(8))
+    s, _ = sampler()
+    assert sampler.update_priorities(np.where(s.indices == 5, 2.0, 0.0)) == 8
+    picks = gj.host.sample(table, np.random.default_rng(0), 100, method="prioritized")
+    assert set(picks.indices.tolist()) == {5}
+
+
+def test_a_sampler_refuses_bad_arguments_and_closed_tables(make_table):
+    table = make_table()
+    table.insert(transitions(10))
+    for kwargs, match in (
+        ({"buffers": 0}, "buffers=0"),
+        ({"rng": "seed"}, "rng must be"),
+        ({"method": "random"}, "method='random'"),
+        ({"fields": ["nope"]}, "fields"),
+        ({"window": 3}, "window"),
+    ):
+        with pytest.raises(gj.InvalidArgumentError, match=match):
+            gj.host.Sampler(table, 4, **kwargs)
+    with pytest.raises(gj.InvalidArgumentError, match="batch_size=0"):
+        gj.host.Sampler(table, 0)
+    sampler = gj.host.Sampler(table, 4, rng=0)
+    sampler()
+    table.close()
+    with pytest.raises(gj.TableClosedError, match="closed"):
+        sampler()
+    with pytest.raises(gj.TableClosedError, match="closed"):
+        gj.host.Sampler(table, 4)
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the children make no JAX call
+def test_a_child_forked_during_a_prioritized_call_samples_without_hanging(make_table):
+    """Another thread of the parent is inside prioritized calls (holding the priority index's lock,
+    refreshing the index) when the parent forks: each child's own prioritized call must not wait on
+    the copied lock, and must follow the priorities (an index rebuilt in the child, not a half-refreshed
+    copy)."""
+    rows = 1 << 18
+    table = make_table({"x": gj.Field((), "float32")}, capacity=rows)
+    priorities = np.zeros(rows, np.float32)
+    priorities[:64] = 1.0  # only rows [0, 64) are selectable
+    table.insert({"x": np.zeros(rows, np.float32)}, priorities=priorities)
+    stop = threading.Event()
+
+    def calls():
+        rng = np.random.default_rng(1)
+        while not stop.is_set():
+            s = gj.host.sample(table, rng, 4096, method="prioritized", priority_exponent=0.6)
+            gj.host.update_priorities(table, s, np.ones(4096, np.float32))  # dirties the index again
+
+    thread = threading.Thread(target=calls, daemon=True)
+    thread.start()
+    failures = []
+    try:
+        time.sleep(0.2)
+        for _ in range(12):
+            pid = os.fork()
+            if pid == 0:  # the child: exit status 0 if its call returns rows of the selectable ones
+                try:
+                    s = gj.host.sample(table, np.random.default_rng(2), 256, method="prioritized")
+                    ok = bool((s.indices < 64).all()) and int(s.selectable) == 64
+                except BaseException:  # noqa: BLE001 - any failure is the child's exit status
+                    ok = False
+                os._exit(0 if ok else 1)
+            deadline = time.monotonic() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    pytest.fail("a child forked during a prioritized host call hung in its own call")
+                time.sleep(0.01)
+            if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+                failures.append(status)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not failures
+
+
+def test_priorities_as_bfloat16_and_as_torch_tensors_that_require_grad(make_table):
+    torch = pytest.importorskip("torch")
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    s = gj.host.sample(table, np.random.default_rng(0), 8, method="fifo")
+    assert gj.host.update_priorities(table, s, np.full(8, 2.0, jnp.bfloat16)) == 8
+    assert (table.row_status()["priority"][:8] == 2.0).all()
+    grad = torch.full((8,), 3.0, requires_grad=True)
+    assert gj.host.update_priorities(table, s, grad * 1.0) == 8
+    assert (table.row_status()["priority"][:8] == 3.0).all()
+
+
+def test_an_mt19937_generator_fills_both_seed_words():
+    words = gj.host._seed_words(np.random.Generator(np.random.MT19937(0)), "op")
+    raw = np.random.MT19937(0).random_raw(2)
+    assert words == (int(raw[1]), int(raw[0])) and words[1] != 0
+
+
+def test_a_bad_rng_and_results_too_large_for_memory_are_refused_by_name(make_table, monkeypatch):
+    table = make_table()
+    table.insert(transitions(10))
+    for rng in (np.random.PCG64(0), "seed", 1.5):
+        with pytest.raises(gj.InvalidArgumentError, match="rng must be a numpy.random.Generator"):
+            gj.host.sample(table, rng, 4)
+    monkeypatch.setattr(gj.host, "_memory_available", lambda: 1 << 20)
+    with pytest.raises(gj.InvalidArgumentError, match="picks need .* GiB, more than"):
+        gj.host.sample(table, np.random.default_rng(0), 100_000)
+
+
+def test_a_native_call_on_a_closed_table_raises_table_closed(make_table):
+    table = make_table()
+    table.insert(transitions(4))
+    native = table._native
+    table.close()
+    with pytest.raises(gj.TableClosedError, match="is closed"):
+        native.host_sample(1, 2, 4, 0, 1.0, 0, [], 0, [])

@@ -88,3 +88,20 @@ def test_checkpoints(tmp_path):
             np.testing.assert_array_equal(restored._columns["obs"], table._columns["obs"])
             for key, value in table.row_status().items():
                 np.testing.assert_array_equal(restored.row_status()[key], value)
+
+
+def test_outside_jit():
+    (code,) = blocks_of("### Outside jit: `gj.host`")
+    spec = gj.TableSpec({"obs": gj.Field((4,), "float32"), "action": gj.Field((), "int32")}, capacity=512)
+    with gj.Table.create(spec) as table:
+        table.insert(
+            {"obs": np.ones((300, 4), np.float32), "action": np.arange(300)}, priorities=np.ones(300)
+        )
+        names = {"gj": gj, "np": np, "table": table, "td_errors": np.linspace(-1, 1, 256)}
+        exec(compile(code, "README.md", "exec"), names)
+        assert names["batch"]["obs"].shape == (256, 4) and names["batch"]["valid"].all()
+        assert names["out"]["obs"] is not names["batch"]["obs"]  # the sampler's own arrays
+        np.testing.assert_array_equal(names["batch"]["action"], names["s"].indices)
+        # The sampler's update set |td| + 1e-3 on its last draw's rows.
+        last = table.row_status()["priority"][names["s"].indices[-1]]
+        assert last == np.float32(abs(names["td_errors"][-1]) + 1e-3)

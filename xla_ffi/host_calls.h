@@ -9,11 +9,14 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "kernels/gather.h"
+#include "kernels/sample.h"
 #include "xla_ffi/open_table.h"
 
 namespace gear {
@@ -38,6 +41,38 @@ pybind11::tuple HostSample(OpenTable& self, uint32_t seed0, uint32_t seed1, int6
                            int32_t method, float priority_exponent, int32_t window,
                            const std::vector<int64_t>& field_ids, int32_t steps,
                            const std::vector<pybind11::array>& outputs);
+
+// One draw (sample then gather) made again and again into the same arrays: its arguments checked once,
+// its picks written into arrays it makes (picks()) and its rows into `outputs` (as HostSample's), so a
+// call is the kernels' work and little more (gear_jax.host.Sampler). Holds `table` (a NativeTable);
+// Run raises TableClosedError once the table is closed, and InvalidArgumentError when another thread
+// is running a draw of the same HostDraw.
+class HostDraw {
+ public:
+  HostDraw(pybind11::object table, int64_t batch_size, int32_t method, float priority_exponent,
+           int32_t window, const std::vector<int64_t>& field_ids, int32_t steps,
+           std::vector<pybind11::array> outputs);
+
+  // Draws with the seed words; returns the count N of selectable rows.
+  int32_t Run(uint32_t seed0, uint32_t seed1);
+
+  // (indices int32[B], generations uint32[B], probabilities float32[B], starts int32[B]): the arrays
+  // every Run writes.
+  pybind11::tuple picks() const;
+
+ private:
+  pybind11::object table_object_;  // keeps table_ alive
+  OpenTable& table_;
+  std::vector<pybind11::array> outputs_;  // out_ points into them
+  pybind11::array_t<int32_t> indices_, starts_;
+  pybind11::array_t<uint32_t> generations_;
+  pybind11::array_t<float> probabilities_;
+  SampleRequest request_;
+  GatherRequest gather_;
+  GatherOutputs out_{};
+  SampleResult picks_{};
+  std::atomic<bool> running_{false};
+};
 
 // Gathers the picks (indices int32[B], generations uint32[B], starts int32[B]) into `outputs`, laid out
 // as HostSample's.

@@ -540,6 +540,14 @@ PYBIND11_MODULE(_native, m) {
       .def("host_update_priorities", &gear::HostUpdatePriorities, py::arg("indices"), py::arg("generations"),
            py::arg("priorities"));
 
+  py::class_<gear::HostDraw>(m, "HostDraw", "One draw repeated into the same arrays (host_calls.h)")
+      .def(py::init<py::object, int64_t, int32_t, float, int32_t, const std::vector<int64_t>&, int32_t,
+                    std::vector<py::array>>(),
+           py::arg("table"), py::arg("batch_size"), py::arg("method"), py::arg("priority_exponent"),
+           py::arg("window"), py::arg("field_ids"), py::arg("steps"), py::arg("outputs"))
+      .def("run", &gear::HostDraw::Run, py::arg("seed0"), py::arg("seed1"))
+      .def("picks", &gear::HostDraw::picks);
+
   py::class_<gear::RowWriter>(m, "RowWriter", "The short path of one-row writes (row_writer.h)")
       .def(py::init([](py::object table,
                        const std::vector<std::tuple<std::string, std::string, int32_t, std::vector<int64_t>>>&

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "xla_ffi/dead_tables.h"
+#include "xla_ffi/rate_limiter.h"
 #include "xla_ffi/registry.h"
 #include "xla_ffi/table_pool.h"
 
@@ -100,7 +101,7 @@ std::shared_ptr<SharedTable> OpenTable::ref() {
 }
 
 SharedTable& OpenTable::table() {
-  if (closed()) throw std::runtime_error("table '" + name_ + "' is closed");
+  if (closed()) throw TableClosedError("table '" + name_ + "' is closed");  // gear_jax.TableClosedError
   return *table_;
 }
 

@@ -9,31 +9,44 @@ bool SameExponent(float a, float b) { return std::memcmp(&a, &b, sizeof(a)) == 0
 
 }  // namespace
 
+PriorityIndexes::State& PriorityIndexes::Current() {
+  State* state = state_.load(std::memory_order_acquire);
+  if (state != nullptr && state->pid == getpid()) return *state;
+  auto* fresh = new State();
+  // Two first uses at once: one state wins, the other is deleted unused. The state a forked child
+  // replaces is leaked (see State).
+  if (state_.compare_exchange_strong(state, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;
+  return *state;
+}
+
 PriorityIndexes::Held PriorityIndexes::ForCpu(const TableView& table, float exponent) {
+  State& state = Current();
   std::shared_ptr<IndexSlot> slot;
   {
-    std::lock_guard<std::mutex> guard(mutex_);
-    ++uses_;
+    std::lock_guard<std::mutex> guard(state.mutex);
+    const uint64_t use = ++state.uses;
+    std::vector<Entry>& entries = state.entries;
     int cpu_entries = 0;
-    for (Entry& e : entries_) {
+    for (Entry& e : entries) {
       if (e.place != kCpu) continue;
       ++cpu_entries;
       if (SameExponent(e.exponent, exponent)) {
-        e.last_use = uses_;
+        e.last_use = use;
         slot = e.slot;
       }
     }
     if (slot == nullptr) {
       if (cpu_entries >= kMaxCpuIndexes) {  // the least recently used CPU index gives way
-        auto oldest = entries_.end();
-        for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-          if (it->place == kCpu && (oldest == entries_.end() || it->last_use < oldest->last_use)) oldest = it;
+        auto oldest = entries.end();
+        for (auto it = entries.begin(); it != entries.end(); ++it) {
+          if (it->place == kCpu && (oldest == entries.end() || it->last_use < oldest->last_use)) oldest = it;
         }
-        entries_.erase(oldest);  // a call still using it keeps it alive until it is done
+        entries.erase(oldest);  // a call still using it keeps it alive until it is done
       }
       slot = std::make_shared<IndexSlot>();
       slot->index = std::make_unique<PriorityIndex>(table.capacity, exponent, PlainIndexMemory());
-      entries_.push_back(Entry{kCpu, exponent, slot, uses_});
+      entries.push_back(Entry{kCpu, exponent, slot, use});
     }
   }
   Held held{slot, std::unique_lock<std::mutex>(slot->busy)};
@@ -44,9 +57,10 @@ PriorityIndexes::Held PriorityIndexes::ForCpu(const TableView& table, float expo
 std::shared_ptr<IndexSlot> PriorityIndexes::ForDevice(
     uintptr_t place, int64_t rows, float exponent,
     const std::function<std::unique_ptr<IndexMemory>()>& make_memory) {
-  std::lock_guard<std::mutex> guard(mutex_);
+  State& state = Current();
+  std::lock_guard<std::mutex> guard(state.mutex);
   int device_entries = 0;
-  for (Entry& e : entries_) {
+  for (Entry& e : state.entries) {
     if (e.place == kCpu) continue;
     ++device_entries;
     if (e.place == place && SameExponent(e.exponent, exponent)) return e.slot;
@@ -54,13 +68,14 @@ std::shared_ptr<IndexSlot> PriorityIndexes::ForDevice(
   if (device_entries >= kMaxDeviceIndexes) return nullptr;
   auto slot = std::make_shared<IndexSlot>();
   slot->index = std::make_unique<PriorityIndex>(rows, exponent, make_memory());
-  entries_.push_back(Entry{place, exponent, slot, ++uses_});
+  state.entries.push_back(Entry{place, exponent, slot, ++state.uses});
   return slot;
 }
 
 bool PriorityIndexes::HasDeviceIndexes() {
-  std::lock_guard<std::mutex> guard(mutex_);
-  for (const Entry& e : entries_) {
+  State& state = Current();
+  std::lock_guard<std::mutex> guard(state.mutex);
+  for (const Entry& e : state.entries) {
     if (e.place != kCpu) return true;
   }
   return false;

@@ -10,6 +10,9 @@
 // SharedTable, after its kernels are done.
 #pragma once
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,6 +51,14 @@ class PriorityIndexes {
                                        const std::function<std::unique_ptr<IndexMemory>()>& make_memory);
   bool HasDeviceIndexes();
 
+  PriorityIndexes() = default;
+  PriorityIndexes(const PriorityIndexes&) = delete;
+  PriorityIndexes& operator=(const PriorityIndexes&) = delete;
+  ~PriorityIndexes() {
+    State* state = state_.load(std::memory_order_acquire);
+    if (state != nullptr && state->pid == getpid()) delete state;  // a parent's copy stays leaked
+  }
+
  private:
   struct Entry {
     uintptr_t place;
@@ -55,9 +66,18 @@ class PriorityIndexes {
     std::shared_ptr<IndexSlot> slot;
     uint64_t last_use;
   };
-  std::mutex mutex_;  // guards entries_ and uses_
-  std::vector<Entry> entries_;
-  uint64_t uses_ = 0;
+  // The indexes of one process. A child forked while another thread of its parent held a lock here,
+  // or was refreshing an index, would inherit the lock held for good (that thread is not in the child)
+  // and a half-refreshed index: the child leaves its copy of the parent's state alone (leaked: a locked
+  // mutex may not be destroyed) and starts its own, its indexes rebuilt on first use.
+  struct State {
+    pid_t pid = getpid();
+    std::mutex mutex;  // guards entries and uses
+    std::vector<Entry> entries;
+    uint64_t uses = 0;
+  };
+  State& Current();
+  std::atomic<State*> state_{nullptr};
 };
 
 }  // namespace gear
