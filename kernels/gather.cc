@@ -136,7 +136,12 @@ KernelStatus GatherRowsCpu(const TableView& t, const int32_t* indices, const uin
 KernelStatus SampleGatherCpu(const TableView& t, const SampleRequest& sample, SampleResult picks,
                              const GatherRequest& gather, GatherOutputs out, const PriorityTreeView* tree,
                              const ParallelFor& parallel) {
-  if (KernelStatus s = SampleRowsCpu(t, sample, picks, tree, parallel); !s.ok()) return s;
+  // The picks' status and their rows' page walks and first lines in flight together: measured with a
+  // cache flush before each call (64 MiB written), 256 uniform picks of 1 KiB rows from 1e5 spent 45 of
+  // 162 us selecting, misses on the status columns that the gather's own fetches waited behind.
+  SampleRequest request = sample;
+  if (request.window == 0 && gather.num_fields > 0) request.prefetch_rows = &t.fields[gather.field_ids[0]];
+  if (KernelStatus s = SampleRowsCpu(t, request, picks, tree, parallel); !s.ok()) return s;
   return GatherRowsCpu(t, picks.indices, picks.generations, picks.starts, gather, out, parallel);
 }
 

@@ -49,6 +49,8 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
       __builtin_prefetch(&t.state[c]);
       __builtin_prefetch(&t.length[c]);
       __builtin_prefetch(&t.times_sampled[c]);
+      if (r.prefetch_rows != nullptr)
+        __builtin_prefetch(r.prefetch_rows->data + c * r.prefetch_rows->row_stride);
     }
     for (int64_t i = begin; i < end; ++i) {
       out.indices[i] = -1;

@@ -52,6 +52,10 @@ struct SampleRequest {
   uint32_t seed0 = 0, seed1 = 0;
   int64_t batch_size = 0;
   bool partial = false;  // fifo/lifo/topk: markers for the picks past the selectable rows, no error
+  // CPU, uniform: where not null, the first line of each first candidate's row in this field is fetched
+  // with the candidate's status, so that a gather of the picks that follows finds its rows coming
+  // (sample_gather of rows without windows).
+  const FieldView* prefetch_rows = nullptr;
 };
 
 struct SampleResult {
