@@ -24,12 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 import gear_jax as gj
-from gear_jax.bench.common import GEAR, PRIORITY_READ, parse_ints, parse_names
+from gear_jax.bench.common import GEAR, GEAR_HOST, PRIORITY_READ, parse_ints, parse_names
 from gear_jax.bench.data import Dataset, cap_rows
 from gear_jax.bench.references import STATE_BYTES, PriorityReadSystem
 from gear_jax.bench.selection import measure, table_copies
 from gear_jax.bench.systems import (
     FlashbaxSumTreeSystem,
+    GearHostSystem,
+    GearHostUpdateSystem,
     GearSystem,
     GearUpdateSystem,
     JnpCumsumUpdateSystem,
@@ -41,7 +43,7 @@ from gear_jax.bench.systems import (
 
 DEFAULTS = {"table_rows": "1000000,10000000,100000000", "item_bytes": "8", "batch_size": "1024"}
 PLOT = {"x": "table_rows", "y": "bytes_per_s", "label": "GB/s of the state column (8 B per row)"}
-SYSTEMS = (GEAR, NumpyCumsumSystem.name, FlashbaxSumTreeSystem.name, "jnp_take", PRIORITY_READ)
+SYSTEMS = (GEAR, GEAR_HOST, NumpyCumsumSystem.name, FlashbaxSumTreeSystem.name, "jnp_take", PRIORITY_READ)
 WORKLOADS = {"static": "prioritized", "update": "prioritized+update"}  # --workloads -> op
 PROBE_ROWS = 4096
 
@@ -73,6 +75,8 @@ def build(name: str, work: Workload, updates: bool) -> System:
         return FlashbaxSumTreeSystem(work, updates)
     if name == GEAR:
         return GearUpdateSystem(work) if updates else GearSystem(work)
+    if name == GEAR_HOST:
+        return GearHostUpdateSystem(work) if updates else GearHostSystem(work)
     if name == "jnp_take":
         return JnpCumsumUpdateSystem(work) if updates else JnpSystem(work)
     raise ValueError(f"{name} is not a system of the priorities suite")

@@ -538,6 +538,28 @@ class GearUpdateSystem(GearSystem):
         return step
 
 
+class GearHostUpdateSystem(GearSystem):
+    """gear_jax.host, learner workload: `gj.host.update_priorities` of the B rows the previous step
+    sampled (new priorities drawn with numpy, as numpy_cumsum's), then `gj.host.sample` of B: the
+    learner step of a PyTorch or numpy learner, no JAX dispatch. Prioritized selection only."""
+
+    name = GEAR_HOST
+
+    def make_step(self, batch_size: int) -> Step:
+        table, exponent = self.table, self.work.priority_exponent
+        rng = np.random.default_rng(0)
+        options = {"method": "prioritized", "priority_exponent": exponent}
+        previous = gj.host.sample(table, rng, batch_size, **options)
+
+        def step(i: int) -> gj.Sample:
+            nonlocal previous
+            gj.host.update_priorities(table, previous, rng.uniform(0.1, 1.0, batch_size).astype(np.float32))
+            previous = gj.host.sample(table, rng, batch_size, **options)
+            return previous
+
+        return step
+
+
 class JnpCumsumUpdateSystem(System):
     """JAX, learner workload: float32 priorities in a device array; one jitted step (the array
     donated) writes the B priorities of the rows the previous step picked, then `cumsum(p**a)` +
