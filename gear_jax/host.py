@@ -62,7 +62,7 @@ def _seed_words(rng: Any, op: str) -> tuple[int, int]:
     if isinstance(rng, np.random.Generator):
         bits = _draw_64_bits(rng)()
         return bits & 0xFFFFFFFF, bits >> 32
-    if not isinstance(rng, jax.Array):
+    if not isinstance(rng, (jax.Array, np.ndarray)):
         raise InvalidArgumentError(
             f"{op}: rng must be a numpy.random.Generator (np.random.default_rng(seed)) or a JAX PRNG key, "
             f"got {type(rng).__name__}; keep one generator and pass it to every call"
@@ -395,6 +395,8 @@ def update_priorities(table: Table, sample: ops.Sample, priorities: Any) -> int:
                 f"{op}: priorities lie on {priorities.device}; move them to the CPU (priorities.cpu())"
             )
         priorities = priorities.detach()
+        if priorities.is_floating_point():  # numpy has no torch.bfloat16: all floats as float32
+            priorities = priorities.float()
     values = np.asarray(priorities)
     if not (jnp.issubdtype(values.dtype, jnp.floating) or jnp.issubdtype(values.dtype, jnp.integer)):
         raise InvalidArgumentError(f"{op}: priorities has dtype {values.dtype}; expected floats")
@@ -424,8 +426,9 @@ class Sampler:
             td = learn(batch["obs"], batch["valid"])
             sampler.update_priorities(np.abs(td) + 1e-3)   # the last draw's rows
 
-    A sampler is for one thread at a time (a call while another thread's call on the same sampler runs
-    raises); give each thread its own.
+    A sampler is for one thread at a time; give each thread its own. A call that finds its buffer in
+    use by another thread's call raises, but with several buffers calls from several threads may go
+    unnoticed and `update_priorities` apply to another thread's draw.
 
     Args:
       table: a gear_jax.Table.
@@ -457,6 +460,8 @@ class Sampler:
         )
         assert plan is not None
         if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+            if rng is not None and rng < 0:
+                raise InvalidArgumentError(f"{op}: rng={rng} must be a seed >= 0, a Generator or None")
             rng = np.random.default_rng(None if rng is None else int(rng))
         if not isinstance(rng, np.random.Generator):
             raise InvalidArgumentError(

@@ -457,3 +457,54 @@ def test_a_native_call_on_a_closed_table_raises_table_closed(make_table):
     table.close()
     with pytest.raises(gj.TableClosedError, match="is closed"):
         native.host_sample(1, 2, 4, 0, 1.0, 0, [], 0, [])
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the child makes no JAX call
+def test_a_child_forked_during_a_sampler_draw_can_draw_with_it(make_table):
+    """The parent's thread is inside a draw of the sampler when the parent forks: the child's copy of
+    the sampler must not take the copied in-use mark for a thread of its own."""
+    table = make_table({"x": gj.Field((256,), "float32")}, capacity=4096)
+    table.insert({"x": np.zeros((4096, 256), np.float32)})
+    sampler = gj.host.Sampler(table, 2048, rng=0)
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: [sampler() for _ in iter(stop.is_set, True)], daemon=True)
+    thread.start()
+    statuses = []
+    try:
+        time.sleep(0.1)
+        for _ in range(8):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _, batch = sampler()
+                    ok = bool(batch["valid"].all())
+                except BaseException:  # noqa: BLE001 - any failure is the child's exit status
+                    ok = False
+                os._exit(0 if ok else 1)
+            deadline = time.monotonic() + 20
+            while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+                if time.monotonic() > deadline:
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    pytest.fail("a forked child hung drawing with the sampler")
+                time.sleep(0.01)
+            statuses.append(done[1])
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert all(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in statuses), statuses
+
+
+def test_host_calls_take_numpy_keys_and_torch_bfloat16_priorities(make_table):
+    torch = pytest.importorskip("torch")
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    key = jax.random.PRNGKey(4)
+    np.testing.assert_array_equal(
+        gj.host.sample(table, np.asarray(key), 8).indices, gj.host.sample(table, key, 8).indices
+    )
+    s = gj.host.sample(table, np.random.default_rng(0), 8, method="fifo")
+    assert gj.host.update_priorities(table, s, torch.full((8,), 1.5, dtype=torch.bfloat16)) == 8
+    assert (table.row_status()["priority"][:8] == 1.5).all()
+    with pytest.raises(gj.InvalidArgumentError, match="rng=-1 must be a seed >= 0"):
+        gj.host.Sampler(table, 4, rng=-1)

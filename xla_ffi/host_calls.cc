@@ -12,7 +12,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -71,7 +70,7 @@ class HostThreads : public ParallelFor {
     for (int h = 0; h < wanted; ++h) {
       try {
         std::thread([this] { Work(); }).detach();
-      } catch (const std::system_error&) {
+      } catch (...) {  // std::system_error, or bad_alloc for the thread's state
         break;
       }
       ++helpers_;
@@ -273,15 +272,20 @@ HostDraw::HostDraw(py::object table, int64_t batch_size, int32_t method, float p
 
 int32_t HostDraw::Run(uint32_t seed0, uint32_t seed1) {
   if (table_.closed()) throw TableClosedError("gear_jax.host.Sampler: its table is closed; open it again");
-  // Two threads drawing into the same arrays at once would interleave their picks and rows.
-  if (running_.exchange(true, std::memory_order_acquire)) {
-    Refuse("Sampler",
-           "a draw of this sampler is running on another thread; give each thread its own sampler");
+  // Two threads drawing into the same arrays at once would interleave their picks and rows. A mark
+  // left by another process is a parent's draw copied by a fork, with no thread here to clear it.
+  const pid_t me = getpid();
+  pid_t holder = 0;
+  while (!running_pid_.compare_exchange_strong(holder, me, std::memory_order_acquire)) {
+    if (holder == me) {
+      Refuse("Sampler",
+             "a draw of this sampler is running on another thread; give each thread its own sampler");
+    }
   }
   struct Done {
-    std::atomic<bool>& running;
-    ~Done() { running.store(false, std::memory_order_release); }
-  } done{running_};
+    std::atomic<pid_t>& running_pid;
+    ~Done() { running_pid.store(0, std::memory_order_release); }
+  } done{running_pid_};
   const std::shared_ptr<SharedTable> held = table_.ref();
   SampleRequest request = request_;
   request.seed0 = seed0;

@@ -6,6 +6,8 @@
 // cost of a jitted call: JAX's dispatch, XLA's result allocation and the table lookup by handle.
 #pragma once
 
+#include <sys/types.h>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -71,7 +73,7 @@ class HostDraw {
   GatherRequest gather_;
   GatherOutputs out_{};
   SampleResult picks_{};
-  std::atomic<bool> running_{false};
+  std::atomic<pid_t> running_pid_{0};  // the process whose thread is running a draw, 0 when none
 };
 
 // Gathers the picks (indices int32[B], generations uint32[B], starts int32[B]) into `outputs`, laid out
