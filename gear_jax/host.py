@@ -414,8 +414,8 @@ def update_priorities(table: Table, sample: ops.Sample, priorities: Any) -> int:
 class Sampler:
     """The same `sample_gather` again and again, into arrays made once: for a learner's loop.
 
-    The arguments are checked once, here; each call is one native call (the kernels' work and about a
-    microsecond more) that writes its picks and rows into the sampler's own arrays and returns them. A
+    The arguments are checked once, here; each call is one native call (the kernels' work and about two
+    microseconds more) that writes its picks and rows into the sampler's own arrays and returns them. A
     call overwrites what the call `buffers` calls before it returned: keep a batch beyond that (a queue
     of prefetched batches, a list of them) and it changes under you. Give `buffers=k + 1` to keep the
     last k batches intact while drawing the next, or copy what you keep.

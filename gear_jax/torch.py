@@ -337,7 +337,7 @@ class Sampler:
         self._table = table
         self._batch_size = int(batch_size)
         self._device = _jax_device(device)
-        self._prefetch = bool(prefetch) and _jax_device(device).platform != "cpu"
+        self._prefetch = bool(prefetch) and self._device.platform != "cpu"
         self._key = jax.device_put(jax.random.key(seed), self._device)
         self._after = jax.device_put(jnp.zeros((), jnp.int32), self._device)
         self._last: ops.Sample | None = None

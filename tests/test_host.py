@@ -36,6 +36,26 @@ def _assert_same_sample(a, b):
     assert a.window == b.window and a.table_handle == b.table_handle
 
 
+def _child_succeeds(check, timeout_s, hung):
+    """Forks; the child exits 0 only if `check()` returns True (any exception: 1). Returns whether it
+    did; a child still running after `timeout_s` seconds is killed and the test fails with `hung`."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = bool(check())
+        except BaseException:  # noqa: BLE001 - any failure is the child's exit status
+            ok = False
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + timeout_s
+    while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(hung)
+        time.sleep(0.01)
+    return os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
+
+
 @pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "lifo", "topk"])
 def test_a_key_picks_what_the_custom_call_picks(make_table, method):
     table, _ = prioritized_table(make_table)
@@ -268,24 +288,12 @@ def test_a_forked_child_samples_with_its_own_threads(make_table):
     table = make_table({"x": gj.Field((1024,), "float32")}, capacity=512)
     table.insert({"x": np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)})
     gj.host.sample_gather(table, np.random.default_rng(0), 256)  # the parent's pool starts
-    pid = os.fork()
-    if pid == 0:  # the child: exit status 0 only if a large call works and reads the right rows
-        try:
-            s, batch = gj.host.sample_gather(table, np.random.default_rng(1), 256)
-            ok = bool(batch["valid"].all()) and bool((batch["x"][:, 0] == s.indices * 1024.0).all())
-        except BaseException:  # noqa: BLE001 - any failure is the child's exit status
-            ok = False
-        os._exit(0 if ok else 1)
-    deadline = time.monotonic() + 60
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            pytest.fail("the forked child hung in a host call")
-        time.sleep(0.05)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+    def large_call_reads_the_right_rows():
+        s, batch = gj.host.sample_gather(table, np.random.default_rng(1), 256)
+        return batch["valid"].all() and (batch["x"][:, 0] == s.indices * 1024.0).all()
+
+    assert _child_succeeds(large_call_reads_the_right_rows, 60, "the forked child hung in a host call")
 
 
 @pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "topk"])
@@ -391,34 +399,19 @@ def test_a_child_forked_during_a_prioritized_call_samples_without_hanging(make_t
 
     thread = threading.Thread(target=calls, daemon=True)
     thread.start()
-    failures = []
+
+    def picks_selectable_rows():
+        s = gj.host.sample(table, np.random.default_rng(2), 256, method="prioritized")
+        return (s.indices < 64).all() and int(s.selectable) == 64
+
+    hung = "a child forked during a prioritized host call hung in its own call"
     try:
         time.sleep(0.2)
-        for _ in range(12):
-            pid = os.fork()
-            if pid == 0:  # the child: exit status 0 if its call returns rows of the selectable ones
-                try:
-                    s = gj.host.sample(table, np.random.default_rng(2), 256, method="prioritized")
-                    ok = bool((s.indices < 64).all()) and int(s.selectable) == 64
-                except BaseException:  # noqa: BLE001 - any failure is the child's exit status
-                    ok = False
-                os._exit(0 if ok else 1)
-            deadline = time.monotonic() + 20
-            while True:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    break
-                if time.monotonic() > deadline:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    pytest.fail("a child forked during a prioritized host call hung in its own call")
-                time.sleep(0.01)
-            if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
-                failures.append(status)
+        results = [_child_succeeds(picks_selectable_rows, 20, hung) for _ in range(12)]
     finally:
         stop.set()
         thread.join(timeout=30)
-    assert not failures
+    assert all(results), results
 
 
 def test_priorities_as_bfloat16_and_as_torch_tensors_that_require_grad(make_table):
@@ -469,30 +462,14 @@ def test_a_child_forked_during_a_sampler_draw_can_draw_with_it(make_table):
     stop = threading.Event()
     thread = threading.Thread(target=lambda: [sampler() for _ in iter(stop.is_set, True)], daemon=True)
     thread.start()
-    statuses = []
+    hung = "a forked child hung drawing with the sampler"
     try:
         time.sleep(0.1)
-        for _ in range(8):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    _, batch = sampler()
-                    ok = bool(batch["valid"].all())
-                except BaseException:  # noqa: BLE001 - any failure is the child's exit status
-                    ok = False
-                os._exit(0 if ok else 1)
-            deadline = time.monotonic() + 20
-            while not (done := os.waitpid(pid, os.WNOHANG))[0]:
-                if time.monotonic() > deadline:
-                    os.kill(pid, 9)
-                    os.waitpid(pid, 0)
-                    pytest.fail("a forked child hung drawing with the sampler")
-                time.sleep(0.01)
-            statuses.append(done[1])
+        results = [_child_succeeds(lambda: sampler()[1]["valid"].all(), 20, hung) for _ in range(8)]
     finally:
         stop.set()
         thread.join(timeout=30)
-    assert all(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in statuses), statuses
+    assert all(results), results
 
 
 def test_host_calls_take_numpy_keys_and_torch_bfloat16_priorities(make_table):
