@@ -36,6 +36,8 @@ GEAR = "gear_jax"
 # gear_jax.host: the same kernels called from Python outside jit (numpy results), timed beside the jitted
 # path; its records get speedups over the baselines too.
 GEAR_HOST = "gear_jax_host"
+# The priorities suite's learner step with the update as a JAX effect: a baseline of gear_jax's own.
+GEAR_EFFECT = "gear_jax_effect"
 GEAR_SYSTEMS = (GEAR, GEAR_HOST)
 PINNED_COPY = "pinned_copy"
 PRIORITY_READ = "priority_read"

@@ -11,8 +11,11 @@ index (a sum tree per exponent kept up to date from per-row change counters). It
 
 Workloads (`--workloads`): `static` (op "prioritized", the default: priorities never change) and
 `update` (op "prioritized+update", a learner step: first set new priorities of the B rows the previous
-step picked, then sample, so that an index must follow B changes per step). Every record accounts
-N x 8 bytes per step (the state column), so GB/s compare directly; gear_jax's records carry
+step picked, then sample, so that an index must follow B changes per step). In the update workload
+gear_jax passes the update as `gj.sample(..., priority_update=...)` (no JAX effect) and
+`gear_jax_effect` runs the same step with `gj.update_priorities` (a JAX effect) then `sample(after=)`.
+Every record accounts N x 8 bytes per step (the state column), so GB/s compare directly; gear_jax's
+records carry
 `speedup_vs_<system>` for each baseline and `time_ratio_vs_priority_read` (its p50 / the read's p50;
 the target for the static workload is at most 1.5).
 """
@@ -24,7 +27,15 @@ from collections.abc import Callable
 from typing import Any
 
 import gear_jax as gj
-from gear_jax.bench.common import GEAR, GEAR_HOST, PRIORITY_READ, parse_ints, parse_names
+from gear_jax.bench.common import (
+    GEAR,
+    GEAR_EFFECT,
+    GEAR_HOST,
+    PRIORITY_READ,
+    Unavailable,
+    parse_ints,
+    parse_names,
+)
 from gear_jax.bench.data import Dataset, cap_rows
 from gear_jax.bench.references import STATE_BYTES, PriorityReadSystem
 from gear_jax.bench.selection import measure, table_copies
@@ -43,7 +54,15 @@ from gear_jax.bench.systems import (
 
 DEFAULTS = {"table_rows": "1000000,10000000,100000000", "item_bytes": "8", "batch_size": "1024"}
 PLOT = {"x": "table_rows", "y": "bytes_per_s", "label": "GB/s of the state column (8 B per row)"}
-SYSTEMS = (GEAR, GEAR_HOST, NumpyCumsumSystem.name, FlashbaxSumTreeSystem.name, "jnp_take", PRIORITY_READ)
+SYSTEMS = (
+    GEAR,
+    GEAR_HOST,
+    GEAR_EFFECT,
+    NumpyCumsumSystem.name,
+    FlashbaxSumTreeSystem.name,
+    "jnp_take",
+    PRIORITY_READ,
+)
 WORKLOADS = {"static": "prioritized", "update": "prioritized+update"}  # --workloads -> op
 PROBE_ROWS = 4096
 
@@ -77,6 +96,10 @@ def build(name: str, work: Workload, updates: bool) -> System:
         return GearUpdateSystem(work) if updates else GearSystem(work)
     if name == GEAR_HOST:
         return GearHostUpdateSystem(work) if updates else GearHostSystem(work)
+    if name == GEAR_EFFECT:
+        if not updates:
+            raise Unavailable("the static workload updates no priority: gear_jax_effect would be gear_jax")
+        return GearUpdateSystem(work, effect=True)
     if name == "jnp_take":
         return JnpCumsumUpdateSystem(work) if updates else JnpSystem(work)
     raise ValueError(f"{name} is not a system of the priorities suite")

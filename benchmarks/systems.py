@@ -25,7 +25,7 @@ import numpy as np
 from jax import lax
 
 import gear_jax as gj
-from gear_jax.bench.common import GEAR, GEAR_HOST, Unavailable, time_calls
+from gear_jax.bench.common import GEAR, GEAR_EFFECT, GEAR_HOST, Unavailable, time_calls
 from gear_jax.bench.data import Dataset
 
 Step = Callable[[int], Any]
@@ -512,23 +512,42 @@ def update_values(i: jax.Array, batch_size: int) -> jax.Array:
 
 class GearUpdateSystem(GearSystem):
     """gear_jax, learner workload: one jitted step sets the priorities of the B rows the previous
-    step sampled (`gj.update_priorities`), then samples B rows after it (`after=`), so that the
-    priority index follows B changes per step. Prioritized selection only, no gather."""
+    step sampled, then samples B rows after it, so that the priority index follows B changes per step.
+    Prioritized selection only, no gather.
+
+    `gear_jax` passes the update as `gj.sample(..., priority_update=(previous, priorities))`: part of the
+    sample, no JAX effect, JAX's fast dispatch path. `gear_jax_effect` (`effect=True`) calls
+    `gj.update_priorities` (a JAX effect: JAX's Python dispatch every step) and samples `after=` its
+    count. (Reports before 2026-11-26 ran the effectful step under the name gear_jax.)"""
+
+    def __init__(self, work: Workload, effect: bool = False):
+        super().__init__(work)
+        self.effect = effect
+        if effect:
+            self.name = GEAR_EFFECT
 
     def make_step(self, batch_size: int) -> Step:
         table, exponent = self.table, self.work.priority_exponent
 
-        def pick(i: jax.Array, after: Any) -> gj.Sample:
+        def pick(i: jax.Array, **update: Any) -> gj.Sample:
             key = jax.random.fold_in(jax.random.key(0), i)
             return gj.sample(
-                table, key, batch_size, method="prioritized", priority_exponent=exponent, after=after
+                table, key, batch_size, method="prioritized", priority_exponent=exponent, **update
             )
 
-        @jax.jit
-        def run(i: jax.Array, previous: gj.Sample) -> gj.Sample:
-            return pick(i, gj.update_priorities(table, previous, update_values(i, batch_size)))
+        if self.effect:
 
-        previous = jax.block_until_ready(jax.jit(pick)(0, None))
+            @jax.jit
+            def run(i: jax.Array, previous: gj.Sample) -> gj.Sample:
+                return pick(i, after=gj.update_priorities(table, previous, update_values(i, batch_size)))
+
+        else:
+
+            @jax.jit
+            def run(i: jax.Array, previous: gj.Sample) -> gj.Sample:
+                return pick(i, priority_update=(previous, update_values(i, batch_size)))
+
+        previous = jax.block_until_ready(jax.jit(pick)(0))
 
         def step(i: int) -> gj.Sample:
             nonlocal previous

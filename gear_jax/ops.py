@@ -231,6 +231,7 @@ def sample(
     priority_exponent: float = 1.0,
     window: int | None = None,
     after: Any = None,
+    priority_update: tuple[Sample, Any] | None = None,
 ) -> Sample:
     """Selects `batch_size` rows of `table`.
 
@@ -248,6 +249,12 @@ def sample(
       window: for trajectory tables, the length of a time window placed uniformly inside each row
         (`starts`); None for whole rows.
       after: any array (e.g. the result of `update_priorities`) this sample must run after.
+      priority_update: (previous, priorities): first set the priorities of the rows of `previous` (a
+        `Sample` of this table, typically the previous learner step's) to `priorities` (float[B']),
+        exactly as `update_priorities(table, previous, priorities)`, then sample. The update is part of
+        this sample rather than a side effect: a jitted step whose only priority update comes this way
+        has no JAX effect and keeps JAX's fast dispatch path (ARCHITECTURE, "Why the update stays an
+        effect"). A sample nothing uses is dropped together with its update.
 
     Returns:
       A `Sample`.
@@ -259,7 +266,7 @@ def sample(
     """
     table = _check_table(table, "sample")
     args, attrs, b, win = _sample_call(
-        table, key, batch_size, method, priority_exponent, window, after, "sample"
+        table, key, batch_size, method, priority_exponent, window, after, "sample", priority_update
     )
     _check_result_bytes("sample", b * PICK_BYTES, f"batch_size={b} picks")
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
@@ -276,8 +283,12 @@ def _sample_call(
     window: Any,
     after: Any,
     op: str,
+    priority_update: Any = None,
 ) -> tuple[tuple[jax.Array, jax.Array], dict[str, Any], int, int]:
-    """The checked arguments and attributes of a sample custom call, the batch size and the window."""
+    """The checked arguments and attributes of a sample custom call, the batch size and the window.
+    With `priority_update=(sample, priorities)`, the call's `after` operand is the count of an
+    effect-free update of those priorities (itself after `after`): the sample runs after it and keeps it.
+    """
     _check_batch_size(batch_size, op)
     if method not in METHODS:
         raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(METHODS)}")
@@ -289,6 +300,14 @@ def _sample_call(
         "window": np.int32(win),
         **_attrs(table),
     }
+    if priority_update is not None:
+        if not isinstance(priority_update, tuple | list) or len(priority_update) != 2:
+            raise InvalidArgumentError(
+                f"{op}: priority_update must be a pair (sample, priorities): the Sample of an earlier step "
+                f"and its new priorities, got {type(priority_update).__name__}"
+            )
+        previous, priorities = priority_update
+        after = _update_priorities_call(table, previous, priorities, after, op, effect=False)
     return (_seed(key, op), _after(after)), attrs, int(batch_size), win
 
 
@@ -378,6 +397,7 @@ def sample_gather(
     priority_exponent: float = 1.0,
     window: int | None = None,
     after: Any = None,
+    priority_update: tuple[Sample, Any] | None = None,
 ) -> tuple[Sample, dict[str, jax.Array]]:
     """`sample` then `gather` of the picks, in one custom call on the CPU: the common learner step.
 
@@ -387,7 +407,8 @@ def sample_gather(
     cache). On other platforms it is exactly those two calls.
 
     Args:
-      table, key, batch_size, method, priority_exponent, window, after: as for `sample`.
+      table, key, batch_size, method, priority_exponent, window, after, priority_update: as for
+        `sample`.
       fields: as for `gather`; the gather's window is the sample's (max_steps without one).
 
     Returns:
@@ -399,7 +420,7 @@ def sample_gather(
     """
     table = _check_table(table, "sample_gather")
     args, attrs, b, win = _sample_call(
-        table, key, batch_size, method, priority_exponent, window, after, "sample_gather"
+        table, key, batch_size, method, priority_exponent, window, after, "sample_gather", priority_update
     )
     _check_result_bytes("sample_gather", b * PICK_BYTES, f"batch_size={b} picks")
     chosen, field_types, gather_attrs = _gather_plan(table, b, fields, None, win, "sample_gather")
@@ -445,19 +466,27 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
         changed), or the table was closed.
     """
     table = _check_table(table, "update_priorities")
-    b = _check_sample(sample, "update_priorities", table)
+    return _update_priorities_call(table, sample, priorities, after, "update_priorities", effect=True)
+
+
+def _update_priorities_call(
+    table: Table, sample: Any, priorities: Any, after: Any, op: str, effect: bool
+) -> jax.Array:
+    """The checked update_priorities custom call; `effect` declares it side-effecting (JAX and XLA never
+    drop it) or not (it lives as long as something uses its count)."""
+    b = _check_sample(sample, op, table)
     # Host values (lists, numpy arrays, PyTorch tensors) are looked at through numpy.
     is_jax = isinstance(priorities, jax.Array | jax.core.Tracer)
     dtype = priorities.dtype if is_jax else np.asarray(priorities).dtype
     if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
-        raise InvalidArgumentError(f"update_priorities: priorities has dtype {dtype}; expected floats")
+        raise InvalidArgumentError(f"{op}: priorities has dtype {dtype}; expected floats")
     priorities = jnp.asarray(priorities)
     if priorities.shape != (b,):
         raise InvalidArgumentError(
-            f"update_priorities: priorities has shape {priorities.shape}, expected ({b},) to match the sample"
+            f"{op}: priorities has shape {priorities.shape}, expected ({b},) to match the sample"
         )
     return jax.ffi.ffi_call(
-        _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=True
+        _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=effect
     )(
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),

@@ -350,6 +350,8 @@ def test_priorities_baselines_and_update_workload(tmp_path: Path) -> None:
     check_report(report, "priorities", points, always=always)
     assert {r["op"] for r in report["records"]} == {"prioritized", "prioritized+update"}
     ran = {(r["system"], r["op"]) for r in report["records"]}
+    # The learner step with the update as a JAX effect runs in the update workload only.
+    assert {op for s, op in ran if s == "gear_jax_effect"} == {"prioritized+update"}
     for r in report["records"]:
         if r["system"] == "gear_jax":  # a ratio against every baseline that ran at its point and op
             baselines = {s for s, op in ran if op == r["op"] and s not in common.GEAR_SYSTEMS}
@@ -429,7 +431,7 @@ def test_sum_tree_nodes_are_those_flashbax_sets() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["gear_jax", "gear_jax_host", "numpy_cumsum", "flashbax_sumtree", "jnp_take"]
+    "name", ["gear_jax", "gear_jax_host", "gear_jax_effect", "numpy_cumsum", "flashbax_sumtree", "jnp_take"]
 )
 def test_priority_update_steps_set_the_priorities_of_their_last_picks(name: str) -> None:
     """Each update step sets new priorities (p**a for the baselines) of the rows the step before picked

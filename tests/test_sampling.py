@@ -200,3 +200,109 @@ def test_prioritized_weight_overflow_is_an_error_not_a_silent_collapse(make_tabl
         jax.block_until_ready(
             gj.sample(table, jax.random.key(0), 8, method="prioritized", priority_exponent=11.0).indices
         )
+
+
+def _expected_after_update(priorities, sample, new):
+    """The table's priorities after `update_priorities(sample, new)`: for a row picked twice, the later
+    entry wins."""
+    expected = np.array(priorities, np.float32)
+    for row, value in zip(np.asarray(sample.indices), np.asarray(new, np.float32)):
+        expected[row] = value
+    return expected
+
+
+def test_a_priority_update_passed_to_sample_is_applied_before_the_picks(make_table):
+    """`sample(..., priority_update=(previous, p))` writes p as update_priorities would, then picks what a
+    plain sample picks from the updated table with the same key; the jitted step has no JAX effect."""
+    table, priorities = prioritized_table(make_table)
+    previous = gj.sample(table, jax.random.key(1), 16, method="prioritized")
+    new = np.random.default_rng(3).uniform(0.5, 4.0, 16).astype(np.float32)
+
+    def step(key, previous, new):
+        return gj.sample(table, key, 64, method="prioritized", priority_update=(previous, new))
+
+    assert jax.make_jaxpr(step)(jax.random.key(2), previous, new).effects == set()
+    fused = jax.jit(step)(jax.random.key(2), previous, new)
+    expected = _expected_after_update(priorities, previous, new)
+    np.testing.assert_array_equal(table.row_status()["priority"][:30], expected)
+    plain = jax.jit(lambda k: gj.sample(table, k, 64, method="prioritized"))(jax.random.key(2))
+    for name in ("indices", "generations", "probabilities", "starts", "selectable"):
+        np.testing.assert_array_equal(np.asarray(getattr(fused, name)), np.asarray(getattr(plain, name)))
+    # The effectful call, for comparison: it makes the step effectful.
+    effectful = jax.make_jaxpr(
+        lambda k, p, n: gj.sample(table, k, 4, after=gj.update_priorities(table, p, n))
+    )
+    assert effectful(jax.random.key(2), previous, new).effects != set()
+
+
+def test_priority_updates_chained_through_a_scan_follow_the_distribution(make_table):
+    """A learner loop in `lax.scan`: each step samples with the previous step's picks and new priorities.
+    The final priorities are the updates in order, and picks made after them follow p / sum p."""
+    table = make_table(capacity=40)
+    table.insert(transitions(40), priorities=np.ones(40, np.float32))
+    first = gj.sample(table, jax.random.key(0), 8, method="prioritized")
+    news = jnp.asarray(np.random.default_rng(5).uniform(0.1, 3.0, (12, 8)).astype(np.float32))
+
+    @jax.jit
+    def learn(first, news):
+        def body(previous, xs):
+            i, new = xs
+            s = gj.sample(
+                table,
+                jax.random.fold_in(jax.random.key(1), i),
+                8,
+                method="prioritized",
+                priority_update=(previous, new),
+            )
+            return s, s.indices
+
+        return jax.lax.scan(body, first, (jnp.arange(12), news))
+
+    last, picked = learn(first, news)
+    expected = np.ones(40, np.float32)
+    previous_rows = np.asarray(first.indices)
+    for step in range(12):  # step k's update is of the rows step k - 1 picked
+        for row, value in zip(previous_rows, np.asarray(news[step])):
+            expected[row] = value
+        previous_rows = np.asarray(picked[step])
+    np.testing.assert_array_equal(table.row_status()["priority"], expected)
+    np.testing.assert_array_equal(np.asarray(last.indices), previous_rows)
+    counts, _, s = draw_counts(table, 40, "prioritized", draws=20000, batch=1000)
+    assert_prioritized(counts, s, expected, 1.0)
+
+
+def test_sample_gather_takes_a_priority_update(make_table):
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=16)
+    table.insert({"x": np.arange(16, dtype=np.int32) * 10}, priorities=np.ones(16, np.float32))
+    previous = gj.sample(table, jax.random.key(0), 4, method="fifo")  # rows 0-3
+    s, batch = jax.jit(
+        lambda k, p: gj.sample_gather(
+            table, k, 2, method="topk", priority_update=(p, jnp.array([0.0, 0.0, 7.0, 9.0]))
+        )
+    )(jax.random.key(1), previous)
+    np.testing.assert_array_equal(np.asarray(s.indices), [3, 2])  # the two new highest priorities
+    np.testing.assert_array_equal(np.asarray(batch["x"]), [30, 20])
+    status = table.row_status()["priority"]
+    np.testing.assert_array_equal(status[:4], [0, 0, 7, 9])
+
+
+def test_a_bad_priority_update_is_refused_by_name(make_table):
+    table = make_table(capacity=8)
+    other = make_table(capacity=8)
+    table.insert(transitions(8))
+    other.insert(transitions(8))
+    previous = gj.sample(table, jax.random.key(0), 4)
+    key = jax.random.key(1)
+    with pytest.raises(gj.InvalidArgumentError, match="priority_update must be a pair"):
+        gj.sample(table, key, 2, priority_update=previous)
+    with pytest.raises(
+        gj.InvalidArgumentError, match=r"sample: priorities has shape \(3,\), expected \(4,\)"
+    ):
+        gj.sample(table, key, 2, priority_update=(previous, jnp.ones(3)))
+    with pytest.raises(gj.InvalidArgumentError, match="sample_gather: the sample was picked from another"):
+        gj.sample_gather(other, key, 2, priority_update=(previous, jnp.ones(4)))
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"priorities\[1\].*finite and >= 0"):
+        jax.block_until_ready(
+            gj.sample(table, key, 2, priority_update=(previous, jnp.array([1.0, -1, 1, 1])))
+        )
+    np.testing.assert_array_equal(table.row_status()["priority"], np.ones(8))
