@@ -6,11 +6,12 @@ words drawn with `jax.random.bits`), so a key gives the same sample on every run
 
 `sample` and `gather` are declared free of side effects, so a jitted step made of them keeps JAX's
 fast C++ dispatch (an effectful custom call costs 50-350 us more per call on the CPU: docs/ARCHITECTURE.md,
-"Why the update stays an effect"; several steps per call in a `lax.scan` pay it once), and XLA may
-drop a sample whose result is unused. `update_priorities` is declared side-effecting, so it always
-runs. Side effects inside one jitted function are ordered only by data dependency:
+"The update as an effect, and the fast path"; several steps per call in a `lax.scan` pay it once), and
+XLA may drop a sample whose result is unused. `update_priorities` is declared side-effecting, so it
+always runs. Side effects inside one jitted function are ordered only by data dependency:
 `update_priorities` returns a count that a later `sample(..., after=count)` takes, which orders the
-update first.
+update first. `sample(..., priority_update=(previous, priorities))` makes the update part of the sample
+instead (no effect: the fast path), applied before the picks.
 
 `total_weight` and `sample_at` are the building blocks of sampling across several tables (the sharded
 layer): the total p^a of a table's selectable rows, and the rows at given points of its cumulative
@@ -253,8 +254,8 @@ def sample(
         `Sample` of this table, typically the previous learner step's) to `priorities` (float[B']),
         exactly as `update_priorities(table, previous, priorities)`, then sample. The update is part of
         this sample rather than a side effect: a jitted step whose only priority update comes this way
-        has no JAX effect and keeps JAX's fast dispatch path (ARCHITECTURE, "Why the update stays an
-        effect"). A sample nothing uses is dropped together with its update.
+        has no JAX effect and keeps JAX's fast dispatch path (ARCHITECTURE, "The update as an effect,
+        and the fast path"). A sample nothing uses is dropped together with its update.
 
     Returns:
       A `Sample`.

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -123,6 +122,15 @@ void PriorityIndex::Refresh(const TableView& t) {
   }
 }
 
+// How far ahead a refresh fetches the lines it will read: level-1 change groups (eight lines each: their
+// 64 level-0 counters in the table and in the index), level-0 groups (their rows' state, seen, weight and
+// length lines) and tree nodes (a node's sibling group and its running sums). Measured (1,024 priorities
+// set, then a prioritized sample of 1,024 from the host, 2-core EPYC VM, medians of six runs each): 1e7
+// rows 512 us before (no counter prefetch, rows 4 groups ahead, nothing else), 411 us after; 1e6 rows
+// 293 and 306 us (within the runs' spread: there the index and counters mostly sit in L3).
+constexpr size_t kCounterGroupsAhead = 8;
+constexpr size_t kGroupsAhead = 8;
+
 void PriorityIndex::RefreshOrThrow(const TableView& t) {
   uint32_t* counters[kChangeLevels];
   const uint32_t* shared[kChangeLevels];
@@ -147,9 +155,14 @@ void PriorityIndex::RefreshOrThrow(const TableView& t) {
     built_ = true;
     return;
   }
-  // Pass 1, the counters alone: the level-0 groups whose counter moved, in increasing order.
+  // Pass 1, the counters alone: the level-0 groups whose counter moved, in increasing order. First the
+  // level-2 and level-1 counters (small, read in order), then the level-0 counters under the level-1
+  // groups that moved: 64 counters (four lines) each in the table and in this index, at places far
+  // apart, fetched kCounterGroupsAhead groups ahead so that their misses overlap.
   static_assert(kTreeFanout == 16, "a level-0 change group is one node of level 1");
+  std::vector<int64_t>& moved = moved_level1_;
   std::vector<int64_t>& groups = changed_groups_;
+  moved.clear();
   groups.clear();
   const int top = kChangeLevels - 1;
   const int64_t fan = int64_t{1} << (ChangeShift(1) - ChangeShift(0));  // groups per group of the level above
@@ -162,29 +175,40 @@ void PriorityIndex::RefreshOrThrow(const TableView& t) {
       const uint32_t v1 = LoadAcquire(&shared[1][g1]);
       if (v1 == counters[1][g1]) continue;
       counters[1][g1] = v1;
-      const int64_t g0_end = std::min<int64_t>((g1 + 1) * fan, ChangeGroups(rows_, 0));
-      for (int64_t g0 = g1 * fan; g0 < g0_end; ++g0) {
-        const uint32_t v0 = LoadAcquire(&shared[0][g0]);
-        if (v0 == counters[0][g0]) continue;
-        counters[0][g0] = v0;
-        groups.push_back(g0);
-      }
+      moved.push_back(g1);
     }
   }
-  // Pass 2, the rows of those groups (a few groups ahead prefetched): the level-1 nodes whose rows'
-  // weights changed, in increasing order.
-  constexpr size_t kAhead = 4;
+  for (size_t k = 0; k < moved.size(); ++k) {
+    if (k + kCounterGroupsAhead < moved.size()) {
+      const int64_t first = moved[k + kCounterGroupsAhead] * fan;
+      for (int64_t line = 0; line < fan; line += 16) {
+        __builtin_prefetch(&shared[0][first + line]);
+        __builtin_prefetch(&counters[0][first + line]);
+      }
+    }
+    const int64_t g1 = moved[k];
+    const int64_t g0_end = std::min<int64_t>((g1 + 1) * fan, ChangeGroups(rows_, 0));
+    for (int64_t g0 = g1 * fan; g0 < g0_end; ++g0) {
+      const uint32_t v0 = LoadAcquire(&shared[0][g0]);
+      if (v0 == counters[0][g0]) continue;
+      counters[0][g0] = v0;
+      groups.push_back(g0);
+    }
+  }
+  // Pass 2, the rows of those groups (a few groups ahead prefetched, the lengths too: a changed row's
+  // weight reads its length): the level-1 nodes whose rows' weights changed, in increasing order.
   std::vector<int64_t>& dirty = dirty_;
   dirty.clear();
   for (size_t k = 0; k < groups.size(); ++k) {
-    if (k + kAhead < groups.size()) {
-      const int64_t ahead = groups[k + kAhead] << ChangeShift(0);
+    if (k + kGroupsAhead < groups.size()) {
+      const int64_t ahead = groups[k + kGroupsAhead] << ChangeShift(0);
       __builtin_prefetch(&t.state[ahead]);
       __builtin_prefetch(&t.state[ahead] + 8);
       __builtin_prefetch(&seen_[ahead]);
       __builtin_prefetch(&seen_[ahead] + 8);
       __builtin_prefetch(&weights_[ahead]);
       __builtin_prefetch(&weights_[ahead] + 8);
+      __builtin_prefetch(&t.length[ahead]);
     }
     const int64_t g0 = groups[k];
     const int64_t row_end = std::min<int64_t>((g0 + 1) << ChangeShift(0), rows_);
@@ -206,6 +230,14 @@ void PriorityIndex::RefreshOrThrow(const TableView& t) {
         const double* ahead = TreeChildren(view_, level, dirty[i + 4]);
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + 8);
+      }
+      if (i + kGroupsAhead < dirty.size()) {  // the node's sibling group, and its running sums
+        const int64_t first =
+            view_.level_start[level] + (dirty[i + kGroupsAhead] & ~int64_t{kTreeFanout - 1});
+        __builtin_prefetch(nodes_ + first, 1);
+        __builtin_prefetch(nodes_ + first + 8, 1);
+        __builtin_prefetch(prefix_ + first, 1);
+        __builtin_prefetch(prefix_ + first + 8, 1);
       }
       RecomputeNode(level, dirty[i]);
       const int64_t parent = dirty[i] / kTreeFanout;

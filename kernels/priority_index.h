@@ -163,7 +163,7 @@ class PriorityIndex {
   uint32_t* counters_;  // the change counters as of the last refresh
   bool built_ = false;
   PriorityTreeView view_;
-  std::vector<int64_t> changed_groups_, dirty_;  // a refresh's lists, kept for their capacity
+  std::vector<int64_t> moved_level1_, changed_groups_, dirty_;  // a refresh's lists, kept for their capacity
 };
 
 // Prioritized sample (sample.h) through an index refreshed for the request's exponent. Each pick draws
