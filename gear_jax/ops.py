@@ -148,10 +148,11 @@ def _pick_types(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
     )
 
 
-def _check_sample(sample: Any, op: str, table: Table) -> int:
-    """The batch size of a well-formed Sample of `table`; raises for anything else."""
+def _check_sample(sample: Any, op: str, table: Table, name: str = "sample") -> int:
+    """The batch size of a well-formed Sample of `table` (the argument `name` of `op`); raises for
+    anything else."""
     if not isinstance(sample, Sample):
-        raise InvalidArgumentError(f"{op}: `sample` must be a gear_jax.Sample, got {type(sample).__name__}")
+        raise InvalidArgumentError(f"{op}: `{name}` must be a gear_jax.Sample, got {type(sample).__name__}")
     if sample.table_handle is not None and sample.table_handle != table.handle:
         raise InvalidArgumentError(
             f"{op}: the sample was picked from another table (handle {sample.table_handle}), not from "
@@ -255,7 +256,8 @@ def sample(
         exactly as `update_priorities(table, previous, priorities)`, then sample. The update is part of
         this sample rather than a side effect: a jitted step whose only priority update comes this way
         has no JAX effect and keeps JAX's fast dispatch path (ARCHITECTURE, "The update as an effect,
-        and the fast path"). A sample nothing uses is dropped together with its update.
+        and the fast path"). A sample nothing uses is dropped together with its update, and inside
+        `jax.checkpoint` both may run again in the backward pass.
 
     Returns:
       A `Sample`.
@@ -267,10 +269,12 @@ def sample(
     """
     table = _check_table(table, "sample")
     args, attrs, b, win = _sample_call(
-        table, key, batch_size, method, priority_exponent, window, after, "sample", priority_update
+        table, key, batch_size, method, priority_exponent, window, after, "sample"
     )
+    update = _check_priority_update(table, priority_update, "sample")
     _check_result_bytes("sample", b * PICK_BYTES, f"batch_size={b} picks")
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
+    args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
     results = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False)(*args, **attrs)
     return Sample(*results, window=win, table_handle=table.handle)
 
@@ -284,12 +288,8 @@ def _sample_call(
     window: Any,
     after: Any,
     op: str,
-    priority_update: Any = None,
 ) -> tuple[tuple[jax.Array, jax.Array], dict[str, Any], int, int]:
-    """The checked arguments and attributes of a sample custom call, the batch size and the window.
-    With `priority_update=(sample, priorities)`, the call's `after` operand is the count of an
-    effect-free update of those priorities (itself after `after`): the sample runs after it and keeps it.
-    """
+    """The checked arguments and attributes of a sample custom call, the batch size and the window."""
     _check_batch_size(batch_size, op)
     if method not in METHODS:
         raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(METHODS)}")
@@ -301,15 +301,36 @@ def _sample_call(
         "window": np.int32(win),
         **_attrs(table),
     }
-    if priority_update is not None:
-        if not isinstance(priority_update, tuple | list) or len(priority_update) != 2:
-            raise InvalidArgumentError(
-                f"{op}: priority_update must be a pair (sample, priorities): the Sample of an earlier step "
-                f"and its new priorities, got {type(priority_update).__name__}"
-            )
-        previous, priorities = priority_update
-        after = _update_priorities_call(table, previous, priorities, after, op, effect=False)
     return (_seed(key, op), _after(after)), attrs, int(batch_size), win
+
+
+def _check_priority_update(table: Table, priority_update: Any, op: str) -> tuple[jax.Array, ...] | None:
+    """The checked operands of `priority_update=(previous, priorities)` (None for None)."""
+    if priority_update is None:
+        return None
+    if not isinstance(priority_update, tuple | list) or len(priority_update) != 2:
+        got = type(priority_update).__name__
+        if isinstance(priority_update, tuple | list):
+            got += f" of {len(priority_update)}"
+        raise InvalidArgumentError(
+            f"{op}: priority_update must be a pair (previous, priorities): a Sample of this table (an "
+            f"earlier step's) and its rows' new priorities, got a {got}"
+        )
+    previous, priorities = priority_update
+    return _update_operands(table, previous, priorities, op, ("priority_update[0]", "priority_update[1]"))
+
+
+def _update_first(table: Table, args: tuple[jax.Array, jax.Array], update: Any) -> tuple[jax.Array, ...]:
+    """The (seed, after) operands of a sample call that runs after the checked update `update` (from
+    `_check_priority_update`): an effect-free update_priorities call, after the sample's own `after`,
+    whose count becomes the sample's `after`. The update also takes the sample's seed (through an
+    optimization barrier, which nothing sees through), so that it is never more loop-invariant than the
+    sample: XLA hoists effect-free calls whose operands do not change out of a loop."""
+    if update is None:
+        return args
+    seed, after = args
+    after = jax.lax.optimization_barrier((after, seed))[0]
+    return seed, _update_call(table, update, after, effect=False)
 
 
 def gather(
@@ -421,11 +442,13 @@ def sample_gather(
     """
     table = _check_table(table, "sample_gather")
     args, attrs, b, win = _sample_call(
-        table, key, batch_size, method, priority_exponent, window, after, "sample_gather", priority_update
+        table, key, batch_size, method, priority_exponent, window, after, "sample_gather"
     )
+    update = _check_priority_update(table, priority_update, "sample_gather")
     _check_result_bytes("sample_gather", b * PICK_BYTES, f"batch_size={b} picks")
     chosen, field_types, gather_attrs = _gather_plan(table, b, fields, None, win, "sample_gather")
     pick_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
+    args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
 
     def fused(*args: jax.Array) -> tuple[jax.Array, ...]:
         call = jax.ffi.ffi_call(_ffi.SAMPLE_GATHER, (*pick_types, *field_types), has_side_effect=False)
@@ -467,34 +490,40 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
         changed), or the table was closed.
     """
     table = _check_table(table, "update_priorities")
-    return _update_priorities_call(table, sample, priorities, after, "update_priorities", effect=True)
+    operands = _update_operands(table, sample, priorities, "update_priorities")
+    return _update_call(table, operands, after, effect=True)
 
 
-def _update_priorities_call(
-    table: Table, sample: Any, priorities: Any, after: Any, op: str, effect: bool
-) -> jax.Array:
-    """The checked update_priorities custom call; `effect` declares it side-effecting (JAX and XLA never
-    drop it) or not (it lives as long as something uses its count)."""
-    b = _check_sample(sample, op, table)
+def _update_operands(
+    table: Table, sample: Any, priorities: Any, op: str, names: tuple[str, str] = ("sample", "priorities")
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The checked (indices, generations, priorities) of an update_priorities call; `names` are the
+    arguments' names in `op`'s messages."""
+    b = _check_sample(sample, op, table, names[0])
     # Host values (lists, numpy arrays, PyTorch tensors) are looked at through numpy.
     is_jax = isinstance(priorities, jax.Array | jax.core.Tracer)
     dtype = priorities.dtype if is_jax else np.asarray(priorities).dtype
     if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
-        raise InvalidArgumentError(f"{op}: priorities has dtype {dtype}; expected floats")
+        raise InvalidArgumentError(f"{op}: {names[1]} has dtype {dtype}; expected floats")
     priorities = jnp.asarray(priorities)
     if priorities.shape != (b,):
+        matched = "the sample" if names[0] == "sample" else names[0]
         raise InvalidArgumentError(
-            f"{op}: priorities has shape {priorities.shape}, expected ({b},) to match the sample"
+            f"{op}: {names[1]} has shape {priorities.shape}, expected ({b},) to match {matched}"
         )
-    return jax.ffi.ffi_call(
-        _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=effect
-    )(
+    return (
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),
         priorities.astype(jnp.float32),
-        _after(after),
-        **_attrs(table),
     )
+
+
+def _update_call(table: Table, operands: tuple[jax.Array, ...], after: Any, effect: bool) -> jax.Array:
+    """The update_priorities custom call; `effect` declares it side-effecting (JAX and XLA never drop
+    it) or not (it lives as long as something uses its count)."""
+    return jax.ffi.ffi_call(
+        _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=effect
+    )(*operands, _after(after), **_attrs(table))
 
 
 INSERT_PRIORITY_MODES = {"given": 0, "max": 1}  # the custom call's priority_mode (handler_checks.h)

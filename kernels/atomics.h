@@ -53,9 +53,12 @@ inline void NoteRowChanged(const TableView& t, int64_t row) {
 inline void NoteRowsChanged(const TableView& t, const int32_t* rows, int64_t n) {
   for (int level = 0; level < kChangeLevels; ++level) {
     uint32_t* counters = t.change_counts + ChangeLevelStart(t.capacity, level);
-    // Every counter's line first: an atomic add waits for its line and holds back the loads after it,
-    // so adds on lines not yet fetched would take their misses one after another.
-    for (int64_t i = 0; i < n; ++i) __builtin_prefetch(&counters[rows[i] >> ChangeShift(level)], 1);
+    // Every level-0 counter's line first: an atomic add waits for its line and holds back the loads
+    // after it, so adds on lines not yet fetched would take their misses one after another. (The levels
+    // above are few counters, in cache.)
+    if (level == 0) {
+      for (int64_t i = 0; i < n; ++i) __builtin_prefetch(&counters[rows[i] >> ChangeShift(level)], 1);
+    }
     int64_t last = -1;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t group = rows[i] >> ChangeShift(level);

@@ -181,7 +181,8 @@ void PriorityIndex::RefreshOrThrow(const TableView& t) {
   for (size_t k = 0; k < moved.size(); ++k) {
     if (k + kCounterGroupsAhead < moved.size()) {
       const int64_t first = moved[k + kCounterGroupsAhead] * fan;
-      for (int64_t line = 0; line < fan; line += 16) {
+      const int64_t count = std::min<int64_t>(fan, ChangeGroups(rows_, 0) - first);  // the last is partial
+      for (int64_t line = 0; line < count; line += 16) {
         __builtin_prefetch(&shared[0][first + line]);
         __builtin_prefetch(&counters[0][first + line]);
       }
@@ -203,12 +204,14 @@ void PriorityIndex::RefreshOrThrow(const TableView& t) {
     if (k + kGroupsAhead < groups.size()) {
       const int64_t ahead = groups[k + kGroupsAhead] << ChangeShift(0);
       __builtin_prefetch(&t.state[ahead]);
-      __builtin_prefetch(&t.state[ahead] + 8);
       __builtin_prefetch(&seen_[ahead]);
-      __builtin_prefetch(&seen_[ahead] + 8);
       __builtin_prefetch(&weights_[ahead]);
-      __builtin_prefetch(&weights_[ahead] + 8);
       __builtin_prefetch(&t.length[ahead]);
+      if (ahead + 8 < rows_) {  // the group's second line, where it has one
+        __builtin_prefetch(&t.state[ahead + 8]);
+        __builtin_prefetch(&seen_[ahead + 8]);
+        __builtin_prefetch(&weights_[ahead + 8]);
+      }
     }
     const int64_t g0 = groups[k];
     const int64_t row_end = std::min<int64_t>((g0 + 1) << ChangeShift(0), rows_);

@@ -293,12 +293,23 @@ def test_a_bad_priority_update_is_refused_by_name(make_table):
     other.insert(transitions(8))
     previous = gj.sample(table, jax.random.key(0), 4)
     key = jax.random.key(1)
-    with pytest.raises(gj.InvalidArgumentError, match="priority_update must be a pair"):
+    with pytest.raises(gj.InvalidArgumentError, match="priority_update must be a pair .* got a Sample"):
         gj.sample(table, key, 2, priority_update=previous)
+    with pytest.raises(gj.InvalidArgumentError, match="priority_update must be a pair .* got a tuple of 3"):
+        gj.sample(table, key, 2, priority_update=(previous, jnp.ones(4), None))
+    with pytest.raises(gj.InvalidArgumentError, match=r"`priority_update\[0\]` must be a gear_jax.Sample"):
+        gj.sample(table, key, 2, priority_update=(np.arange(4), jnp.ones(4)))
     with pytest.raises(
-        gj.InvalidArgumentError, match=r"sample: priorities has shape \(3,\), expected \(4,\)"
+        gj.InvalidArgumentError,
+        match=r"sample: priority_update\[1\] has shape \(3,\), expected \(4,\) to match priority_update\[0\]",
     ):
         gj.sample(table, key, 2, priority_update=(previous, jnp.ones(3)))
+    with pytest.raises(gj.InvalidArgumentError, match=r"priority_update\[1\] has dtype bool"):
+        gj.sample(table, key, 2, priority_update=(previous, np.ones(4, bool)))
+    # Refused after the update's own checks passed: nothing is written (outside jit the update would
+    # run at once).
+    with pytest.raises(gj.InvalidArgumentError, match="fields"):
+        gj.sample_gather(table, key, 2, fields=["typo"], priority_update=(previous, jnp.full(4, 5.0)))
     with pytest.raises(gj.InvalidArgumentError, match="sample_gather: the sample was picked from another"):
         gj.sample_gather(other, key, 2, priority_update=(previous, jnp.ones(4)))
     with pytest.raises(gj.EXECUTION_ERRORS, match=r"priorities\[1\].*finite and >= 0"):
@@ -306,3 +317,63 @@ def test_a_bad_priority_update_is_refused_by_name(make_table):
             gj.sample(table, key, 2, priority_update=(previous, jnp.array([1.0, -1, 1, 1])))
         )
     np.testing.assert_array_equal(table.row_status()["priority"], np.ones(8))
+
+
+def test_a_priority_update_runs_after_the_samples_after_and_each_loop_iteration(make_table):
+    """`after=` orders the update too; and an update whose operands do not change across a scan's
+    iterations still runs in every iteration, before that iteration's picks (XLA hoists effect-free calls
+    with loop-invariant operands out of loops: the update also takes the sample's seed)."""
+    table = make_table(capacity=8)
+    table.insert(transitions(8), priorities=np.ones(8, np.float32))
+    first4 = gj.sample(table, jax.random.key(0), 4, method="fifo")  # rows 0-3
+    to_row_3 = jnp.array([0.0, 0.0, 0.0, 9.0])
+    to_row_0 = jnp.array([9.0, 0.0, 0.0, 0.0])
+
+    @jax.jit
+    def ordered(previous):
+        count = gj.update_priorities(table, previous, to_row_0)
+        # `after=count`: the effectful update first, then this one, then the picks.
+        return gj.sample(
+            table, jax.random.key(1), 1, method="topk", after=count, priority_update=(previous, to_row_3)
+        )
+
+    assert int(ordered(first4).indices[0]) == 3
+
+    @jax.jit
+    def loop(previous):
+        def body(carry, i):
+            s = gj.sample(
+                table,
+                jax.random.fold_in(jax.random.key(2), i),
+                1,
+                method="topk",
+                priority_update=(previous, to_row_3),
+            )  # the same operands every iteration
+            count = gj.update_priorities(table, previous, to_row_0, after=s.indices)
+            return carry + count, s.indices[0]
+
+        return jax.lax.scan(body, jnp.zeros((), jnp.int32), jnp.arange(4))[1]
+
+    np.testing.assert_array_equal(np.asarray(loop(first4)), [3, 3, 3, 3])
+    np.testing.assert_array_equal(table.row_status()["priority"][:4], [9, 0, 0, 0])
+
+
+def test_a_priority_update_spread_over_many_change_groups_gives_exact_probabilities(make_table):
+    """100,000 rows (98 groups of 1,024 under two of 65,536, the last partial): updates of rows all over
+    the table reach the priority index, and the picks' probabilities are the exact p / sum p."""
+    rows = 100_000
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=rows)
+    rng = np.random.default_rng(11)
+    priorities = rng.uniform(0.5, 2.0, rows).astype(np.float32)
+    table.insert({"x": np.arange(rows, dtype=np.int32)}, priorities=priorities)
+    step = jax.jit(lambda k, p, v: gj.sample(table, k, 512, method="prioritized", priority_update=(p, v)))
+    previous = gj.sample(table, jax.random.key(0), 512, method="prioritized")
+    for i in range(6):
+        new = rng.uniform(0.1, 50.0, 512).astype(np.float32)
+        priorities = _expected_after_update(priorities, previous, new)
+        previous = step(jax.random.key(i + 1), previous, new)
+        exact = priorities.astype(np.float64) / priorities.astype(np.float64).sum()
+        np.testing.assert_allclose(
+            np.asarray(previous.probabilities), exact[np.asarray(previous.indices)], rtol=2e-4
+        )
+    np.testing.assert_array_equal(table.row_status()["priority"][:rows], priorities)
