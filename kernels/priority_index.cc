@@ -312,8 +312,17 @@ void SamplePicksIndexed(const TableView& t, const PriorityTreeView& tree, const 
         if (node[j] < 0) continue;
         node[j] = DescendStep(tree, level, node[j], &target[j]);
         if (node[j] < 0) continue;
-        const void* next = level > 1 ? static_cast<const void*>(TreeChildren(tree, level - 1, node[j]))
-                                     : static_cast<const void*>(&tree.seen[node[j]]);
+        // What the next step reads: the running sums of the node's children above level 1 (until
+        // 2026-11-26 this fetched their sums, which a step reads only when the running sums fall short:
+        // 1,024 picks from the host, medians of four runs, 1e7 rows 150 -> 115 us, 1e6 102 -> 98 us),
+        // the rows' weights at level 1, the row's seen state after the last step.
+        const void* next;
+        if (level > 2) {
+          next = tree.prefix + tree.level_start[level - 2] + node[j] * kTreeFanout;
+        } else {
+          next = level == 2 ? static_cast<const void*>(TreeChildren(tree, 1, node[j]))
+                            : static_cast<const void*>(&tree.seen[node[j]]);
+        }
         __builtin_prefetch(next);
         __builtin_prefetch(static_cast<const char*>(next) + 64);
         if (level == 1) {
