@@ -56,6 +56,25 @@ def _child_succeeds(check, timeout_s, hung):
     return os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
 
 
+def _children_succeed_during(call, check, children, settle_s, hung):
+    """Calls `call()` over and over on a thread of this process while it forks `children` children in
+    turn (after `settle_s` seconds), each running `check` as `_child_succeeds` does; returns their
+    results once the thread stopped."""
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            call()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        time.sleep(settle_s)
+        return [_child_succeeds(check, 20, hung) for _ in range(children)]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
 @pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "lifo", "topk"])
 def test_a_key_picks_what_the_custom_call_picks(make_table, method):
     table, _ = prioritized_table(make_table)
@@ -389,28 +408,18 @@ def test_a_child_forked_during_a_prioritized_call_samples_without_hanging(make_t
     priorities = np.zeros(rows, np.float32)
     priorities[:64] = 1.0  # only rows [0, 64) are selectable
     table.insert({"x": np.zeros(rows, np.float32)}, priorities=priorities)
-    stop = threading.Event()
+    rng = np.random.default_rng(1)
 
-    def calls():
-        rng = np.random.default_rng(1)
-        while not stop.is_set():
-            s = gj.host.sample(table, rng, 4096, method="prioritized", priority_exponent=0.6)
-            gj.host.update_priorities(table, s, np.ones(4096, np.float32))  # dirties the index again
-
-    thread = threading.Thread(target=calls, daemon=True)
-    thread.start()
+    def call():
+        s = gj.host.sample(table, rng, 4096, method="prioritized", priority_exponent=0.6)
+        gj.host.update_priorities(table, s, np.ones(4096, np.float32))  # dirties the index again
 
     def picks_selectable_rows():
         s = gj.host.sample(table, np.random.default_rng(2), 256, method="prioritized")
         return (s.indices < 64).all() and int(s.selectable) == 64
 
     hung = "a child forked during a prioritized host call hung in its own call"
-    try:
-        time.sleep(0.2)
-        results = [_child_succeeds(picks_selectable_rows, 20, hung) for _ in range(12)]
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+    results = _children_succeed_during(call, picks_selectable_rows, 12, 0.2, hung)
     assert all(results), results
 
 
@@ -459,16 +468,8 @@ def test_a_child_forked_during_a_sampler_draw_can_draw_with_it(make_table):
     table = make_table({"x": gj.Field((256,), "float32")}, capacity=4096)
     table.insert({"x": np.zeros((4096, 256), np.float32)})
     sampler = gj.host.Sampler(table, 2048, rng=0)
-    stop = threading.Event()
-    thread = threading.Thread(target=lambda: [sampler() for _ in iter(stop.is_set, True)], daemon=True)
-    thread.start()
     hung = "a forked child hung drawing with the sampler"
-    try:
-        time.sleep(0.1)
-        results = [_child_succeeds(lambda: sampler()[1]["valid"].all(), 20, hung) for _ in range(8)]
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+    results = _children_succeed_during(sampler, lambda: sampler()[1]["valid"].all(), 8, 0.1, hung)
     assert all(results), results
 
 
