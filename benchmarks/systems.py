@@ -535,17 +535,14 @@ class GearUpdateSystem(GearSystem):
                 table, key, batch_size, method="prioritized", priority_exponent=exponent, **update
             )
 
-        if self.effect:
+        effect = self.effect
 
-            @jax.jit
-            def run(i: jax.Array, previous: gj.Sample) -> gj.Sample:
-                return pick(i, after=gj.update_priorities(table, previous, update_values(i, batch_size)))
-
-        else:
-
-            @jax.jit
-            def run(i: jax.Array, previous: gj.Sample) -> gj.Sample:
-                return pick(i, priority_update=(previous, update_values(i, batch_size)))
+        @jax.jit
+        def run(i: jax.Array, previous: gj.Sample) -> gj.Sample:
+            values = update_values(i, batch_size)
+            if effect:
+                return pick(i, after=gj.update_priorities(table, previous, values))
+            return pick(i, priority_update=(previous, values))
 
         previous = jax.block_until_ready(jax.jit(pick)(0))
 

@@ -51,14 +51,12 @@ inline void NoteRowChanged(const TableView& t, int64_t row) {
 // 2, each after every change it covers. A run of rows in one group raises its counter once (the counters
 // above level 0 are few and stay in cache: an add per row costs less than sorting the groups).
 inline void NoteRowsChanged(const TableView& t, const int32_t* rows, int64_t n) {
+  // Every level-0 counter's line first: an atomic add waits for its line and holds back the loads after
+  // it, so adds on lines not yet fetched would take their misses one after another. (The levels above
+  // are few counters, in cache.)
+  for (int64_t i = 0; i < n; ++i) __builtin_prefetch(&t.change_counts[rows[i] >> ChangeShift(0)], 1);
   for (int level = 0; level < kChangeLevels; ++level) {
     uint32_t* counters = t.change_counts + ChangeLevelStart(t.capacity, level);
-    // Every level-0 counter's line first: an atomic add waits for its line and holds back the loads
-    // after it, so adds on lines not yet fetched would take their misses one after another. (The levels
-    // above are few counters, in cache.)
-    if (level == 0) {
-      for (int64_t i = 0; i < n; ++i) __builtin_prefetch(&counters[rows[i] >> ChangeShift(level)], 1);
-    }
     int64_t last = -1;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t group = rows[i] >> ChangeShift(level);

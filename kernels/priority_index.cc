@@ -166,16 +166,18 @@ void PriorityIndex::RefreshOrThrow(const TableView& t) {
   groups.clear();
   const int top = kChangeLevels - 1;
   const int64_t fan = int64_t{1} << (ChangeShift(1) - ChangeShift(0));  // groups per group of the level above
+  // Whether the table's counter `g` of `level` moved since this index last looked (then noted as seen).
+  auto counter_moved = [&](int level, int64_t g) {
+    const uint32_t v = LoadAcquire(&shared[level][g]);
+    if (v == counters[level][g]) return false;
+    counters[level][g] = v;
+    return true;
+  };
   for (int64_t g2 = 0; g2 < ChangeGroups(rows_, top); ++g2) {
-    const uint32_t v2 = LoadAcquire(&shared[top][g2]);
-    if (v2 == counters[top][g2]) continue;
-    counters[top][g2] = v2;
+    if (!counter_moved(top, g2)) continue;
     const int64_t g1_end = std::min<int64_t>((g2 + 1) * fan, ChangeGroups(rows_, 1));
     for (int64_t g1 = g2 * fan; g1 < g1_end; ++g1) {
-      const uint32_t v1 = LoadAcquire(&shared[1][g1]);
-      if (v1 == counters[1][g1]) continue;
-      counters[1][g1] = v1;
-      moved.push_back(g1);
+      if (counter_moved(1, g1)) moved.push_back(g1);
     }
   }
   for (size_t k = 0; k < moved.size(); ++k) {
@@ -190,10 +192,7 @@ void PriorityIndex::RefreshOrThrow(const TableView& t) {
     const int64_t g1 = moved[k];
     const int64_t g0_end = std::min<int64_t>((g1 + 1) * fan, ChangeGroups(rows_, 0));
     for (int64_t g0 = g1 * fan; g0 < g0_end; ++g0) {
-      const uint32_t v0 = LoadAcquire(&shared[0][g0]);
-      if (v0 == counters[0][g0]) continue;
-      counters[0][g0] = v0;
-      groups.push_back(g0);
+      if (counter_moved(0, g0)) groups.push_back(g0);
     }
   }
   // Pass 2, the rows of those groups (a few groups ahead prefetched, the lengths too: a changed row's
