@@ -16,6 +16,10 @@
 # priorities_gpu.json/.png, pool_gpu.json. The device tool brings back at most 8 files a call: split
 # the stages over two calls (e.g. "build tests memcheck racecheck synccheck quickstart", then
 # "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
+# GPU_CHECK_PRIORITY_ROWS (default 1000000,10000000,100000000) sets the priorities suite's table sizes.
+# GPU_CHECK_SANITIZE_K, when set, is a pytest -k expression that narrows memcheck to those GPU tests.
+# Wheels in the folder .whl/ (carried by the device call; e.g. flashbax for the priorities
+# suite's flashbax_sumtree baseline) are installed into /tmp/site first, without network.
 # Exits non-zero when the build, the tests or a sanitizer fail; a benchmark that fails or runs out of
 # time, and a sanitizer that runs out of time, are only logged.
 set -uo pipefail
@@ -53,6 +57,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.l
 df -h /dev/shm | tail -n 1 | awk '{print "gpu_check: /dev/shm " $2 " (" $4 " free)"}'
 free -g | awk 'NR == 2 {print "gpu_check: host memory " $2 " GiB (" $7 " available)"}'
 
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site && echo "gpu_check: installed $(ls .whl | tr '\n' ' ')into /tmp/site"
+fi
+
 status=0
 if want build; then
   if ! stage build 300 60 "$OUT/build.log" env GEAR_JAX_CUDA=ON \
@@ -78,7 +87,8 @@ fi
 if want memcheck; then
   if command -v compute-sanitizer >/dev/null; then
     stage memcheck 300 60 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
-      --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/test_gpu.py -x -q
+      --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/test_gpu.py -x -q \
+      ${GPU_CHECK_SANITIZE_K:+-k "$GPU_CHECK_SANITIZE_K"}
     memcheck=$?
     tail -n 20 "$OUT/tests.log"
     case "$memcheck" in
@@ -115,10 +125,6 @@ done
 
 # The main job on the GPU, against the same command on the CPU of this machine: steps per second.
 if want quickstart; then
-  if ! python -c "import gymnax" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
-      export PYTHONPATH=/tmp/site
-  fi
   for platform in cuda cpu; do
     stage "quickstart_$platform" 240 60 "$OUT/quickstart.log" python examples/quickstart.py \
       --platform="$platform" --steps="${GPU_CHECK_QUICKSTART_STEPS:-30000}"
@@ -154,7 +160,7 @@ fi
 # refresh (a host callback in the stream's order) after 1,024 priority updates per step.
 if want priorities; then
   stage priorities 300 30 "$OUT/bench.log" python -m gear_jax.bench priorities \
-    --table_rows=1000000,10000000,100000000 --workloads=static,update \
+    --table_rows="${GPU_CHECK_PRIORITY_ROWS:-1000000,10000000,100000000}" --workloads=static,update \
     --batch_size=1024 --iters=20 --warmup=3 --mem_budget_gib="$(budget 12)" \
     --json "$OUT/priorities_gpu.json" --plot "$OUT/priorities_gpu.png" ||
     echo "gpu_check: the priorities benchmark did not complete (log: $OUT/bench.log)"

@@ -556,3 +556,50 @@ def test_insert_inside_jit_on_gpu_matches_cpu(make_table, gpu):
     with pytest.raises(gj.EXECUTION_ERRORS, match=r"insert: lengths\[1\] = 5 is outside \[1, 4\]"):
         run_on(gpu, lambda b: gj.insert(table, b), bad)
     assert table.size == size
+
+
+@pytest.mark.gpu
+def test_priority_updates_chained_through_a_scan_match_cpu(make_table, gpu, scatter_path):
+    """A learner loop on JAX's fast path (`priority_update=` on sample and sample_gather, no effect) runs
+    the same on the GPU as on the CPU: the same picks at every step, and at the end the priorities that
+    writing each step's update in order gives (the last one through update_priorities)."""
+    rows, batch, steps = 3000, 256, 6
+    rng = np.random.default_rng(5)
+    priorities = rng.uniform(0.1, 3.0, rows).astype(np.float32)
+    new = rng.choice([0.0, 0.25, 1.0, 6.0], (steps, batch)).astype(np.float32)
+    tables = []
+    for _ in range(2):
+        table = make_table(fields={"x": gj.Field((), "int32")}, capacity=rows, reuse=False)
+        table.insert({"x": np.arange(rows, dtype=np.int32)}, priorities=priorities)
+        tables.append(table)
+
+    def learner(key, new, table):
+        first = gj.sample(table, key, batch, method="prioritized", priority_exponent=0.6)
+
+        def step(previous, step_input):
+            key, p = step_input
+            s, data = gj.sample_gather(
+                table, key, batch, method="prioritized", priority_exponent=0.6, priority_update=(previous, p)
+            )
+            return s, (s.indices, data["x"])
+
+        keys = jax.random.split(key, steps - 1)
+        last, (picked, xs) = jax.lax.scan(step, first, (keys, new[:-1]))
+        count = gj.update_priorities(table, last, new[-1])
+        return first.indices, picked, xs, count
+
+    key = jax.random.key(3)
+    gpu_run, cpu_run = [
+        [np.asarray(a) for a in run_on(device, lambda k, p, t=table: learner(k, p, t), key, new)]
+        for table, device in zip(tables, (gpu, CPU))
+    ]
+    for got, expected, name in zip(gpu_run, cpu_run, ("first", "picked", "x", "count")):
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    first, picked, xs, count = gpu_run
+    np.testing.assert_array_equal(xs, picked)  # row r holds x = r
+    assert int(count) == batch
+    expected = priorities.copy()
+    for previous, p in zip([first, *picked], new):
+        expected[previous] = p  # a row picked twice keeps its later entry, as update_priorities does
+    for table in tables:
+        np.testing.assert_array_equal(table.row_status()["priority"][:rows], expected)
