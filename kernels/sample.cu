@@ -10,6 +10,7 @@
 #include <cub/util_type.cuh>
 
 #include "atomics.cuh"
+#include "claimed_rows.cuh"
 #include "philox.h"
 #include "scratch.cuh"
 #include "selection.h"
@@ -57,11 +58,12 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
 
 // One thread per pick: the rejection draws of sample.cc. A pick that finds no selectable row in
 // kUniformAttempts draws is marked with index -1 for the fallback.
-__global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* seed, int64_t rows,
+__global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
                                   SampleResult out) {
   const int64_t i = ThreadIndex();
   if (i >= r.batch_size) return;
   r = Seeded(r, seed);
+  const int64_t rows = *claimed;
   const uint32_t pick = static_cast<uint32_t>(i);
   for (int attempt = 0; rows > 0 && attempt < kUniformAttempts; ++attempt) {
     const double u = UniformDouble(r.seed0, r.seed1, pick, attempt, Draw::kSelect);
@@ -81,8 +83,8 @@ __global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* 
 // its rank k = floor(u V) among them; pass 2 walks the rows tile by tile and hands the k-th selectable
 // row to the picks of rank k.
 __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
-    UniformFinishKernel(TableView t, SampleRequest r, const uint32_t* seed, int64_t rows, int64_t* ranks,
-                        SampleResult out, DeviceError* error) {
+    UniformFinishKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
+                        int64_t* ranks, SampleResult out, DeviceError* error) {
   constexpr int kThreads = SamplePolicy::kFallbackThreads;
   using Reduce = cub::BlockReduce<int64_t, kThreads>;
   using Scan = cub::BlockScan<int32_t, kThreads>;
@@ -94,6 +96,7 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
   __shared__ uint64_t tile_states[kThreads];  // and the states they were selected with
   __shared__ int64_t selectable_rows;
   r = Seeded(r, seed);
+  const int64_t rows = *claimed;
   const int tid = static_cast<int>(threadIdx.x);
 
   bool marked = false;
@@ -183,30 +186,32 @@ struct UniformScratch {
   UniformScratch(ScratchCarver& carver, const SampleRequest& r) : ranks(carver.Take<int64_t>(r.batch_size)) {}
 };
 
-cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
-                          const UniformScratch& scratch, SampleResult out, DeviceError* error,
-                          cudaStream_t stream) {
+cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, const int64_t* claimed,
+                          const uint32_t* seed, const UniformScratch& scratch, SampleResult out,
+                          DeviceError* error, cudaStream_t stream) {
   UniformPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
-                      stream>>>(t, r, seed, rows, out);
+                      stream>>>(t, r, seed, claimed, out);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  UniformFinishKernel<<<1, SamplePolicy::kFallbackThreads, 0, stream>>>(t, r, seed, rows, scratch.ranks, out,
-                                                                        error);
+  UniformFinishKernel<<<1, SamplePolicy::kFallbackThreads, 0, stream>>>(t, r, seed, claimed, scratch.ranks,
+                                                                        out, error);
   return cudaGetLastError();
 }
 
 // ---- prioritized -----------------------------------------------------------------------------------
 
+// Rows past the claimed ones weigh 0 (the scan runs over the capacity: claimed_rows.cuh).
 struct WeightOfRow {
   const uint64_t* state;
+  const int64_t* claimed;
   float exponent;
   __device__ double operator()(int64_t row) const {
-    return PriorityWeight(device::LoadRelaxed(&state[row]), exponent);
+    return row < *claimed ? PriorityWeight(device::LoadRelaxed(&state[row]), exponent) : 0.0;
   }
 };
 using WeightIterator = thrust::transform_iterator<WeightOfRow, thrust::counting_iterator<int64_t>>;
 
-WeightIterator Weights(const TableView& t, float exponent) {
-  return WeightIterator(thrust::counting_iterator<int64_t>(0), WeightOfRow{t.state, exponent});
+WeightIterator Weights(const TableView& t, const int64_t* claimed, float exponent) {
+  return WeightIterator(thrust::counting_iterator<int64_t>(0), WeightOfRow{t.state, claimed, exponent});
 }
 
 // prefix[k] = sum of the weights of rows 0..k: nondecreasing, and rising exactly at rows of positive
@@ -240,11 +245,13 @@ __device__ int64_t PreviousWeighted(const double* prefix, int64_t row) {
 // One thread per pick: the row whose prefix interval holds u * total. Writers may have changed rows
 // since the scan, so the pick takes the nearest row, forward first, that is selectable now, with
 // probability (its weight now) / total, as the walk of sample.cc does.
-__global__ void PrioritizedPickKernel(TableView t, SampleRequest r, const uint32_t* seed, int64_t rows,
-                                      const double* prefix, SampleResult out, DeviceError* error) {
+__global__ void PrioritizedPickKernel(TableView t, SampleRequest r, const uint32_t* seed,
+                                      const int64_t* claimed, const double* prefix, SampleResult out,
+                                      DeviceError* error) {
   const int64_t i = ThreadIndex();
   if (i >= r.batch_size) return;
   r = Seeded(r, seed);
+  const int64_t rows = *claimed;
   const double total = rows > 0 ? prefix[rows - 1] : 0.0;
   auto try_record = [&](int64_t row) {
     const uint64_t s = device::LoadAcquire(&t.state[row]);
@@ -277,25 +284,27 @@ struct PrioritizedScratch {
   PrioritizedScratch(ScratchCarver& carver, const TableView& t, const SampleRequest& r, int64_t rows) {
     prefix = carver.Take<double>(rows);
     if (rows > 0) {
-      status =
-          cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, Weights(t, r.priority_exponent), prefix, rows);
+      status = cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, Weights(t, nullptr, r.priority_exponent),
+                                             prefix, rows);
     }
     scan_temp = carver.Take<uint8_t>(scan_bytes);
   }
 };
 
-cudaError_t SamplePrioritized(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
-                              PrioritizedScratch& scratch, SampleResult out, DeviceError* error,
-                              cudaStream_t stream) {
+// `rows`: the capacity (the scan's length); `claimed`: the rows the kernels look at.
+cudaError_t SamplePrioritized(const TableView& t, const SampleRequest& r, int64_t rows,
+                              const int64_t* claimed, const uint32_t* seed, PrioritizedScratch& scratch,
+                              SampleResult out, DeviceError* error, cudaStream_t stream) {
   if (scratch.status != cudaSuccess) return scratch.status;
   if (rows > 0) {
-    cudaError_t status = cub::DeviceScan::InclusiveSum(
-        scratch.scan_temp, scratch.scan_bytes, Weights(t, r.priority_exponent), scratch.prefix, rows, stream);
+    cudaError_t status =
+        cub::DeviceScan::InclusiveSum(scratch.scan_temp, scratch.scan_bytes,
+                                      Weights(t, claimed, r.priority_exponent), scratch.prefix, rows, stream);
     if (status == cudaSuccess) status = cudaGetLastError();
     if (status != cudaSuccess) return status;
   }
   PrioritizedPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
-                          stream>>>(t, r, seed, rows, scratch.prefix, out, error);
+                          stream>>>(t, r, seed, claimed, scratch.prefix, out, error);
   return cudaGetLastError();
 }
 
@@ -311,8 +320,8 @@ __device__ uint64_t RowOrderKey(const TableView& t, SampleMethod method, int64_t
 // `keep` = min(batch_size, tile) best rows as (key, row << 32 | generation) candidates. The answer's
 // rows are among the candidates.
 __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
-    OrderedCandidatesKernel(TableView t, SampleMethod method, int64_t rows, int64_t keep, uint64_t* keys,
-                            uint64_t* values, unsigned long long* selectable_rows) {
+    OrderedCandidatesKernel(TableView t, SampleMethod method, const int64_t* claimed, int64_t keep,
+                            uint64_t* keys, uint64_t* values, unsigned long long* selectable_rows) {
   constexpr int kThreads = SamplePolicy::kOrderedThreads, kItems = SamplePolicy::kOrderedItems;
   using Sort = cub::BlockRadixSort<uint64_t, kThreads, kItems, uint64_t>;
   using Reduce = cub::BlockReduce<int, kThreads>;
@@ -321,6 +330,7 @@ __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
     typename Reduce::TempStorage reduce;
   } temp;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * SamplePolicy::kOrderedTile;
+  const int64_t rows = *claimed;
   uint64_t key[kItems], value[kItems];
   int selectable = 0;
 #pragma unroll
@@ -403,8 +413,8 @@ struct OrderedScratch {
   }
 };
 
-cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, int64_t rows, const uint32_t* seed,
-                          OrderedScratch& scratch, SampleResult out, DeviceError* error,
+cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, const int64_t* claimed,
+                          const uint32_t* seed, OrderedScratch& scratch, SampleResult out, DeviceError* error,
                           cudaStream_t stream) {
   if (scratch.status != cudaSuccess) return scratch.status;
   cudaError_t status = cudaMemsetAsync(scratch.selectable_rows, 0, sizeof(unsigned long long), stream);
@@ -413,8 +423,8 @@ cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, int64_t ro
   const uint64_t *sorted_keys = scratch.keys[0], *sorted = scratch.values[0];
   if (scratch.tiles > 0) {
     OrderedCandidatesKernel<<<static_cast<unsigned>(scratch.tiles), SamplePolicy::kOrderedThreads, 0,
-                              stream>>>(t, r.method, rows, scratch.keep, scratch.keys[0], scratch.values[0],
-                                        scratch.selectable_rows);
+                              stream>>>(t, r.method, claimed, scratch.keep, scratch.keys[0],
+                                        scratch.values[0], scratch.selectable_rows);
     if (status = cudaGetLastError(); status != cudaSuccess) return status;
   }
   if (scratch.tiles > 1) {
@@ -436,6 +446,7 @@ cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, int64_t ro
 
 size_t SampleScratchBytes(const SampleRequest& request, int64_t rows) {
   ScratchCarver carver(nullptr);
+  carver.Take<int64_t>(1);  // the claimed rows
   switch (request.method) {
     case SampleMethod::kUniform: {
       UniformScratch memory(carver, request);
@@ -464,20 +475,22 @@ cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request,
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   }
   ScratchCarver carver(scratch);
+  int64_t* claimed = carver.Take<int64_t>(1);
+  if (cudaError_t status = StoreClaimedRows(table, claimed, stream); status != cudaSuccess) return status;
   switch (request.method) {
     case SampleMethod::kUniform: {
       UniformScratch memory(carver, request);
-      return SampleUniform(table, request, rows, seed, memory, out, error, stream);
+      return SampleUniform(table, request, claimed, seed, memory, out, error, stream);
     }
     case SampleMethod::kPrioritized: {
       PrioritizedScratch memory(carver, table, request, rows);
-      return SamplePrioritized(table, request, rows, seed, memory, out, error, stream);
+      return SamplePrioritized(table, request, rows, claimed, seed, memory, out, error, stream);
     }
     case SampleMethod::kFifo:
     case SampleMethod::kLifo:
     case SampleMethod::kTopK: {
       OrderedScratch memory(carver, request, rows);
-      return SampleOrdered(table, request, rows, seed, memory, out, error, stream);
+      return SampleOrdered(table, request, claimed, seed, memory, out, error, stream);
     }
   }
   return cudaErrorInvalidValue;

@@ -1,8 +1,8 @@
 // CUDA selection of rows with the semantics of SampleRowsCpu (sample.h), enqueued on a stream.
 //
-//  - `table` is the device view of the table (its memory pinned and mapped). `rows` bounds the claimed
-//    rows [0, rows) the selection looks at: the caller reads it from next_seq when it enqueues the call
-//    (rows claimed later hold no committed data yet, and writers only ever add rows to that range).
+//  - `table` is the device view of the table (its memory pinned and mapped). `rows` is its capacity: the
+//    scratch memory and grids are sized for it, and the kernels look at the rows claimed when they run
+//    (claimed_rows.cuh), as the CPU kernels look at the rows claimed when they run.
 //  - The seed words are device memory (`seed`: uint32[2]); request.seed0 and request.seed1 are ignored.
 //  - uniform, fifo, lifo and topk pick exactly the rows SampleRowsCpu picks for the same seed and table
 //    contents, and draw the same window starts. prioritized normally goes through the priority index

@@ -6,6 +6,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include "atomics.cuh"
+#include "claimed_rows.cuh"
 #include "scratch.cuh"
 #include "selection.h"
 
@@ -25,7 +26,7 @@ int64_t Tiles(int64_t rows) { return (rows + SampleAtPolicy::kTileRows - 1) / Sa
 
 // One block per tile: the sum of the tile's weights and (when `counts` is given) its selectable rows.
 __global__ void __launch_bounds__(SampleAtPolicy::kSumThreads)
-    TileSumsKernel(TableView t, float exponent, int64_t rows, double* sums, int32_t* counts) {
+    TileSumsKernel(TableView t, float exponent, const int64_t* claimed, double* sums, int32_t* counts) {
   constexpr int kThreads = SampleAtPolicy::kSumThreads;
   using SumReduce = cub::BlockReduce<double, kThreads>;
   using CountReduce = cub::BlockReduce<int32_t, kThreads>;
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(SampleAtPolicy::kSumThreads)
     typename CountReduce::TempStorage count;
   } temp;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * SampleAtPolicy::kTileRows;
+  const int64_t rows = *claimed;
   double weight = 0.0;
   int32_t selectable = 0;
   for (int64_t j = threadIdx.x; j < SampleAtPolicy::kTileRows; j += kThreads) {
@@ -140,10 +142,11 @@ __device__ Found LastInTile(const TableView& t, float exponent, int64_t rows, in
 // One warp per pick.
 __global__ void __launch_bounds__(SampleAtPolicy::kPickWarps * 32)
     SampleAtPickKernel(TableView t, SampleAtRequest r, const uint32_t* seed, const float* targets,
-                       int64_t rows, int64_t tiles, const double* prefix, SampleResult out,
+                       const int64_t* claimed, int64_t tiles, const double* prefix, SampleResult out,
                        DeviceError* error) {
   const int64_t pick = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (pick >= r.batch_size) return;  // whole warps: every lane of a warp has the same pick
+  const int64_t rows = *claimed;
   const bool leader = threadIdx.x % 32 == 0;
   const float target = targets[pick];
   const double total = tiles > 0 ? prefix[tiles - 1] : 0.0;
@@ -194,16 +197,21 @@ __global__ void __launch_bounds__(SampleAtPolicy::kPickWarps * 32)
   device::FetchAdd<uint32_t>(&t.times_sampled[found.row], 1u, t.read_modify_write_atomics);
 }
 
+// `rows` is the capacity (claimed_rows.cuh): tiles past the claimed rows sum to 0.
 struct TotalWeightScratch {
+  int64_t* claimed;
   double* sums;
   int32_t* counts;
 
   TotalWeightScratch(ScratchCarver& carver, int64_t rows)
-      : sums(carver.Take<double>(Tiles(rows))), counts(carver.Take<int32_t>(Tiles(rows))) {}
+      : claimed(carver.Take<int64_t>(1)),
+        sums(carver.Take<double>(Tiles(rows))),
+        counts(carver.Take<int32_t>(Tiles(rows))) {}
 };
 
 struct SampleAtScratch {
   int64_t tiles;
+  int64_t* claimed;
   double* sums;
   double* prefix;
   void* scan_temp;
@@ -211,6 +219,7 @@ struct SampleAtScratch {
   cudaError_t status = cudaSuccess;
 
   SampleAtScratch(ScratchCarver& carver, int64_t rows) : tiles(Tiles(rows)) {
+    claimed = carver.Take<int64_t>(1);
     sums = carver.Take<double>(tiles);
     prefix = carver.Take<double>(tiles);
     if (tiles > 0) status = cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, sums, prefix, tiles);
@@ -232,8 +241,10 @@ cudaError_t TotalWeightCuda(const TableView& table, float priority_exponent, int
   TotalWeightScratch memory(carver, rows);
   const int64_t tiles = Tiles(rows);
   if (tiles > 0) {
+    if (cudaError_t status = StoreClaimedRows(table, memory.claimed, stream); status != cudaSuccess)
+      return status;
     TileSumsKernel<<<static_cast<unsigned>(tiles), SampleAtPolicy::kSumThreads, 0, stream>>>(
-        table, priority_exponent, rows, memory.sums, memory.counts);
+        table, priority_exponent, memory.claimed, memory.sums, memory.counts);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   }
   TotalWeightFinishKernel<<<1, SampleAtPolicy::kFinishThreads, 0, stream>>>(
@@ -254,9 +265,11 @@ cudaError_t SampleAtCuda(const TableView& table, const SampleAtRequest& request,
   ScratchCarver carver(scratch);
   SampleAtScratch memory(carver, rows);
   if (memory.status != cudaSuccess) return memory.status;
+  if (cudaError_t status = StoreClaimedRows(table, memory.claimed, stream); status != cudaSuccess)
+    return status;
   if (memory.tiles > 0) {
     TileSumsKernel<<<static_cast<unsigned>(memory.tiles), SampleAtPolicy::kSumThreads, 0, stream>>>(
-        table, request.priority_exponent, rows, memory.sums, nullptr);
+        table, request.priority_exponent, memory.claimed, memory.sums, nullptr);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
     cudaError_t status = cub::DeviceScan::InclusiveSum(memory.scan_temp, memory.scan_bytes, memory.sums,
                                                        memory.prefix, memory.tiles, stream);
@@ -266,8 +279,8 @@ cudaError_t SampleAtCuda(const TableView& table, const SampleAtRequest& request,
   constexpr int kThreads = SampleAtPolicy::kPickWarps * 32;
   const unsigned blocks = static_cast<unsigned>((request.batch_size + SampleAtPolicy::kPickWarps - 1) /
                                                 SampleAtPolicy::kPickWarps);
-  SampleAtPickKernel<<<blocks, kThreads, 0, stream>>>(table, request, seed, targets, rows, memory.tiles,
-                                                      memory.prefix, out, error);
+  SampleAtPickKernel<<<blocks, kThreads, 0, stream>>>(table, request, seed, targets, memory.claimed,
+                                                      memory.tiles, memory.prefix, out, error);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,9 @@
 // CUDA total weight and sample-at-targets with the semantics of TotalWeightCpu and SampleAtCpu
 // (sample_at.h), enqueued on a stream.
 //
-//  - `table` is the device view of the table (its memory pinned and mapped); `rows` bounds the claimed
-//    rows [0, rows) the call looks at, read by the caller from next_seq when it enqueues the call.
+//  - `table` is the device view of the table (its memory pinned and mapped); `rows` is its capacity: the
+//    scratch memory and grids are sized for it, and the kernels look at the rows claimed when they run
+//    (claimed_rows.cuh).
 //  - The rows are cut into tiles: one block sums each tile's weights (in double), a CUB scan over the
 //    tiles gives their prefix sums, and each pick (one warp) finds its tile by binary search, then scans
 //    inside it. Writers may change rows between the two passes: a pick then takes the nearest row of

@@ -603,3 +603,43 @@ def test_priority_updates_chained_through_a_scan_match_cpu(make_table, gpu, scat
         expected[previous] = p  # a row picked twice keeps its later entry, as update_priorities does
     for table in tables:
         np.testing.assert_array_equal(table.row_status()["priority"][:rows], expected)
+
+
+@pytest.mark.gpu
+def test_calls_after_an_insert_in_the_same_program_see_its_rows_on_gpu(make_table, gpu):
+    """A GPU call's handler runs when XLA enqueues it, before an insert earlier on the stream has claimed
+    its rows: the kernels read the claimed rows when they run. On an empty table, every call ordered after
+    an insert in the same program sees exactly the inserted rows, as on the CPU. Four other exponents take
+    the table's GPU priority indexes first, so that exponent 0.5 runs the scans that serve exponents past
+    the index's limit."""
+    fields = {"x": gj.Field((), "int32")}
+    priorities = np.array([1.0, 2.0, 3.0, 4.0, 0.5, 0.25], np.float32)
+    results = {}
+    for name, device in (("cpu", CPU), ("gpu", gpu)):
+        table = make_table(fields=fields, capacity=64, reuse=False)
+        for exponent in (1.0, 2.0, 3.0, 4.0):
+            run_on(device, lambda e=exponent, t=table: gj.total_weight(t, priority_exponent=e))
+
+        def step(x, p, key, table=table):
+            rows = gj.insert(table, {"x": x}, priorities=p)
+            uniform = gj.sample(table, key, 32, after=rows)
+            fifo = gj.sample(table, key, 6, method="fifo", after=rows)
+            prioritized = gj.sample(table, key, 32, method="prioritized", priority_exponent=0.5, after=rows)
+            total, count = gj.total_weight(table, priority_exponent=0.5, after=rows)
+            targets = jnp.linspace(0.0, 1.0, 16, dtype=jnp.float32) * total
+            at = gj.sample_at(table, key, targets, priority_exponent=0.5, after=rows)
+            return rows, uniform.indices, fifo.indices, count, at.indices, prioritized.indices, total
+
+        x = np.arange(10, 16, dtype=np.int32)
+        results[name] = [np.asarray(a) for a in run_on(device, step, x, priorities, jax.random.key(1))]
+    rows, uniform, fifo, count, at, prioritized, total = results["gpu"]
+    np.testing.assert_array_equal(rows, np.arange(6))
+    assert set(uniform.tolist()) <= set(range(6)) and len(set(uniform.tolist())) > 1
+    np.testing.assert_array_equal(fifo, np.arange(6))
+    assert int(count) == 6
+    np.testing.assert_allclose(float(total), float(np.sqrt(priorities).sum()), rtol=1e-6)
+    assert set(at.tolist()) <= set(range(6)) and len(set(at.tolist())) > 1
+    assert set(prioritized.tolist()) <= set(range(6))  # the scan: the same law as the CPU, not the same rows
+    names = ("rows", "uniform", "fifo", "count", "sample_at")
+    for got, expected, name in zip(results["gpu"], results["cpu"], names):
+        np.testing.assert_array_equal(got, expected, err_msg=name)

@@ -190,7 +190,7 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                       "sample");
     }
   }
-  const int64_t rows = ClaimedRows(t.table->view());
+  const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), "sample", &memory);
       error.failure()) {
@@ -219,7 +219,7 @@ ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::Scrat
       error.failure()) {
     return error;
   }
-  const int64_t rows = ClaimedRows(t.table->view());
+  const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), kOp, &memory);
       error.failure()) {
@@ -620,7 +620,7 @@ ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllo
                                            count->typed_data(), t.side->error_device, stream),
                     kOp);
   }
-  const int64_t rows = ClaimedRows(t.table->view());
+  const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, TotalWeightScratchBytes(rows), kOp, &memory);
       error.failure()) {
@@ -662,7 +662,7 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
                       kOp);
     }
   }
-  const int64_t rows = ClaimedRows(t.table->view());
+  const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, SampleAtScratchBytes(request, rows), kOp, &memory);
       error.failure()) {
