@@ -125,6 +125,7 @@ for tool in racecheck synccheck; do
 done
 
 # The main job on the GPU, against the same command on the CPU of this machine: steps per second.
+# It needs gymnax, which the device image lacks: carry its wheel in .whl/.
 if want quickstart; then
   for platform in cuda cpu; do
     stage "quickstart_$platform" 240 60 "$OUT/quickstart.log" python examples/quickstart.py \
