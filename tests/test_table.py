@@ -1,3 +1,5 @@
+import ctypes
+import mmap
 import os
 import stat
 
@@ -27,6 +29,94 @@ def test_columns_are_page_aligned(make_table):
     assert len(columns) == 6
     for column in columns:
         assert column.ctypes.data % 4096 == 0, column.ctypes.data % 4096
+
+
+HUGE_PAGE = 2 << 20
+
+
+def table_base(table):
+    """The address this process maps the table at (its header)."""
+    return table._state.ctypes.data - table._native.layout()["state"]
+
+
+def pmd_mapped_kib(address):
+    """ShmemPmdMapped of this process's mapping that holds `address` (/proc/self/smaps): the KiB of it
+    mapped by 2 MiB pages."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split()[0]
+            if not first.endswith(":"):
+                low, high = (int(x, 16) for x in first.split("-"))
+                inside = low <= address < high
+            elif inside and first == "ShmemPmdMapped:":
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def shared_memory_collapses():
+    """Whether this kernel makes a 2 MiB page of a block of a /dev/shm file (madvise MADV_COLLAPSE,
+    Linux 6.1, refused where shared memory may not use huge pages at all): the probe mirrors
+    shared_table.cc's BackWithHugePages on a file of its own."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    path = f"/dev/shm/gear_jax_probe_{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, HUGE_PAGE)
+        os.posix_fallocate(fd, 0, 4096)
+        area = libc.mmap(None, 2 * HUGE_PAGE, 0, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        aligned = (area + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+        fixed = 0x10  # MAP_FIXED
+        libc.mmap(aligned, HUGE_PAGE, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | fixed, fd, 0)
+        collapsed = libc.madvise(aligned, HUGE_PAGE, 25) == 0  # MADV_COLLAPSE
+        libc.munmap(area, 2 * HUGE_PAGE)
+        return collapsed
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def test_tables_of_2_mib_and_more_are_mapped_on_2_mib_boundaries(make_table):
+    """Creator and attacher map a table of 2 MiB or more at a 2 MiB boundary, so that its 2 MiB pages
+    can be mapped whole; smaller tables need not be."""
+    table = make_table(fields={"x": gj.Field((1024,), "uint8")}, capacity=3000)
+    assert table_base(table) % HUGE_PAGE == 0
+    with gj.Table.attach(table.name) as view:
+        assert table_base(view) % HUGE_PAGE == 0
+
+
+@pytest.mark.skipif(
+    not shared_memory_collapses(), reason="this kernel makes no 2 MiB pages of /dev/shm files"
+)
+@pytest.mark.parametrize("setting", [None, "1", "0"])
+def test_large_tables_are_backed_by_2_mib_pages(make_table, monkeypatch, setting):
+    """Every whole 2 MiB block of a new table is one 2 MiB page, mapped as one in the creator and in an
+    attaching process, unless GEAR_JAX_HUGE_PAGES=0; the rows read back as written either way."""
+    if setting is None:
+        monkeypatch.delenv("GEAR_JAX_HUGE_PAGES", raising=False)
+    else:
+        monkeypatch.setenv("GEAR_JAX_HUGE_PAGES", setting)
+    rows = 9000  # about 9 MiB: 4 whole blocks and a part
+    table = make_table(fields={"x": gj.Field((1024,), "uint8")}, capacity=rows, reuse=False)  # new memory
+    data = np.random.default_rng(0).integers(0, 256, (rows, 1024), dtype=np.uint8)
+    table.insert({"x": data})
+    whole_blocks = os.stat(f"/dev/shm/{table.name}").st_size // HUGE_PAGE
+    expected_kib = 0 if setting == "0" else whole_blocks * HUGE_PAGE // 1024
+    assert pmd_mapped_kib(table_base(table)) == expected_kib
+    with gj.Table.attach(table.name) as view:
+        np.testing.assert_array_equal(view._columns["x"][:, 0], data)  # reads every block
+        assert pmd_mapped_kib(table_base(view)) == expected_kib
 
 
 @pytest.mark.parametrize(
