@@ -17,7 +17,8 @@
 # the stages over two calls (e.g. "build tests memcheck racecheck synccheck quickstart", then
 # "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
 # GPU_CHECK_PRIORITY_ROWS (default 1000000,10000000,100000000) sets the priorities suite's table sizes.
-# GPU_CHECK_GATHER_ITEM_BYTES and GPU_CHECK_GATHER_BATCH narrow the gather suite's grid.
+# GPU_CHECK_GATHER_ITEM_BYTES, GPU_CHECK_GATHER_BATCH and GPU_CHECK_GATHER_SYSTEMS narrow the gather
+# suite's grid and systems.
 # GPU_CHECK_SANITIZE_K, when set, is a pytest -k expression that narrows memcheck to those GPU tests.
 # Wheels in the folder .whl/ (carried by the device call; e.g. flashbax for the priorities
 # suite's flashbax_sumtree baseline) are installed into /tmp/site first, without network.
@@ -145,7 +146,8 @@ if want gather; then
   stage gather 300 60 "$OUT/bench.log" python -m gear_jax.bench gather --table_rows=1000000 \
     --item_bytes="${GPU_CHECK_GATHER_ITEM_BYTES:-512,4096,65536,1048576}" \
     --batch_size="${GPU_CHECK_GATHER_BATCH:-32,64,128,256,512,1024}" \
-    --systems=gear_jax,jnp_take,pinned_host_loop,pure_callback,pinned_copy --iters=20 --warmup=5 \
+    --systems="${GPU_CHECK_GATHER_SYSTEMS:-gear_jax,jnp_take,pinned_host_loop,pure_callback,pinned_copy}" \
+    --iters=20 --warmup=5 \
     --mem_budget_gib="$(budget 2)" --json "$OUT/gather_gpu.json" --plot "$OUT/gather_gpu.png" ||
     echo "gpu_check: the gather benchmark did not complete (log: $OUT/bench.log)"
 fi
