@@ -461,7 +461,7 @@ void* MapTable(int fd, size_t size) {
 // a block regardless of the mount's and the system's settings, but only of a block that holds a page:
 // so each block gets one page first (posix_fallocate of its first 4 KiB), then the blocks are collapsed
 // 64 MiB at a time. Collapsing allocates 2 MiB pages, which can make the kernel compact memory: the work
-// stops once it took 250 ms per GiB of table (at least 250 ms), and the blocks not done get 4 KiB pages
+// stops once it took 500 ms per GiB of table (at least 250 ms), and the blocks not done get 4 KiB pages
 // from the reservation that follows. Nothing is done for a table larger than the free space, which the
 // reservation then refuses. GEAR_JAX_HUGE_PAGES=0 skips it; =1 collapses every block.
 void BackWithHugePages(int fd, uint8_t* base, uint64_t total) {
@@ -474,7 +474,7 @@ void BackWithHugePages(int fd, uint8_t* base, uint64_t total) {
   if (fstatvfs(fd, &fs) != 0 || static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < total)
     return;  // ENOSPC next
   constexpr uint64_t kChunk = uint64_t{64} << 20;
-  const int64_t budget_ns = std::max<int64_t>(250'000'000, static_cast<int64_t>(total >> 30) * 250'000'000);
+  const int64_t budget_ns = std::max<int64_t>(250'000'000, static_cast<int64_t>(total >> 30) * 500'000'000);
   const int64_t start = MonotonicNs();
   for (uint64_t chunk = 0; chunk < blocks_end; chunk += kChunk) {
     const uint64_t end = std::min(chunk + kChunk, blocks_end);
