@@ -56,7 +56,7 @@ void RunOverPool(int64_t n, int64_t grain, const std::function<void(int64_t, int
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t count = (n + grain - 1) / grain;
-  helpers = count > 1 ? std::min<int64_t>(helpers, count - 1) : 0;
+  helpers = count >= kMinPooledRanges ? std::min<int64_t>(helpers, count - 1) : 0;
   if (helpers <= 0) {
     body(0, n);
     return;

@@ -44,19 +44,9 @@ class HostThreads : public ParallelFor {
     return current.compare_exchange_strong(pool, fresh, std::memory_order_acq_rel) ? *fresh : *pool;
   }
 
-  // Unlike XLA's pool, whose idle threads spin a while before they sleep, these sleep at once, and
-  // waking one costs tens of microseconds on a VM (a wake-up IPI through the hypervisor): a call of two
-  // or three ranges ran slower over two threads than on one (1,024 uniform picks: 36 us against 20 us;
-  // 256 rows of 1 KiB gathered: 57-68 us against 46-52 us, 2-core EPYC VM), one of eight ranges faster
-  // (1,024 rows of 1 KiB: 145 us against 195-210 us). Calls of fewer than kMinRanges run on the caller.
-  static constexpr int64_t kMinRanges = 4;
-
+  // Unlike XLA's pool, whose idle threads spin a while before they sleep, these sleep at once; calls of
+  // fewer than kMinPooledRanges ranges run on the caller (kernels/parallel.h says why).
   void Run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) const override {
-    const int64_t ranges = (n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1);
-    if (ranges < kMinRanges) {
-      if (n > 0) body(0, n);
-      return;
-    }
     RunOverPool(n, grain, body, helpers_, [this](std::function<void()> task) { Push(std::move(task)); });
   }
 
