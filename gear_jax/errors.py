@@ -43,6 +43,11 @@ class RateLimiterTimeout(GearJaxError, TimeoutError):
     time; the message says what waited, the counts and bounds, and what to start or raise."""
 
 
+class OutOfSpaceError(GearJaxError, RuntimeError):
+    """`/dev/shm` cannot hold a new table (it is reserved whole at creation); the message gives the
+    bytes asked for. Free space there, lower the capacity, or raise the mount's size."""
+
+
 class NotEnoughRowsError(GearJaxError, RuntimeError):
     """A selection on the host (`gear_jax.host`) found no selectable row, or fewer than the batch for
     fifo, lifo and topk; insert rows (or wait for the writers) and sample again."""

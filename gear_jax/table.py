@@ -23,6 +23,7 @@ from gear_jax.casting import (
 )
 from gear_jax.errors import (
     InvalidArgumentError,
+    OutOfSpaceError,
     SpecError,
     TableClosedError,
     TableMismatchError,
@@ -181,7 +182,7 @@ class Table:
         Raises:
           InvalidArgumentError: `name` is malformed or already in use; `rate_limiter` is not a
             `RateLimiter`, or asks for more rows before sampling than the table holds.
-          RuntimeError: the host has too little shared memory (/dev/shm) for the table.
+          OutOfSpaceError: /dev/shm cannot hold the table (a RuntimeError, as before).
         """
         if not isinstance(spec, TableSpec):
             raise InvalidArgumentError(f"spec must be a gear_jax.TableSpec, got {type(spec).__name__}")
@@ -217,6 +218,8 @@ class Table:
             )
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
+        except _native.OutOfSpaceError as e:
+            raise OutOfSpaceError(f"Table.create: {e}") from e
         return cls(native, spec, casting)
 
     @classmethod

@@ -119,6 +119,16 @@ def test_large_tables_are_backed_by_2_mib_pages(make_table, monkeypatch, setting
         assert pmd_mapped_kib(table_base(view)) == expected_kib
 
 
+def test_a_table_larger_than_dev_shm_is_refused_and_leaves_nothing(make_table):
+    shm = os.statvfs("/dev/shm")
+    capacity = shm.f_blocks * shm.f_frsize // 65536 + 1024  # rows of 64 KiB: more than the whole mount
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(gj.OutOfSpaceError, match=r"Table.create: cannot reserve \d+ bytes .* lower capacity"):
+        make_table(fields={"x": gj.Field((65536,), "uint8")}, capacity=capacity, reuse=False)
+    assert set(os.listdir("/dev/shm")) - before == set()
+    assert issubclass(gj.OutOfSpaceError, RuntimeError)  # what it was before it had a name
+
+
 @pytest.mark.parametrize(
     "shape, steps, stride",
     [
