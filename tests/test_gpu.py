@@ -600,7 +600,8 @@ def test_priority_updates_chained_through_a_scan_match_cpu(make_table, gpu, scat
     assert int(count) == batch
     expected = priorities.copy()
     for previous, p in zip([first, *picked], new):
-        expected[previous] = p  # a row picked twice keeps its later entry, as update_priorities does
+        for row, value in zip(previous, p):
+            expected[row] = value  # a row picked twice keeps its later entry, as update_priorities does
     for table in tables:
         np.testing.assert_array_equal(table.row_status()["priority"][:rows], expected)
 
@@ -617,8 +618,8 @@ def test_calls_after_an_insert_in_the_same_program_see_its_rows_on_gpu(make_tabl
     results = {}
     for name, device in (("cpu", CPU), ("gpu", gpu)):
         table = make_table(fields=fields, capacity=64, reuse=False)
-        for exponent in (1.0, 2.0, 3.0, 4.0):
-            run_on(device, lambda e=exponent, t=table: gj.total_weight(t, priority_exponent=e))
+        for exponent in (1.0, 2.0, 3.0, 4.0):  # on `device`: an argument commits the call there
+            run_on(device, lambda z, e=exponent, t=table: gj.total_weight(t, e, after=z), np.int32(0))
 
         def step(x, p, key, table=table):
             rows = gj.insert(table, {"x": x}, priorities=p)

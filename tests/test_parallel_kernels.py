@@ -1,5 +1,6 @@
-"""Large CPU calls shared out over XLA's intra-op threads (kernels/parallel.h): prioritized batches of
-more than 256 picks and gathers of more than 128 KiB. Whatever the split, the result must be the one
+"""Large CPU calls shared out over XLA's intra-op threads (kernels/parallel.h): calls of four ranges or
+more, such as prioritized batches of 1,024 picks and more and gathers of 512 KiB and more (ranges of
+256 picks and of about 128 KiB). Whatever the split, the result must be the one
 of a single thread: each pick's draws depend on its index alone, and each range writes its own rows."""
 
 import jax

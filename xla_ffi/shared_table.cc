@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -28,8 +29,8 @@ namespace gear {
 namespace {
 
 constexpr uint64_t kColumnAlign = 4096;
-constexpr int kPopulateShift = 21;  // SharedTable::Populate maps 2 MiB blocks
-constexpr uint64_t kHugePage = uint64_t{1} << 21;
+constexpr int kPopulateShift = 21;                 // SharedTable::Populate maps 2 MiB blocks
+constexpr uint64_t kHugePage = uint64_t{1} << 21;  // the page size BackWithHugePages makes
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25  // Linux 6.1
 #endif
@@ -432,6 +433,21 @@ namespace {
 // Maps `size` bytes of the table file `fd`, shared and writable. From 2 MiB on, at an address aligned to
 // 2 MiB: only an aligned mapping lets the kernel map the table's 2 MiB pages (BackWithHugePages) with
 // one page-table entry each, in this process and in every process that attaches.
+// The kernel's page-middle-directory page (2 MiB on x86-64; 512 MiB on arm64 kernels of 64 KiB pages),
+// or 0 where it does not say.
+uint64_t PmdPageBytes() {
+  static const uint64_t bytes = [] {
+    uint64_t value = 0;
+    if (FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r")) {
+      unsigned long long read = 0;
+      if (std::fscanf(f, "%llu", &read) == 1) value = read;
+      std::fclose(f);
+    }
+    return value;
+  }();
+  return bytes;
+}
+
 void* MapTable(int fd, size_t size) {
   if (size < kHugePage) return mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -463,18 +479,21 @@ void* MapTable(int fd, size_t size) {
 // 64 MiB at a time. Collapsing allocates 2 MiB pages, which can make the kernel compact memory: the work
 // stops once it took 500 ms per GiB of table (at least 250 ms), and the blocks not done get 4 KiB pages
 // from the reservation that follows. Nothing is done for a table larger than the free space, which the
-// reservation then refuses. GEAR_JAX_HUGE_PAGES=0 skips it; =1 collapses every block.
+// reservation then refuses, nor where the kernel's huge page is not 2 MiB (arm64 kernels of 64 KiB
+// pages: 512 MiB). GEAR_JAX_HUGE_PAGES=0 skips it; =1 collapses every block.
 void BackWithHugePages(int fd, uint8_t* base, uint64_t total) {
   const char* setting = std::getenv("GEAR_JAX_HUGE_PAGES");
   if (setting != nullptr && std::strcmp(setting, "0") == 0) return;
   const bool unbounded = setting != nullptr && std::strcmp(setting, "1") == 0;
+  if (PmdPageBytes() != kHugePage) return;
   const uint64_t blocks_end = total / kHugePage * kHugePage;
   if (blocks_end == 0 || reinterpret_cast<uintptr_t>(base) % kHugePage != 0) return;
   struct statvfs fs{};
   if (fstatvfs(fd, &fs) != 0 || static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < total)
     return;  // ENOSPC next
   constexpr uint64_t kChunk = uint64_t{64} << 20;
-  const int64_t budget_ns = std::max<int64_t>(250'000'000, static_cast<int64_t>(total >> 30) * 500'000'000);
+  const int64_t budget_ns =
+      std::max<int64_t>(250'000'000, static_cast<int64_t>(static_cast<double>(total) / (1 << 30) * 5e8));
   const int64_t start = MonotonicNs();
   for (uint64_t chunk = 0; chunk < blocks_end; chunk += kChunk) {
     const uint64_t end = std::min(chunk + kChunk, blocks_end);
@@ -525,7 +544,12 @@ std::shared_ptr<SharedTable> SharedTable::Create(const std::string& name, const 
 
   WriteHeader(static_cast<uint8_t*>(base), plan, total, spec_json, spec_hash, 0);
   auto memory = std::make_shared<TableMemory>(static_cast<uint8_t*>(base), total);
-  memory->Pin(pin);
+  try {
+    memory->Pin(pin);
+  } catch (...) {
+    shm_unlink(path.c_str());  // the memory unmaps itself; nothing else holds the file yet
+    throw;
+  }
   return std::shared_ptr<SharedTable>(new SharedTable(name, std::move(memory), true));
 }
 
