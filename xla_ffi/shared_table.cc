@@ -430,9 +430,6 @@ TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64
 
 namespace {
 
-// Maps `size` bytes of the table file `fd`, shared and writable. From 2 MiB on, at an address aligned to
-// 2 MiB: only an aligned mapping lets the kernel map the table's 2 MiB pages (BackWithHugePages) with
-// one page-table entry each, in this process and in every process that attaches.
 // The kernel's page-middle-directory page (2 MiB on x86-64; 512 MiB on arm64 kernels of 64 KiB pages),
 // or 0 where it does not say.
 uint64_t PmdPageBytes() {
@@ -448,6 +445,9 @@ uint64_t PmdPageBytes() {
   return bytes;
 }
 
+// Maps `size` bytes of the table file `fd`, shared and writable. From 2 MiB on, at an address aligned to
+// 2 MiB: only an aligned mapping lets the kernel map the table's 2 MiB pages (BackWithHugePages) with
+// one page-table entry each, in this process and in every process that attaches.
 void* MapTable(int fd, size_t size) {
   if (size < kHugePage) return mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -473,8 +473,8 @@ void* MapTable(int fd, size_t size) {
 // Backs the whole 2 MiB blocks of a new table file with 2 MiB pages, best effort, before the rest is
 // reserved. /dev/shm is often mounted without huge pages, and then every row a sample or gather reads
 // is a TLB miss and a page walk; with 2 MiB pages a random gather of 256 rows of 1 KiB took about 20%
-// less time here (docs/ARCHITECTURE.md, "Huge pages"). MADV_COLLAPSE (Linux 6.1) makes a 2 MiB page of
-// a block regardless of the mount's and the system's settings, but only of a block that holds a page:
+// less time here (docs/ARCHITECTURE.md, "Huge pages for tables"). MADV_COLLAPSE (Linux 6.1) makes a 2 MiB
+// page of a block regardless of the mount's and the system's settings, but only of a block that holds a page:
 // so each block gets one page first (posix_fallocate of its first 4 KiB), then the blocks are collapsed
 // 64 MiB at a time. Collapsing allocates 2 MiB pages, which can make the kernel compact memory: the work
 // stops once it took 500 ms per GiB of table (at least 250 ms), and the blocks not done get 4 KiB pages
