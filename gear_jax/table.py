@@ -6,6 +6,7 @@ import os
 import re
 import secrets
 import sys
+import types
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -368,6 +369,36 @@ class Table:
     def handle(self) -> int:
         """The integer compiled calls carry to find this table in the process's registry."""
         return self._native.handle
+
+    @property
+    def native(self) -> Any:
+        """The table's native object (`gear_jax._native`): what gear_jax's own modules, benchmarks and
+        tests call below the Python API. Not a stable interface."""
+        return self._native
+
+    @property
+    def columns(self) -> Mapping[str, np.ndarray]:
+        """Live views of every field's column in shared memory, `[capacity, max_steps, *shape]` each.
+
+        Reading them bypasses the row protocol (a row may be half written); writing them bypasses the
+        seqlock. For inspection, checkpoints and tests; a learner reads through `gather`."""
+        self._live()
+        return types.MappingProxyType(self._columns)
+
+    @property
+    def status_columns(self) -> Mapping[str, np.ndarray]:
+        """Live views of the per-row status columns: `state` (uint64: generation << 32 | priority bits),
+        `length` (int32), `insert_seq` (uint64), `times_sampled` (uint32), each `[capacity]`. Same caveats
+        as `columns`; `row_status()` gives a decoded snapshot."""
+        self._live()
+        return types.MappingProxyType(
+            {
+                "state": self._state,
+                "length": self._length,
+                "insert_seq": self._insert_seq,
+                "times_sampled": self._times_sampled,
+            }
+        )
 
     @property
     def size(self) -> int:
