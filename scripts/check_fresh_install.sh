@@ -8,6 +8,7 @@
 #   PYTHONS="3.12" scripts/check_fresh_install.sh   # versions, or interpreters' paths
 #   SOURCE=worktree scripts/check_fresh_install.sh  # the working tree instead of the commit HEAD
 #   KEEP=1 scripts/check_fresh_install.sh           # keep the temporary folder (venvs, logs)
+#   WHEEL=0 scripts/check_fresh_install.sh          # skip the wheel check (scripts/check_wheel.sh)
 #
 # Each Python installs from its own copy of the sources, as a clone would have them: the commit
 # $SOURCE (default HEAD), or with SOURCE=worktree the working tree's tracked files and the untracked ones
@@ -15,6 +16,8 @@
 # Only the main job's requirements are installed, not requirements-test.txt: on Python 3.12 its torch
 # pin would download a multi-GB CUDA build where no local CPU build is offered (the test command's
 # install is what .ci/run runs, on the CI machine's Python).
+# Then scripts/check_wheel.sh, with the first of $PYTHONS and the same $SOURCE: the wheel built in a clean
+# environment, installed, and tested from outside the checkout (GEAR_JAX_CUDA passes through).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHONS="${PYTHONS:-3.11 3.12}"
@@ -72,9 +75,19 @@ for want in $PYTHONS; do
   fi
 done
 
+if [[ "${WHEEL:-1}" != 0 ]]; then
+  first="${PYTHONS%% *}"
+  if ! py="$(find_python "$first")"; then
+    echo "FAIL wheel check: no interpreter for Python $first"; failed+=("wheel")
+  elif ! PYTHON="$py" SOURCE="$SOURCE" "$ROOT/scripts/check_wheel.sh"; then
+    failed+=("wheel")
+  fi
+fi
+
 if ((${#failed[@]})); then
   echo "check_fresh_install: FAILED for ${failed[*]}"
   [[ -n "${KEEP:-}" ]] || echo "(rerun with KEEP=1 to keep the logs)"
   exit 1
 fi
-echo "check_fresh_install: all passed ($PYTHONS)"
+[[ "${WHEEL:-1}" != 0 ]] && wheel=checked || wheel=skipped
+echo "check_fresh_install: all passed ($PYTHONS; wheel $wheel)"
