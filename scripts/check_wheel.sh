@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The wheel as a user gets it: builds it with `python -m build --wheel` (build isolation: pyproject.toml's
-# build requirements, pinned by constraints.txt) from a copy of the sources, installs it in a fresh
+# The wheel as a user gets it: builds it with `python -m build` (build isolation: pyproject.toml's build
+# requirements, pinned by constraints.txt) from a copy of the sources: the sdist, then the wheel from the
+# sdist, so that MANIFEST.in is checked too (SDIST=0: `python -m build --wheel` from the copy, no sdist).
+# Installs the wheel in a fresh
 # virtual environment (dependencies with -c constraints.txt), and runs the tests that need no source tree
 # against the installed package, from a folder outside the checkout. Checks that `gear_jax.__file__` lies
 # in the venv's site-packages, that the native module and `gear_jax.bench` came with the wheel, and that
@@ -49,13 +51,14 @@ for name in conftest.py $TESTS; do
   cp "$TMP/src/tests/$name" "$TMP/tests/"
 done
 
-echo "== build: $PYTHON -m build --wheel (GEAR_JAX_CUDA=${GEAR_JAX_CUDA:-AUTO}; log: $LOG)"
+if [[ "${SDIST:-1}" == 0 ]]; then what=(--wheel); else what=(); fi  # none: sdist, then wheel from it
+echo "== build: $PYTHON -m build ${what[*]:-(sdist, then the wheel from it)} (GEAR_JAX_CUDA=${GEAR_JAX_CUDA:-AUTO}; log: $LOG)"
 "$PYTHON" -m venv "$TMP/build-venv" >"$LOG" 2>&1 || fail "no venv for $PYTHON"
 # PIP_CONSTRAINT reaches the isolated build environment, so it gets the pinned jax, pybind11 and cmake.
 PIP_CONSTRAINT="$ROOT/constraints.txt" "$TMP/build-venv/bin/pip" install build >>"$LOG" 2>&1 \
   || fail "pip install build"
-(cd "$TMP/src" && PIP_CONSTRAINT="$ROOT/constraints.txt" "$TMP/build-venv/bin/python" -m build --wheel \
-  --outdir "$TMP/dist" .) >>"$LOG" 2>&1 || fail "python -m build --wheel"
+(cd "$TMP/src" && PIP_CONSTRAINT="$ROOT/constraints.txt" "$TMP/build-venv/bin/python" -m build "${what[@]}" \
+  --outdir "$TMP/dist" .) >>"$LOG" 2>&1 || fail "python -m build ${what[*]}"
 wheels=("$TMP"/dist/gear_jax-*.whl)
 [[ -f "${wheels[0]}" && ${#wheels[@]} -eq 1 ]] || fail "expected one wheel in $TMP/dist"
 wheel="${wheels[0]}"
