@@ -136,13 +136,8 @@ def _columns_for(spec: TableSpec) -> list[_Column]:
 
 def _table_views(table: Table) -> dict[str, np.ndarray]:
     """The table's numpy views, by column name."""
-    views = {
-        "state": table._state,
-        "length": table._length,
-        "insert_seq": table._insert_seq,
-        "times_sampled": table._times_sampled,
-    }
-    views.update({f"field:{name}": column for name, column in table._columns.items()})
+    views = dict(table.status_columns)
+    views.update({f"field:{name}": column for name, column in table.columns.items()})
     return views
 
 
@@ -166,12 +161,11 @@ def save(table: Table, path: str | os.PathLike[str]) -> None:
       CheckpointError: `path` exists and is not a gear_jax checkpoint directory (a file, or a
         non-empty directory without the `current` link), or the table is closed.
     """
-    from gear_jax.errors import TableClosedError
-
-    try:
-        native = table._live()
-    except TableClosedError as e:
-        raise CheckpointError(f"checkpoint '{path}': can not save a closed table ({e})") from None
+    if table.closed:
+        raise CheckpointError(
+            f"checkpoint '{path}': can not save a closed table ({table.name!r}); save before closing it"
+        )
+    native = table.native
     root = Path(os.fspath(path))
     root_fd = _open_checkpoint_root(root)
     try:
@@ -744,7 +738,7 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
                 checkpoint.root,
                 f"'{state.file}' holds rows no save writes (odd generations or bad priorities)",
             )
-    native = table._live()
+    native = table.native
     for start, states in _read_chunks(checkpoint, state, rows_per_chunk):
         native.publish_restored_rows(start, states)
     native.restore_cursors(checkpoint.manifest["next_seq"], checkpoint.manifest["commit_seq"])

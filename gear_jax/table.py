@@ -13,15 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from gear_jax import _native
-from gear_jax.casting import (
-    StepConverter,
-    cast,
-    check_casting,
-    finite_nonnegative,
-    refuse,
-    to_numpy,
-)
+import jax
+
+from gear_jax import _native, _rows
+from gear_jax.casting import StepConverter, check_casting, to_numpy
 from gear_jax.errors import (
     InvalidArgumentError,
     OutOfSpaceError,
@@ -105,11 +100,7 @@ class Table:
         self._spec = spec
         self._casting = check_casting(casting)
         self._steps = StepConverter(spec.fields)
-        lead = 2 if spec.is_trajectory else 1
-        # (name, dtype, ndim, shape, leading axes) of every field, for the checks of `_ready_batch`.
-        self._batch_layout = [
-            (name, f.dtype, lead + len(f.shape), tuple(f.shape), lead) for name, f in spec.fields.items()
-        ]
+        self._batches = _rows.Batches(spec)
         self._finalizer = weakref.finalize(self, native.close)
         limiter = native.rate_limiter()
         self._rate_limiter = (
@@ -520,31 +511,20 @@ class Table:
                     f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
                 )
             priorities = self.max_priority or 1.0
-        checked = self._ready_batch(batch)
+        checked = self._batches.ready(batch)
         if checked is None:
             if _torch_loaded() and isinstance(batch, Mapping) and any(map(is_device_tensor, batch.values())):
                 from gear_jax.torch import insert_tensors  # from the device straight into the rows
 
                 return insert_tensors(self, batch, priorities, lengths, timeout)
-            checked = self._check_batch(batch)
+            checked = self._batches.host(batch, self._casting)
         arrays, rows, steps = checked
         if rows == 0:
             return np.zeros((0,), np.int32)
         if priorities is not None:  # None: 1 for every row (the native default)
-            priorities = self._check_priorities(priorities, rows)
+            priorities = _rows.priorities(priorities, rows)
         if lengths is not None:  # None: `steps` for every row
-            lengths = to_numpy(lengths, "lengths")
-            if lengths.shape != (rows,) or not np.issubdtype(lengths.dtype, np.integer):
-                raise InvalidArgumentError(
-                    f"lengths has shape {lengths.shape} and dtype {lengths.dtype}; "
-                    f"expected integers of shape ({rows},)"
-                )
-            bad = np.flatnonzero((lengths < 1) | (lengths > steps))
-            if bad.size:
-                raise InvalidArgumentError(
-                    f"lengths[{bad[0]}] = {lengths[bad[0]]} is outside [1, {steps}] (the batch's time axis)"
-                )
-            lengths = lengths.astype(np.int32)
+            lengths = _rows.lengths(lengths, rows, steps)
         return native.insert(arrays, rows, steps, lengths, priorities, timeout)
 
     def add(self, row: Mapping[str, Any], priority: float = 1.0, timeout: float | None = None) -> int:
@@ -578,7 +558,7 @@ class Table:
             _torch_loaded() and any(map(is_device_tensor, row.values()))
         ):
             values = self._steps(row, self._casting, "row")
-            priority = finite_nonnegative(priority, "priority")
+            priority = _rows.priority(priority)
             with AdmittedInserts(self, 1, timeout) as admitted:
                 claimed = native.claim()
                 try:
@@ -594,7 +574,7 @@ class Table:
             for name, value in row.items()
         }
         return int(
-            self.insert(batch, priorities=[finite_nonnegative(priority, "priority")], timeout=timeout)[0]
+            self.insert(batch, priorities=[_rows.priority(priority)], timeout=timeout)[0]
         )
 
     def _new_row_writer(self) -> Any:
@@ -604,104 +584,6 @@ class Table:
             (name, f.dtype.kind, f.dtype.itemsize, list(f.shape)) for name, f in self._spec.fields.items()
         ]
         return _native.RowWriter(self._live(), fields)
-
-    def _ready_batch(self, batch: Any) -> tuple[list[np.ndarray], int, int] | None:
-        """The common batch, checked without casting or copying: a dict of C-contiguous numpy arrays, each
-        of its field's dtype and shape, all with the same rows (and steps), at least one row. None for
-        anything else, which `_check_batch` converts or refuses."""
-        layout = self._batch_layout
-        if type(batch) is not dict or len(batch) != len(layout):
-            return None
-        arrays = []
-        lead_shape = None
-        for name, dtype, ndim, shape, lead in layout:
-            array = batch.get(name)
-            if (
-                type(array) is not np.ndarray
-                or (array.dtype is not dtype and array.dtype != dtype)
-                or array.ndim != ndim
-                or array.shape[lead:] != shape
-                or not array.flags.c_contiguous
-            ):
-                return None
-            if lead_shape is None:
-                lead_shape = array.shape[:lead]
-            elif array.shape[:lead] != lead_shape:
-                return None
-            arrays.append(array)
-        rows = lead_shape[0]
-        steps = lead_shape[1] if len(lead_shape) == 2 else 1
-        if rows == 0 or not 1 <= steps <= self._spec.max_steps:
-            return None
-        return arrays, rows, steps
-
-    def _check_batch(self, batch: Mapping[str, Any]) -> tuple[list[np.ndarray], int, int]:
-        if not isinstance(batch, Mapping):
-            raise InvalidArgumentError(
-                f"batch must be a mapping of field name to array, got {type(batch).__name__}"
-            )
-        names = list(self._spec.fields)
-        unknown = sorted(set(batch) - set(names))
-        missing = [n for n in names if n not in batch]
-        if unknown:
-            raise InvalidArgumentError(f"batch has unknown fields {unknown}; the table's fields are {names}")
-        if missing:
-            raise InvalidArgumentError(
-                f"batch is missing fields {missing}; every insert writes all of {names}"
-            )
-        arrays: list[np.ndarray] = []
-        problems: list[str] = []
-        rows = steps = None
-        lead = 2 if self._spec.is_trajectory else 1
-        layout = "[B, T, *shape]" if self._spec.is_trajectory else "[B, *shape]"
-        for name, field in self._spec.fields.items():
-            array, why = cast(batch[name], field.dtype, self._casting, f"batch[{name!r}]")
-            if array is None:
-                problems.append(f"batch[{name!r}] {why}")
-                continue
-            if array.ndim != lead + len(field.shape) or array.shape[lead:] != field.shape:
-                problems.append(
-                    f"batch[{name!r}] has shape {array.shape}; expected {layout} with shape={field.shape}"
-                )
-                continue
-            b = array.shape[0]
-            t = array.shape[1] if self._spec.is_trajectory else 1
-            if rows is None:
-                rows, steps = b, t
-            elif (b, t) != (rows, steps):
-                problems.append(
-                    f"batch[{name!r}] has {b} rows and {t} steps, "
-                    f"but earlier fields have {rows} rows and {steps} steps"
-                )
-            arrays.append(np.ascontiguousarray(array))
-        refuse(problems, self._casting)
-        assert rows is not None and steps is not None
-        if not 1 <= steps <= self._spec.max_steps and rows > 0:
-            raise InvalidArgumentError(
-                f"the batch has {steps} steps per row; the table holds 1 to max_steps={self._spec.max_steps}"
-            )
-        return arrays, rows, steps
-
-    @staticmethod
-    def _check_priorities(priorities: Any, rows: int) -> np.ndarray:
-        if priorities is None:
-            return np.ones((rows,), np.float32)
-        p = to_numpy(priorities, "priorities")
-        if p.ndim == 0:
-            p = np.full((rows,), p)
-        if p.shape != (rows,) or not (
-            np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)
-        ):
-            raise InvalidArgumentError(
-                f"priorities has shape {p.shape}, expected ({rows},) to match the batch"
-            )
-        p = p.astype(np.float32)
-        bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
-        if bad.size:
-            raise InvalidArgumentError(
-                f"priorities[{bad[0]}] = {p[bad[0]]}; priorities must be finite and >= 0"
-            )
-        return p
 
     def writer(self) -> EpisodeWriter:
         """A step-by-step writer of episodes into rows of this table (use as a context manager)."""
@@ -868,10 +750,9 @@ class EpisodeWriter:
             from gear_jax.torch import check_step, copy_step
 
             host = {n: v for n, v in step.items() if not is_device_tensor(v)}
-            for name in set(step) - set(host):
-                check_step(table, name, step[name])
+            on_device = {n: check_step(table, n, v) for n, v in step.items() if n not in host}
             converted = StepConverter({n: spec.fields[n] for n in host})(host, table.casting)
-            values = {**step, **dict(zip(host, converted))}
+            values = {**step, **on_device, **dict(zip(host, converted))}
         else:
             values = dict(zip(spec.fields, table._steps(step, table.casting)))
         if self._row is None:
@@ -900,7 +781,7 @@ class EpisodeWriter:
           RateLimiterTimeout: the limiter did not admit the episode in time; the episode is kept (call
             end_episode again, or close() to abandon it).
         """
-        p = finite_nonnegative(priority, "priority")
+        p = _rows.priority(priority)
         if self._row is None:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
         if timeout is not None:
@@ -970,3 +851,9 @@ def _abandon_held(native: Any, held: list[int | None]) -> None:
     row, held[0] = held[0], None
     if row is not None:
         native.abandon(row)
+
+
+# A Table is a pytree without leaves whose structure is the table itself: it can be passed to a jitted
+# function as an ordinary argument (not only captured or marked static). Tables equal in (handle, spec
+# hash) share compiled functions, as they do as static arguments.
+jax.tree_util.register_pytree_node(Table, lambda table: ((), table), lambda table, _: table)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gear_jax import ops
+from gear_jax import _args, ops
 from gear_jax.casting import to_numpy
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import Field, TableSpec
@@ -110,8 +110,7 @@ def _names(op: str, names: Mapping[str, Any]) -> dict[str, str]:
 def _check_table(table: Any, n_step: int, names: dict[str, str], op: str) -> Table:
     """The table is open, a trajectory table with rows of at least n_step + 1 steps, and has the five
     fields, reward a float scalar and the flags bool scalars."""
-    if not isinstance(table, Table):
-        raise InvalidArgumentError(f"{op}: `table` must be a gear_jax.Table, got {type(table).__name__}")
+    table = _args.check_table(table, op)
     spec = table.spec
     if spec.max_steps < n_step + 1:
         raise InvalidArgumentError(
