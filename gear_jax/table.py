@@ -174,7 +174,7 @@ class Table:
         Raises:
           InvalidArgumentError: `name` is malformed or already in use; `rate_limiter` is not a
             `RateLimiter`, or asks for more rows before sampling than the table holds.
-          OutOfSpaceError: /dev/shm cannot hold the table (a RuntimeError, as before).
+          OutOfSpaceError: /dev/shm cannot hold the table (also a RuntimeError).
         """
         if not isinstance(spec, TableSpec):
             raise InvalidArgumentError(f"spec must be a gear_jax.TableSpec, got {type(spec).__name__}")

@@ -423,7 +423,7 @@ class Sampler:
             batch["selectable"] = torch.tensor(int(s.selectable), dtype=torch.int64)
             return batch
         batch = to_torch(out)
-        batch["selectable"] = batch["selectable"].to(torch.int64)  # the N of the sample, as before
+        batch["selectable"] = batch["selectable"].to(torch.int64)  # the N of the sample, as torch counts
         return batch
 
     def update_priorities(self, priorities: torch.Tensor) -> torch.Tensor:
