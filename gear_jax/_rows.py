@@ -12,6 +12,7 @@ time for traced ones (xla_ffi/handler_checks.h), with the same message.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,28 @@ from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import TableSpec
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+# -- where values lie -----------------------------------------------------------------------------------
+
+
+def torch_loaded() -> bool:
+    """Whether PyTorch is imported: only then can a value be a device tensor."""
+    return "torch" in sys.modules
+
+
+def is_device_tensor(value: Any) -> bool:
+    """Whether `value` is a PyTorch tensor outside host memory (CUDA): copied once, by gear_jax.torch."""
+    return (
+        type(value).__module__.startswith("torch")
+        and getattr(value, "device", None) is not None
+        and (value.device.type != "cpu")
+    )
+
+
+def holds_device_tensor(values: Any) -> bool:
+    """Whether any of `values` is a PyTorch tensor outside host memory."""
+    return torch_loaded() and any(map(is_device_tensor, values))
 
 
 # -- priorities ---------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from gear_jax import _args, _rows, host, ops
 from gear_jax.casting import cast_rule, kind, refuse
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.selection import Sample
-from gear_jax.table import AdmittedInserts, Table
+from gear_jax.table import Table
+from gear_jax.writers import AdmittedInserts
 
 __all__ = ["CopyWarning", "Sampler", "from_torch", "insert_tensors", "to_torch", "torch_dtype"]
 

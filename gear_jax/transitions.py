@@ -39,7 +39,8 @@ from gear_jax import _args, ops
 from gear_jax.casting import to_numpy
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import Field, TableSpec
-from gear_jax.table import EpisodeWriter, Table
+from gear_jax.table import Table
+from gear_jax.writers import EpisodeWriter
 
 _ROLES = ("obs", "action", "reward", "terminated", "truncated")
 

@@ -5,8 +5,8 @@ deferred imports, made inside a function, marked with *), and the circles it fin
 
 One kind of circle stays, written down here with its reason: `Table`'s methods are users' spellings of
 functions that live in modules which need `Table` themselves (`table.sample(...)` is
-`gear_jax.sample(table, ...)`, `table.save(path)` is `gear_jax.checkpoint.save(table, path)`, an insert of
-CUDA tensors is `gear_jax.torch.insert_tensors`). Those imports are deferred to the call, so that importing
+`gear_jax.sample(table, ...)`, `table.save(path)` is `gear_jax.checkpoint.save(table, path)`, an insert or
+an episode step of CUDA tensors goes through `gear_jax.torch`). Those imports are deferred to the call, so that importing
 `gear_jax.table` never needs them; a module-level import may never close a circle.
 """
 
@@ -22,7 +22,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "gear_jax"
 USERS_SPELLINGS = {
     ("table", "ops"),  # Table.sample, gather, sample_batch, update_priorities
     ("table", "checkpoint"),  # Table.save, Table.load
-    ("table", "torch"),  # Table.insert and EpisodeWriter.append of CUDA tensors
+    ("table", "torch"),  # Table.insert of CUDA tensors
+    ("writers", "torch"),  # EpisodeWriter.append of CUDA tensors
 }
 
 
