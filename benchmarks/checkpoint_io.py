@@ -57,7 +57,7 @@ def make_table(gib: float) -> gj.Table:
 
 def table_bytes(table: gj.Table) -> int:
     status = table.capacity * (8 + 4 + 8 + 4)
-    return status + sum(c[:, : table.max_steps].nbytes for c in table._columns.values())
+    return status + sum(c[:, : table.max_steps].nbytes for c in table.columns.values())
 
 
 def drop_cache(directory: Path) -> None:
@@ -100,9 +100,13 @@ def bench_orbax(table: gj.Table, root: Path, repeats: int) -> dict[str, list[flo
     checkpointer = ocp.StandardCheckpointer()
 
     def columns() -> dict[str, np.ndarray]:
-        tree = {name: np.asarray(c[:, : table.max_steps]) for name, c in table._columns.items()}
+        tree = {name: np.asarray(c[:, : table.max_steps]) for name, c in table.columns.items()}
+        status = table.status_columns
         tree.update(
-            state=table._state, length=table._length, insert_seq=table._insert_seq, times=table._times_sampled
+            state=status["state"],
+            length=status["length"],
+            insert_seq=status["insert_seq"],
+            times=status["times_sampled"],
         )
         return tree
 

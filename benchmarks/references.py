@@ -58,8 +58,8 @@ class Reference(System):
         self.device, self.why_host = cuda_device()
         self.measured_as = self.cuda_transfer if self.device is not None else self.host_transfer
         self.table = make_table(work.data)
-        self.memory = np.frombuffer(self.table._native.mapping(), np.uint8)
-        self.layout = self.table._native.layout()
+        self.memory = np.frombuffer(self.table.native.mapping(), np.uint8)
+        self.layout = self.table.native.layout()
 
     def span(self, batch_size: int, i: int) -> tuple[int, int]:
         """(byte offset in the table, bytes) that iteration `i` transfers."""

@@ -518,7 +518,7 @@ class GearUpdateSystem(GearSystem):
     `gear_jax` passes the update as `gj.sample(..., priority_update=(previous, priorities))`: part of the
     sample, no JAX effect, JAX's fast dispatch path. `gear_jax_effect` (`effect=True`) calls
     `gj.update_priorities` (a JAX effect: JAX's Python dispatch every step) and samples `after=` its
-    count. (Reports before 2026-11-26 ran the effectful step under the name gear_jax.)"""
+    count. (Older reports under docs/bench ran the effectful step under the name gear_jax.)"""
 
     def __init__(self, work: Workload, effect: bool = False):
         super().__init__(work)

@@ -39,7 +39,8 @@ from gear_jax.ops import (
 )
 from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
-from gear_jax.table import EpisodeWriter, Table
+from gear_jax.table import Table
+from gear_jax.writers import EpisodeWriter
 from gear_jax.sharded import ShardedSample, ShardedTable
 from gear_jax import casting, host, sharded, transitions
 

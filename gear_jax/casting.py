@@ -19,7 +19,6 @@ field of an insert is refused: the error names every refused field at once.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +29,6 @@ import numpy as np
 from gear_jax.errors import InvalidArgumentError
 
 CASTING_POLICIES = ("fit", "strict")
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _PYTHON_VALUES = (bool, int, float, list, tuple)
 
 
@@ -79,6 +77,45 @@ def _limits(dtype: np.dtype) -> tuple[float, float]:
     return info.min, info.max
 
 
+def cast_rule(
+    source: np.dtype,
+    target: np.dtype,
+    casting: str,
+    python_values: bool = False,
+    source_name: str | None = None,
+    astype: str | None = None,
+) -> tuple[str, str]:
+    """How values of dtype `source` become `target` under the policy, decided from the dtypes alone:
+    the one rule of every insert (host arrays, PyTorch tensors, arrays traced inside jit).
+
+    Returns (check, why): check is "" when the cast is refused (`why` says why, starting with "has dtype"),
+    "none" for the same dtype or a safe cast, "range" when every value must lie in the target's integer
+    range, "overflow" when no finite float may overflow the target, "exact" when Python ints must be
+    exactly representable as the target float. `source_name` is the dtype as the user wrote it (a torch
+    dtype, say); `astype` the conversion a message suggests.
+    """
+    name = source_name or str(source)
+    convert = astype or f".astype('{target}')"
+    if source == target or np.can_cast(source, target, casting="safe"):
+        return "none", ""
+    source_kind, target_kind = kind(source), kind(target)
+    if source_kind not in _KIND_NAMES:
+        return "", f"has dtype {name}, which no field stores; convert it to {target} first"
+    if source_kind != target_kind and not (python_values and source_kind in "bi" and target_kind in "if"):
+        return "", (
+            f"has dtype {name}, which does not cast to the field's {target}: {_KIND_NAMES[source_kind]} are "
+            f"not stored as {_KIND_NAMES[target_kind]} (convert it first, e.g. {convert})"
+        )
+    if casting == "strict" and not python_values:
+        return "", (
+            f"has dtype {name}, expected {target}: casting='strict' makes only safe casts "
+            f"(cast it first, e.g. {convert}, or use casting='fit')"
+        )
+    if target_kind == "i":
+        return "range", ""
+    return ("overflow", "") if source_kind == "f" else ("exact", "")
+
+
 def cast(value: Any, dtype: np.dtype, casting: str, what: str = "value") -> tuple[np.ndarray | None, str]:
     """`value` as an array of `dtype` under the policy, or (None, why it is refused). Raises
     InvalidArgumentError naming `what` for a value that is not an array at all (a traced one, say)."""
@@ -86,41 +123,47 @@ def cast(value: Any, dtype: np.dtype, casting: str, what: str = "value") -> tupl
     array = to_numpy(value, what)
     if array.dtype == dtype:
         return array, ""
-    if np.can_cast(array.dtype, dtype, casting="safe"):
-        return array.astype(dtype), ""
-    source, target = kind(array.dtype), kind(dtype)
-    if python_values and source == "O" and all(type(v) is int for v in array.flat):
-        low, high = _limits(dtype) if target in "if" else (0, 1)
+    if python_values and array.dtype.kind == "O" and all(type(v) is int for v in array.flat):
+        low, high = _limits(dtype) if kind(dtype) in "if" else (0, 1)
         return None, f"holds Python ints outside {dtype}'s range [{low}, {high}]"
-    if source not in _KIND_NAMES:
-        return None, f"has dtype {array.dtype}, which no field stores; convert it to {dtype} first"
-    if source != target and not (python_values and source in "bi" and target in "if"):
-        return None, (
-            f"has dtype {array.dtype}; the field holds {dtype}, and {_KIND_NAMES[source]} are not stored "
-            f"as {_KIND_NAMES[target]} (convert it first, e.g. .astype('{dtype}'))"
-        )
-    if casting == "strict" and not python_values:
-        return None, (
-            f"has dtype {array.dtype}, expected {dtype}: casting='strict' makes only safe casts "
-            f"(cast it first, e.g. .astype('{dtype}'), or use casting='fit')"
-        )
-    low, high = _limits(dtype)
-    if array.size and target == "i":
-        lo, hi = array.min(), array.max()
-        if lo < low or hi > high:
-            return None, f"holds values in [{lo}, {hi}], outside {dtype}'s range [{low}, {high}]"
-    if target == "i":  # every value is in range: the cast is exact
+    check, why = cast_rule(array.dtype, dtype, casting, python_values)
+    if not check:
+        return None, why
+    if check == "none":
         return array.astype(dtype), ""
+    low, high = _limits(dtype)
+    if check == "range":
+        if array.size:
+            lo, hi = array.min(), array.max()
+            if lo < low or hi > high:
+                return None, f"holds values in [{lo}, {hi}], outside {dtype}'s range [{low}, {high}]"
+        return array.astype(dtype), ""  # every value is in range: the cast is exact
     with np.errstate(all="ignore"):  # overflows are found below, not warned about
         result = array.astype(dtype)
-        exact = source == "f" or np.array_equal(result.astype(array.dtype), array)
-    if target == "f" and source == "f":
+        exact = check != "exact" or np.array_equal(result.astype(array.dtype), array)
+    if check == "overflow":
         overflow = np.isinf(result) & np.isfinite(array)
         if overflow.any():
             return None, f"holds {array[overflow].flat[0]}, beyond {dtype}'s range +-{high:g}"
     if not exact:
         return None, f"holds integers that {dtype} does not represent exactly; cast it first"
     return result, ""
+
+
+def traced_cast_problem(source: np.dtype, target: np.dtype, casting: str) -> str:
+    """Why an array traced inside jit, of dtype `source`, cannot be stored in a `target` field under the
+    policy ("" when it can). Only the dtypes are known at trace time: what the policy decides from them
+    is decided exactly as on the host; an integer narrowing, whose range check needs the values, is
+    refused (cast it first), and a float narrowing under "fit" is made without the overflow check (a
+    finite value beyond the target's range is stored as infinity)."""
+    check, why = cast_rule(source, target, casting, astype=f".astype(jnp.{target.name})")
+    if check == "range":
+        return (
+            f"has dtype {source}; the field holds {target}, and inside jit the values are not known when "
+            f"the insert is traced, so the range check of casting={casting!r} cannot run: cast it first "
+            f"(e.g. jnp.clip(x, lo, hi).astype(jnp.{target.name}))"
+        )
+    return why
 
 
 def refuse(problems: list[str], casting: str) -> None:
@@ -164,14 +207,3 @@ class StepConverter:
     def refuse_keys(self, step: Any, what: str) -> None:
         got = sorted(map(str, step)) if isinstance(step, Mapping) else type(step).__name__
         raise InvalidArgumentError(f"{what} must map every field {list(self.fields)} to a value; got {got}")
-
-
-def finite_nonnegative(value: Any, what: str) -> float:
-    """`value` as a float that is finite and >= 0 (a priority), or InvalidArgumentError naming `what`."""
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        p = math.nan
-    if not math.isfinite(p) or p < 0 or p > _FLOAT32_MAX:
-        raise InvalidArgumentError(f"{what} = {value!r}; it must be finite (as a float32) and >= 0")
-    return p

@@ -25,15 +25,9 @@ temporary link) is removed by the next save to the same path.
 A load opens the manifest and every column file before it reads any: a save that replaces the
 checkpoint meanwhile deletes names, not the files the load holds open.
 
-Format. Plain files and a JSON manifest, chosen by measurement: on a 1.08 GB table on the project's
-2-core machine (disk-backed /tmp, `python benchmarks/checkpoint_io.py --gib 1`), saves ran at
-0.28 GB/s (bounded by the disk: `dd conv=fsync` writes 0.2-0.4 GB/s there) and loads at 0.57 GB/s
-from the page cache, 0.42 GB/s from disk, against 0.11, 0.12 and 0.11 GB/s for orbax-checkpoint
-(tensorstore) on the same columns.
-
-Checksums are CRC-32 (zlib): they catch damaged and truncated files, not deliberate tampering. On
-this project's 2-core machine CRC-32 ran at 3.4 GB/s against 0.7 GB/s for BLAKE2b and 1.5 GB/s for
-SHA-256, and a save or load reads every byte once through it.
+Format. Plain files and a JSON manifest, chosen by measurement against orbax-checkpoint, and CRC-32
+(zlib) checksums, chosen against BLAKE2b and SHA-256 for speed: they catch damaged and truncated files,
+not deliberate tampering (docs/BENCHMARKS.md, "checkpoints: Table.save / Table.load against orbax").
 """
 
 from __future__ import annotations
@@ -136,13 +130,8 @@ def _columns_for(spec: TableSpec) -> list[_Column]:
 
 def _table_views(table: Table) -> dict[str, np.ndarray]:
     """The table's numpy views, by column name."""
-    views = {
-        "state": table._state,
-        "length": table._length,
-        "insert_seq": table._insert_seq,
-        "times_sampled": table._times_sampled,
-    }
-    views.update({f"field:{name}": column for name, column in table._columns.items()})
+    views = dict(table.status_columns)
+    views.update({f"field:{name}": column for name, column in table.columns.items()})
     return views
 
 
@@ -166,12 +155,11 @@ def save(table: Table, path: str | os.PathLike[str]) -> None:
       CheckpointError: `path` exists and is not a gear_jax checkpoint directory (a file, or a
         non-empty directory without the `current` link), or the table is closed.
     """
-    from gear_jax.errors import TableClosedError
-
-    try:
-        native = table._live()
-    except TableClosedError as e:
-        raise CheckpointError(f"checkpoint '{path}': can not save a closed table ({e})") from None
+    if table.closed:
+        raise CheckpointError(
+            f"checkpoint '{path}': can not save a closed table ({table.name!r}); save before closing it"
+        )
+    native = table.native
     root = Path(os.fspath(path))
     root_fd = _open_checkpoint_root(root)
     try:
@@ -744,7 +732,7 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
                 checkpoint.root,
                 f"'{state.file}' holds rows no save writes (odd generations or bad priorities)",
             )
-    native = table._live()
+    native = table.native
     for start, states in _read_chunks(checkpoint, state, rows_per_chunk):
         native.publish_restored_rows(start, states)
     native.restore_cursors(checkpoint.manifest["next_seq"], checkpoint.manifest["commit_seq"])

@@ -25,27 +25,18 @@ feed a GPU. The `Sample` returned holds numpy arrays and is accepted by the jitt
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from gear_jax import _native, ops
-from gear_jax.errors import InvalidArgumentError, TableClosedError
+from gear_jax import _args, _native, _rows
+from gear_jax.errors import InvalidArgumentError
+from gear_jax.selection import METHODS, PICK_BYTES, Sample
 from gear_jax.table import Table
 
 __all__ = ["Sampler", "gather", "sample", "sample_gather", "update_priorities"]
-
-
-def _table(table: Any, op: str) -> Table:
-    if not isinstance(table, Table):
-        raise InvalidArgumentError(f"{op}: `table` must be a gear_jax.Table, got {type(table).__name__}")
-    if table.closed:
-        raise TableClosedError(f"{op}: table {table.name!r} is closed; open it again")
-    return table
 
 
 def _draw_64_bits(generator: np.random.Generator) -> Callable[[], int]:
@@ -67,38 +58,12 @@ def _seed_words(rng: Any, op: str) -> tuple[int, int]:
             f"{op}: rng must be a numpy.random.Generator (np.random.default_rng(seed)) or a JAX PRNG key, "
             f"got {type(rng).__name__}; keep one generator and pass it to every call"
         )
-    words = np.asarray(ops._seed(rng, op))  # a JAX key: the words the custom calls draw from it
+    words = np.asarray(_args.seed_words(rng, op))  # a JAX key: the words the custom calls draw from it
     return int(words[0]), int(words[1])
 
 
-# Bytes of a sample's four per-pick arrays (indices, generations, probabilities, starts) per pick.
-_PICK_BYTES = 16
-
-
-def _check_fits(nbytes: int, what: str, op: str) -> None:
-    """Refuses results of `nbytes` bytes that the host's available memory can not hold."""
-    available = _memory_available()
-    if available is not None and nbytes > available:
-        raise InvalidArgumentError(
-            f"{op}: {what} need {nbytes / 2**30:.2f} GiB, more than the {available / 2**30:.2f} GiB of host "
-            "memory available; use a smaller batch"
-        )
-
-
-def _memory_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-# What a gather writes: (name, shape, dtype) of each output, the valid mask first; the native field ids;
-# the steps per pick; the field names in order. Planned once per table, batch size, fields and window.
-_Plan = tuple[tuple[tuple[str, tuple[int, ...], np.dtype], ...], list[int], int, tuple[str, ...]]
+# What a gather writes (`_args.GatherLayout`), planned once per table, batch size, fields and window.
+_Plan = _args.GatherLayout
 
 
 # By table (its handle and spec: a handle is reused only by a table of the same spec), batch, fields,
@@ -107,50 +72,23 @@ _PLANS: dict[tuple[Any, ...], _Plan] = {}
 _MAX_PLANS = 256
 
 
-def _plan(table: Table, batch: int, fields: tuple[str, ...] | None, window: int, sample_window: int) -> _Plan:
-    key = (table.handle, table._native.spec_hash, batch, fields, window, sample_window)
+def _plan(
+    table: Table, batch: int, fields: tuple[str, ...], window: int | None, sample_window: int
+) -> _Plan:
+    key = (table.handle, table.native.spec_hash, batch, fields, window, sample_window)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        plan = _PLANS[key] = _make_plan(table, batch, fields, window, sample_window)
-    return plan
-
-
-def _make_plan(
-    table: Table, batch: int, fields: tuple[str, ...] | None, window: int, sample_window: int
-) -> _Plan:
-    op = "gear_jax.host.gather"
-    spec = table.spec
-    names = list(spec.fields)
-    chosen = names if fields is None else list(fields)
-    unknown = [f for f in chosen if f not in spec.fields]
-    if unknown or not chosen:
-        raise InvalidArgumentError(
-            f"{op}: fields {unknown or chosen} are not among the table's fields {names}"
+        plan = _PLANS[key] = _args.gather_layout(
+            table, batch, fields, window, sample_window, "gear_jax.host.gather", on_host=True
         )
-    steps = (window or sample_window or table.max_steps) if spec.is_trajectory else 1
-    lead = (batch, steps) if spec.is_trajectory else (batch,)
-    outputs = [("valid", lead, np.dtype(np.bool_))]
-    outputs += [(f, (*lead, *spec.fields[f].shape), np.dtype(spec.fields[f].dtype)) for f in chosen]
-    nbytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in outputs)
-    _check_fits(nbytes, f"{batch} picks x {steps} steps of {len(chosen)} fields", op)
-    return tuple(outputs), [names.index(f) for f in chosen], steps, tuple(chosen)
-
-
-def _fields_key(fields: Any, op: str) -> tuple[str, ...] | None:
-    if fields is None:
-        return None
-    if isinstance(fields, str):
-        return (fields,)
-    if isinstance(fields, Sequence) and all(isinstance(f, str) for f in fields):
-        return tuple(fields)
-    raise InvalidArgumentError(f"{op}: fields={fields!r} must be a field name or a sequence of field names")
+    return plan
 
 
 def _outputs(plan: _Plan, out: Mapping[str, np.ndarray] | None, op: str) -> list[np.ndarray]:
     """The arrays the gather writes: those of `out` (checked), new ones for the rest."""
-    specs = plan[0]
+    specs = plan.outputs
     if out is None:
         return [np.empty(shape, dtype) for _, shape, dtype in specs]
     if not isinstance(out, Mapping):
@@ -190,16 +128,16 @@ def _outputs(plan: _Plan, out: Mapping[str, np.ndarray] | None, op: str) -> list
 
 
 def _batch(plan: _Plan, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
-    batch = dict(zip(plan[3], arrays[1:]))
+    batch = dict(zip(plan.fields, arrays[1:]))
     batch["valid"] = arrays[0]
     return batch
 
 
-def _new_sample(picks: tuple[Any, ...], window: int, table: Table) -> ops.Sample:
+def _new_sample(picks: tuple[Any, ...], window: int, table: Table) -> Sample:
     """A Sample of the native call's (indices, generations, probabilities, starts, selectable), made
     without the frozen dataclass's __init__ (which sets each of its seven fields through
     object.__setattr__: a third of a small call's Python time). The same object as Sample(...) makes."""
-    sample = object.__new__(ops.Sample)
+    sample = object.__new__(Sample)
     sample.__dict__.update(
         indices=picks[0],
         generations=picks[1],
@@ -230,7 +168,7 @@ def _checked_selection(
 ) -> tuple[int, int, float, int, _Plan | None]:
     key: tuple[Any, ...] | None = (
         table.handle,
-        table._native.spec_hash,
+        table.native.spec_hash,
         type(batch_size),
         batch_size,
         method,
@@ -248,7 +186,7 @@ def _checked_selection(
     except TypeError:  # unhashable arguments: checked at every call
         key = None
     b, method_id, exponent, win = _selection(table, batch_size, method, priority_exponent, window, op)
-    plan = _plan(table, b, _fields_key(fields, op), 0, win) if gathers else None
+    plan = _plan(table, b, _args.check_fields(table.spec, fields, op), None, win) if gathers else None
     checked = (b, method_id, exponent, win, plan)
     if key is not None:
         if len(_SELECTIONS) >= _MAX_PLANS:
@@ -260,17 +198,13 @@ def _checked_selection(
 def _selection(
     table: Table, batch_size: Any, method: Any, priority_exponent: Any, window: Any, op: str
 ) -> tuple[int, int, float, int]:
-    ops._check_batch_size(batch_size, op)
-    _check_fits(
-        int(batch_size) * _PICK_BYTES, f"the row ids, generations and probabilities of {batch_size} picks", op
-    )
-    if method not in ops.METHODS:
-        raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(ops.METHODS)}")
+    b = _args.check_batch_size(batch_size, op)
+    _args.check_fits(op, b * PICK_BYTES, f"the row ids, generations and probabilities of {b} picks", True)
     return (
-        int(batch_size),
-        ops.METHODS[method],
-        ops._check_exponent(priority_exponent, op),
-        ops._check_window(table, window, op),
+        b,
+        METHODS[_args.check_method(method, op)],
+        _args.check_exponent(priority_exponent, op),
+        _args.check_window(window, table.max_steps, op),
     )
 
 
@@ -281,7 +215,7 @@ def sample(
     method: str = "uniform",
     priority_exponent: float = 1.0,
     window: int | None = None,
-) -> ops.Sample:
+) -> Sample:
     """Selects `batch_size` rows of `table` now, on this thread: `gear_jax.sample` outside jit.
 
     Args:
@@ -298,18 +232,18 @@ def sample(
       TableClosedError: the table was closed.
     """
     op = "gear_jax.host.sample"
-    table = _table(table, op)
+    table = _args.check_table(table, op)
     b, method_id, exponent, win, _ = _checked_selection(
         table, batch_size, method, priority_exponent, window, None, False, op
     )
     seed0, seed1 = _seed_words(rng, op)
-    picks = table._native.host_sample(seed0, seed1, b, method_id, exponent, win, [], 0, [])
+    picks = table.native.host_sample(seed0, seed1, b, method_id, exponent, win, [], 0, [])
     return _new_sample(picks, win, table)
 
 
 def gather(
     table: Table,
-    sample: ops.Sample,
+    sample: Sample,
     fields: Sequence[str] | None = None,
     window: int | None = None,
     out: Mapping[str, np.ndarray] | None = None,
@@ -325,16 +259,17 @@ def gather(
       A dict of numpy arrays, one per field and `valid`, shaped as `gear_jax.gather`'s results.
     """
     op = "gear_jax.host.gather"
-    table = _table(table, op)
-    b = ops._check_sample(sample, op, table)
-    plan = _plan(table, b, _fields_key(fields, op), ops._check_window(table, window, op), sample.window)
+    table = _args.check_table(table, op)
+    b = _args.check_sample(sample, op, table)
+    win = _args.check_window(window, table.max_steps, op) or None
+    plan = _plan(table, b, _args.check_fields(table.spec, fields, op), win, sample.window)
     arrays = _outputs(plan, out, op)
-    table._native.host_gather(
+    table.native.host_gather(
         np.asarray(sample.indices, np.int32),
         np.asarray(sample.generations, np.uint32),
         np.asarray(sample.starts, np.int32),
-        plan[1],
-        plan[2],
+        plan.field_ids,
+        plan.steps,
         arrays,
     )
     return _batch(plan, arrays)
@@ -349,7 +284,7 @@ def sample_gather(
     priority_exponent: float = 1.0,
     window: int | None = None,
     out: Mapping[str, np.ndarray] | None = None,
-) -> tuple[ops.Sample, dict[str, np.ndarray]]:
+) -> tuple[Sample, dict[str, np.ndarray]]:
     """`sample` then `gather` of its picks in one native call: `gear_jax.sample_gather` outside jit.
 
     Args:
@@ -360,17 +295,19 @@ def sample_gather(
       (Sample, batch), both of numpy arrays.
     """
     op = "gear_jax.host.sample_gather"
-    table = _table(table, op)
+    table = _args.check_table(table, op)
     b, method_id, exponent, win, plan = _checked_selection(
         table, batch_size, method, priority_exponent, window, fields, True, op
     )
     arrays = _outputs(plan, out, op)
     seed0, seed1 = _seed_words(rng, op)
-    picks = table._native.host_sample(seed0, seed1, b, method_id, exponent, win, plan[1], plan[2], arrays)
+    picks = table.native.host_sample(
+        seed0, seed1, b, method_id, exponent, win, plan.field_ids, plan.steps, arrays
+    )
     return _new_sample(picks, win, table), _batch(plan, arrays)
 
 
-def update_priorities(table: Table, sample: ops.Sample, priorities: Any) -> int:
+def update_priorities(table: Table, sample: Sample, priorities: Any) -> int:
     """Sets the priorities of the sampled rows not overwritten since: `gear_jax.update_priorities` now.
 
     Args:
@@ -387,27 +324,13 @@ def update_priorities(table: Table, sample: ops.Sample, priorities: Any) -> int:
         negative value (then no row is changed).
     """
     op = "gear_jax.host.update_priorities"
-    table = _table(table, op)
-    b = ops._check_sample(sample, op, table)
-    if hasattr(priorities, "detach") and hasattr(priorities, "device"):  # a torch tensor
-        if priorities.device.type != "cpu":
-            raise InvalidArgumentError(
-                f"{op}: priorities lie on {priorities.device}; move them to the CPU (priorities.cpu())"
-            )
-        priorities = priorities.detach()
-        if priorities.is_floating_point():  # numpy has no torch.bfloat16: all floats as float32
-            priorities = priorities.float()
-    values = np.asarray(priorities)
-    if not (jnp.issubdtype(values.dtype, jnp.floating) or jnp.issubdtype(values.dtype, jnp.integer)):
-        raise InvalidArgumentError(f"{op}: priorities has dtype {values.dtype}; expected floats")
-    if values.shape != (b,):
-        raise InvalidArgumentError(
-            f"{op}: priorities has shape {values.shape}, expected ({b},) to match the sample"
-        )
-    return table._native.host_update_priorities(
+    table = _args.check_table(table, op)
+    b = _args.check_sample(sample, op, table)
+    values = _rows.priorities(priorities, b, op=op, broadcast=False)
+    return table.native.host_update_priorities(
         np.asarray(sample.indices, np.int32),
         np.asarray(sample.generations, np.uint32),
-        np.ascontiguousarray(values, np.float32),
+        values,
     )
 
 
@@ -454,7 +377,7 @@ class Sampler:
         buffers: int = 1,
     ):
         op = "gear_jax.host.Sampler"
-        table = _table(table, op)
+        table = _args.check_table(table, op)
         b, method_id, exponent, win, plan = _checked_selection(
             table, batch_size, method, priority_exponent, window, fields, True, op
         )
@@ -475,13 +398,15 @@ class Sampler:
         # Per buffer: (the native draw, its picks, its batch).
         self._sets: list[tuple[Any, tuple[np.ndarray, ...], dict[str, np.ndarray]]] = []
         for _ in range(int(buffers)):
-            arrays = [np.empty(shape, dtype) for _, shape, dtype in plan[0]]
-            draw = _native.HostDraw(table._native, b, method_id, exponent, win, plan[1], plan[2], arrays)
+            arrays = [np.empty(shape, dtype) for _, shape, dtype in plan.outputs]
+            draw = _native.HostDraw(
+                table.native, b, method_id, exponent, win, plan.field_ids, plan.steps, arrays
+            )
             self._sets.append((draw, draw.picks(), _batch(plan, arrays)))
         self._next = 0
-        self._last: ops.Sample | None = None
+        self._last: Sample | None = None
 
-    def __call__(self) -> tuple[ops.Sample, dict[str, np.ndarray]]:
+    def __call__(self) -> tuple[Sample, dict[str, np.ndarray]]:
         """Draws the next batch: (Sample, batch), numpy arrays that the sampler reuses (see above)."""
         draw, picks, batch = self._sets[self._next]
         self._next = (self._next + 1) % len(self._sets)

@@ -20,8 +20,6 @@ weight, so that one set of uniform draws can be split among tables by their tota
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,113 +27,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gear_jax import _ffi, _native
-from gear_jax.errors import InvalidArgumentError, TableClosedError
+from gear_jax import _args, _ffi, _rows
+from gear_jax.errors import InvalidArgumentError
+from gear_jax.selection import METHODS, ORDERED_METHODS, PICK_BYTES, Sample
 from gear_jax.table import Table
 
-# Selection methods by name, with the number the custom call carries: defined once, in the native
-# module (kernels/sample.h), so Python and the kernels cannot disagree.
-METHODS: dict[str, int] = dict(_native.sample_methods())
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """Rows picked by `sample`.
-
-    Attributes:
-      indices: int32[B] row ids.
-      generations: uint32[B] each row's generation when it was picked; `gather` and
-        `update_priorities` use it to detect rows overwritten since.
-      probabilities: float32[B] probability of picking the row (uniform: 1/V for V selectable rows;
-        prioritized: p^a / sum p^a; fifo, lifo, topk: 1).
-      starts: int32[B] first step of each window (0 without a window).
-      selectable: int32 scalar, the count N of selectable rows when the sample ran (uniform: the N of
-        its probabilities 1/N), so that importance weights (N * P)^-beta need nothing else; None for
-        samples that `sample` did not make (`sample_at`, `ordered_candidates`, hand-built ones).
-      window: static int, the window length given to `sample` (0 for none).
-      table_handle: static int, the handle of the table the rows were picked from (None for samples
-        built by hand): `gather` and `update_priorities` refuse a sample of another table. It is part of
-        the pytree structure; a `lax.scan` carry that starts from a hand-built sample can drop it with
-        `sample.detached()`.
-    """
-
-    indices: jax.Array
-    generations: jax.Array
-    probabilities: jax.Array
-    starts: jax.Array
-    selectable: Any = None
-    window: int = 0
-    table_handle: int | None = None
-
-    def detached(self) -> Sample:
-        """The same picks without the table's handle (as a hand-built sample; no table check)."""
-        return dataclasses.replace(self, table_handle=None)
-
-
-jax.tree_util.register_dataclass(
-    Sample,
-    data_fields=["indices", "generations", "probabilities", "starts", "selectable"],
-    meta_fields=["window", "table_handle"],
-)
-
-
-# A Table is a pytree without leaves whose structure is the table itself: it can be passed to a jitted
-# function as an ordinary argument (not only captured or marked static). Tables equal in (handle, spec
-# hash) share compiled functions, as they do as static arguments.
-jax.tree_util.register_pytree_node(Table, lambda table: ((), table), lambda table, _: table)
-
-
-def _check_table(table: Any, op: str) -> Table:
-    if not isinstance(table, Table):
-        raise InvalidArgumentError(f"{op}: `table` must be a gear_jax.Table, got {type(table).__name__}")
-    if table.closed:
-        raise TableClosedError(f"{op}: table {table.name!r} is closed; open it again")
-    return table
-
-
-MAX_BATCH_SIZE = 2**31 - 1  # picks are counted and indexed in int32
-
-
-def _check_batch_size(batch_size: Any, op: str) -> None:
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, (int, np.integer))
-        or not 1 <= batch_size <= MAX_BATCH_SIZE
-    ):
-        raise InvalidArgumentError(f"{op}: batch_size={batch_size!r} must be an int in [1, 2**31 - 1]")
-
-
-def _memory_available() -> int | None:
-    """Bytes the default backend's device can still hold: the memory limit of an accelerator, or the
-    host's MemAvailable for the CPU; None when unknown."""
-    device = jax.local_devices()[0]
-    if device.platform != "cpu":
-        stats = device.memory_stats() or {}
-        limit = stats.get("bytes_limit")
-        return None if limit is None else int(limit) - int(stats.get("bytes_in_use", 0))
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _check_result_bytes(op: str, nbytes: int, what: str) -> None:
-    """Refuses, at trace time, results larger than the device can hold (instead of an allocation failure,
-    or the process being killed, at run time)."""
-    available = _memory_available()
-    if available is not None and nbytes > available:
-        raise InvalidArgumentError(
-            f"{op}: {what} need {nbytes / 2**30:.2f} GiB of results, more than the "
-            f"{available / 2**30:.2f} GiB the {jax.default_backend()} device has available; "
-            "use a smaller batch (several calls, or a smaller window)"
-        )
-
-
-PICK_BYTES = 16  # per pick: index, generation, probability, start
+__all__ = [
+    "METHODS",
+    "ORDERED_METHODS",
+    "Sample",
+    "gather",
+    "insert",
+    "ordered_candidates",
+    "sample",
+    "sample_at",
+    "sample_gather",
+    "total_weight",
+    "update_priorities",
+]
 
 
 def _pick_types(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -146,47 +55,6 @@ def _pick_types(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
         jax.ShapeDtypeStruct((b,), jnp.float32),
         jax.ShapeDtypeStruct((b,), jnp.int32),
     )
-
-
-def _check_sample(sample: Any, op: str, table: Table, name: str = "sample") -> int:
-    """The batch size of a well-formed Sample of `table` (the argument `name` of `op`); raises for
-    anything else."""
-    if not isinstance(sample, Sample):
-        raise InvalidArgumentError(f"{op}: `{name}` must be a gear_jax.Sample, got {type(sample).__name__}")
-    if sample.table_handle is not None and sample.table_handle != table.handle:
-        raise InvalidArgumentError(
-            f"{op}: the sample was picked from another table (handle {sample.table_handle}), not from "
-            f"table {table.name!r} (handle {table.handle}); its row ids mean nothing here. Pass the table "
-            "the sample came from"
-        )
-    shapes = {
-        name: jnp.shape(getattr(sample, name))
-        for name in ("indices", "generations", "probabilities", "starts")
-    }
-    if len(set(shapes.values())) != 1 or len(shapes["indices"]) != 1:
-        raise InvalidArgumentError(f"{op}: the Sample's arrays must all have shape (B,); got {shapes}")
-    for name in ("indices", "generations", "starts"):  # a cast to 32 bits must not pick another row
-        value = getattr(sample, name)
-        dtype = np.dtype(value.dtype if hasattr(value, "dtype") else jnp.result_type(value))  # numpy: as is
-        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4:
-            raise InvalidArgumentError(
-                f"{op}: the Sample's {name} have dtype {dtype}; they must be integers of at most 32 bits "
-                f"(gj.sample makes int32 indices and starts, uint32 generations), so that no value is "
-                "truncated or wrapped into another row's"
-            )
-    return shapes["indices"][0]
-
-
-def _seed(key: Any, op: str) -> jax.Array:
-    """The two uint32 words a custom call draws its random numbers from, taken from `key`."""
-    try:
-        return jax.random.bits(key, (2,), jnp.uint32)
-    except (TypeError, ValueError) as e:
-        raise InvalidArgumentError(
-            f"{op}: key must be a JAX PRNG key, got {type(key).__name__} ({e}). Make one with "
-            "jax.random.key(seed) and thread it through the jitted step: pass it in, split it there "
-            "(`key, sample_key = jax.random.split(key)`) and return the new key"
-        ) from None
 
 
 def _attrs(table: Table) -> dict[str, Any]:
@@ -200,29 +68,6 @@ def _after(after: Any) -> jax.Array:
     if not leaves:
         return jnp.zeros((), jnp.int32)
     return jnp.asarray(leaves[0])
-
-
-def _check_exponent(priority_exponent: Any, op: str) -> float:
-    try:
-        exponent = float(priority_exponent)
-    except (TypeError, ValueError):
-        exponent = math.nan
-    if not math.isfinite(exponent) or exponent < 0:
-        raise InvalidArgumentError(f"{op}: priority_exponent={priority_exponent!r} must be finite and >= 0")
-    return exponent
-
-
-def _check_window(table: Table, window: Any, op: str) -> int:
-    if window is None:
-        return 0
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise InvalidArgumentError(f"{op}: window={window!r} must be None or a positive int")
-    if window > table.max_steps:
-        raise InvalidArgumentError(
-            f"{op}: window={window} is longer than the table's max_steps={table.max_steps}; "
-            "use a shorter window or a table with longer rows"
-        )
-    return int(window)
 
 
 def sample(
@@ -267,12 +112,12 @@ def sample(
       gear_jax.EXECUTION_ERRORS: at run time, when the table holds no selectable row, fewer than
         batch_size rows for fifo/lifo/topk, or was closed since the function was traced.
     """
-    table = _check_table(table, "sample")
+    table = _args.check_table(table, "sample")
     args, attrs, b, win = _sample_call(
         table, key, batch_size, method, priority_exponent, window, after, "sample"
     )
     update = _check_priority_update(table, priority_update, "sample")
-    _check_result_bytes("sample", b * PICK_BYTES, f"batch_size={b} picks")
+    _args.check_fits("sample", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
     results = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False)(*args, **attrs)
@@ -290,18 +135,17 @@ def _sample_call(
     op: str,
 ) -> tuple[tuple[jax.Array, jax.Array], dict[str, Any], int, int]:
     """The checked arguments and attributes of a sample custom call, the batch size and the window."""
-    _check_batch_size(batch_size, op)
-    if method not in METHODS:
-        raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(METHODS)}")
-    exponent = _check_exponent(priority_exponent, op)
-    win = _check_window(table, window, op)
+    _args.check_batch_size(batch_size, op)
+    _args.check_method(method, op)
+    exponent = _args.check_exponent(priority_exponent, op)
+    win = _args.check_window(window, table.max_steps, op)
     attrs = {
         "method": np.int32(METHODS[method]),
         "priority_exponent": np.float32(exponent),
         "window": np.int32(win),
         **_attrs(table),
     }
-    return (_seed(key, op), _after(after)), attrs, int(batch_size), win
+    return (_args.seed_words(key, op), _after(after)), attrs, int(batch_size), win
 
 
 def _check_priority_update(table: Table, priority_update: Any, op: str) -> tuple[jax.Array, ...] | None:
@@ -350,8 +194,8 @@ def gather(
       not overwritten since it was sampled and the step lies inside the row's length; invalid steps
       are zero.
     """
-    table = _check_table(table, "gather")
-    b = _check_sample(sample, "gather", table)
+    table = _args.check_table(table, "gather")
+    b = _args.check_sample(sample, "gather", table)
     chosen, out_types, attrs = _gather_plan(table, b, fields, window, sample.window, "gather")
     results = jax.ffi.ffi_call(_ffi.GATHER, out_types)(
         sample.indices.astype(jnp.int32),
@@ -366,44 +210,15 @@ def gather(
 
 def _gather_plan(
     table: Table, b: int, fields: Any, window: Any, sample_window: int, op: str
-) -> tuple[list[str], list[jax.ShapeDtypeStruct], dict[str, np.ndarray]]:
+) -> tuple[tuple[str, ...], list[jax.ShapeDtypeStruct], dict[str, np.ndarray]]:
     """The fields to gather, the result types (valid first) and the attributes `fields` and `steps`."""
-    names = list(table.spec.fields)
-    if fields is None:
-        chosen = names
-    else:
-        if isinstance(fields, str):
-            fields = (fields,)
-        if not isinstance(fields, Sequence) or not all(isinstance(f, str) for f in fields):
-            raise InvalidArgumentError(
-                f"{op}: fields={fields!r} must be a field name or a sequence of field names from {names}"
-            )
-        chosen = list(fields)
-        unknown = [f for f in chosen if f not in table.spec.fields]
-        if unknown or not chosen:
-            raise InvalidArgumentError(
-                f"{op}: fields {unknown or chosen} are not among the table's fields {names}"
-            )
-    if table.spec.is_trajectory:
-        steps = _check_window(table, window, op) or sample_window or table.max_steps
-    else:
-        _check_window(table, window, op)
-        steps = 1
-    lead = (b, steps) if table.spec.is_trajectory else (b,)
-    out_types = [jax.ShapeDtypeStruct(lead, jnp.bool_)]
-    out_types += [
-        jax.ShapeDtypeStruct((*lead, *table.spec.fields[f].shape), table.spec.fields[f].dtype) for f in chosen
-    ]
-    _check_result_bytes(
-        op,
-        sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in out_types),
-        f"{b} picks x {steps} steps of {len(chosen)} fields",
-    )
-    attrs = {"fields": np.array([names.index(f) for f in chosen], np.int64), "steps": np.int32(steps)}
-    return chosen, out_types, attrs
+    layout = _args.gather_layout(table, b, fields, window, sample_window, op, on_host=False)
+    out_types = [jax.ShapeDtypeStruct(shape, dtype) for _, shape, dtype in layout.outputs]
+    attrs = {"fields": np.array(layout.field_ids, np.int64), "steps": np.int32(layout.steps)}
+    return layout.fields, out_types, attrs
 
 
-def _batch(chosen: list[str], results: Sequence[jax.Array]) -> dict[str, jax.Array]:
+def _batch(chosen: Sequence[str], results: Sequence[jax.Array]) -> dict[str, jax.Array]:
     """gather's dict from the custom call's results (valid first, then one per field)."""
     out = dict(zip(chosen, results[1:]))
     out["valid"] = results[0]
@@ -440,12 +255,12 @@ def sample_gather(
       InvalidArgumentError: anything `sample` or `gather` refuses (at trace time).
       gear_jax.EXECUTION_ERRORS: at run time, as `sample`.
     """
-    table = _check_table(table, "sample_gather")
+    table = _args.check_table(table, "sample_gather")
     args, attrs, b, win = _sample_call(
         table, key, batch_size, method, priority_exponent, window, after, "sample_gather"
     )
     update = _check_priority_update(table, priority_update, "sample_gather")
-    _check_result_bytes("sample_gather", b * PICK_BYTES, f"batch_size={b} picks")
+    _args.check_fits("sample_gather", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
     chosen, field_types, gather_attrs = _gather_plan(table, b, fields, None, win, "sample_gather")
     pick_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
@@ -489,7 +304,7 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
       gear_jax.EXECUTION_ERRORS: a priority is NaN, infinite or negative (at run time; no row is
         changed), or the table was closed.
     """
-    table = _check_table(table, "update_priorities")
+    table = _args.check_table(table, "update_priorities")
     operands = _update_operands(table, sample, priorities, "update_priorities")
     return _update_call(table, operands, after, effect=True)
 
@@ -499,18 +314,9 @@ def _update_operands(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The checked (indices, generations, priorities) of an update_priorities call; `names` are the
     arguments' names in `op`'s messages."""
-    b = _check_sample(sample, op, table, names[0])
-    # Host values (lists, numpy arrays, PyTorch tensors) are looked at through numpy.
-    is_jax = isinstance(priorities, jax.Array | jax.core.Tracer)
-    dtype = priorities.dtype if is_jax else np.asarray(priorities).dtype
-    if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
-        raise InvalidArgumentError(f"{op}: {names[1]} has dtype {dtype}; expected floats")
-    priorities = jnp.asarray(priorities)
-    if priorities.shape != (b,):
-        matched = "the sample" if names[0] == "sample" else names[0]
-        raise InvalidArgumentError(
-            f"{op}: {names[1]} has shape {priorities.shape}, expected ({b},) to match {matched}"
-        )
+    b = _args.check_sample(sample, op, table, names[0])
+    matched = "the sample" if names[0] == "sample" else names[0]
+    priorities = _rows.traced_priorities(priorities, b, op, names[1], broadcast=False, matched=matched)
     return (
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),
@@ -554,8 +360,10 @@ def insert(
       batch: every field of the table, by name: `[B, *shape]` for a transition table (max_steps == 1),
         `[B, T, *shape]` with 1 <= T <= max_steps for a trajectory table (`[T, B, *shape]` with
         `time_major=True`: the stacked outputs of a `lax.scan` over T steps of B environments, as they
-        come). Each array has the field's dtype or one that casts to it safely (int32 into int64,
-        float16 into float32).
+        come). Arrays are cast to the fields' dtypes by the table's casting policy (`gear_jax.casting`),
+        as far as their dtypes decide it when the insert is traced: safe casts always, float narrowing
+        under "fit" (a finite value beyond the field's range becomes infinity: values are not looked
+        at inside jit); an integer narrowing, whose range only the values tell, is refused.
       priorities: None (1 for every row), a scalar or float[B] array (finite, >= 0), or "max": every row
         gets the largest priority any row of the table was given so far (`Table.max_priority`, kept in
         the table's shared header, so the step never syncs to the host for it; 1 while no row had one).
@@ -573,64 +381,8 @@ def insert(
         of range (nothing written), or a table closed since the function was traced. On a GPU such data
         errors surface at the next call on the table, and the call's row ids are -1.
     """
-    table = _check_table(table, "insert")
-    if not isinstance(batch, dict):
-        raise InvalidArgumentError(
-            f"insert: batch must be a dict of field name to array, got {type(batch).__name__}"
-        )
-    spec = table.spec
-    names = list(spec.fields)
-    unknown = sorted(set(batch) - set(names))
-    missing = [n for n in names if n not in batch]
-    if unknown or missing:
-        raise InvalidArgumentError(
-            f"insert: batch has unknown fields {unknown} and lacks fields {missing}; every insert writes "
-            f"all of the table's fields {names}"
-        )
-    if time_major and not spec.is_trajectory:
-        raise InvalidArgumentError("insert: time_major=True is for trajectory tables (max_steps > 1) only")
-    lead = 2 if spec.is_trajectory else 1
-    layout = "[B, *shape]" if not spec.is_trajectory else "[T, B, *shape]" if time_major else "[B, T, *shape]"
-    arrays, problems, lead_shape = [], [], None
-    for name, field in spec.fields.items():
-        value = batch[name]
-        if not hasattr(value, "dtype") or not hasattr(value, "shape"):
-            value = jnp.asarray(value)
-        dtype = np.dtype(value.dtype)
-        if dtype != field.dtype and not np.can_cast(dtype, field.dtype, "safe"):
-            problems.append(
-                f"batch[{name!r}] has dtype {dtype}, which does not cast safely to the field's "
-                f"{field.dtype}; cast it first (`.astype(jnp.{field.dtype.name})`)"
-            )
-            continue
-        if jax.dtypes.canonicalize_dtype(field.dtype) != field.dtype:
-            problems.append(
-                f"field {name!r} is {field.dtype}, which JAX holds only with jax_enable_x64 on; enable it "
-                "(jax.config.update('jax_enable_x64', True)) or declare the field with 32 bits"
-            )
-            continue
-        shape = tuple(value.shape)
-        if len(shape) != lead + len(field.shape) or shape[lead:] != field.shape:
-            problems.append(f"batch[{name!r}] has shape {shape}; expected {layout} with shape={field.shape}")
-            continue
-        if lead_shape is None:
-            lead_shape = shape[:lead]
-        elif shape[:lead] != lead_shape:
-            problems.append(f"batch[{name!r}] has leading dimensions {shape[:lead]}, others {lead_shape}")
-            continue
-        value = jnp.asarray(value, field.dtype)
-        arrays.append(jnp.swapaxes(value, 0, 1) if time_major else value)
-    if problems:
-        raise InvalidArgumentError("insert: " + "; ".join(problems))
-    assert lead_shape is not None
-    if time_major:
-        lead_shape = lead_shape[::-1]
-    b = int(lead_shape[0])
-    steps = int(lead_shape[1]) if spec.is_trajectory else 1
-    if not 1 <= steps <= table.max_steps:
-        raise InvalidArgumentError(
-            f"insert: the batch has {steps} steps per row; the table holds 1 to max_steps={table.max_steps}"
-        )
+    table = _args.check_table(table, "insert")
+    arrays, b, steps = _rows.Batches(table.spec).traced(batch, table.casting, time_major, "insert")
     if isinstance(priorities, str):
         if priorities != "max":
             raise InvalidArgumentError(
@@ -640,28 +392,16 @@ def insert(
         mode, priority_array = INSERT_PRIORITY_MODES["max"], jnp.zeros((0,), jnp.float32)
     else:
         mode = INSERT_PRIORITY_MODES["given"]
-        p = jnp.ones((b,), jnp.float32) if priorities is None else jnp.asarray(priorities)
-        if not (jnp.issubdtype(p.dtype, jnp.floating) or jnp.issubdtype(p.dtype, jnp.integer)):
-            raise InvalidArgumentError(f"insert: priorities have dtype {p.dtype}; expected floats")
-        if p.ndim == 0:
-            p = jnp.broadcast_to(p, (b,))
-        if p.shape != (b,):
-            raise InvalidArgumentError(
-                f"insert: priorities have shape {p.shape}; expected ({b},), one per row of the batch"
-            )
-        priority_array = p.astype(jnp.float32)
+        p = jnp.ones((b,), jnp.float32) if priorities is None else priorities
+        priority_array = _rows.traced_priorities(
+            p, b, "insert", "priorities", broadcast=True, matched="the batch"
+        )
     if lengths is None:
         length_array = jnp.zeros((0,), jnp.int32)
+    elif not table.spec.is_trajectory:
+        raise InvalidArgumentError("insert: lengths are for trajectory tables (max_steps > 1) only")
     else:
-        if not spec.is_trajectory:
-            raise InvalidArgumentError("insert: lengths are for trajectory tables (max_steps > 1) only")
-        length_array = jnp.asarray(lengths)
-        if length_array.shape != (b,) or not jnp.issubdtype(length_array.dtype, jnp.integer):
-            raise InvalidArgumentError(
-                f"insert: lengths have shape {length_array.shape} and dtype {length_array.dtype}; expected "
-                f"integers of shape ({b},)"
-            )
-        length_array = length_array.astype(jnp.int32)
+        length_array = _rows.traced_lengths(lengths, b, "insert")
     return jax.ffi.ffi_call(_ffi.INSERT, jax.ShapeDtypeStruct((b,), jnp.int32), has_side_effect=True)(
         priority_array,
         length_array,
@@ -693,8 +433,8 @@ def total_weight(
       gear_jax.EXECUTION_ERRORS: at run time, when the total overflows a float32 or the table was
         closed since the function was traced.
     """
-    table = _check_table(table, "total_weight")
-    exponent = _check_exponent(priority_exponent, "total_weight")
+    table = _args.check_table(table, "total_weight")
+    exponent = _args.check_exponent(priority_exponent, "total_weight")
     out_types = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
     total, count = jax.ffi.ffi_call(_ffi.TOTAL_WEIGHT, out_types, has_side_effect=False)(
         _after(after), priority_exponent=np.float32(exponent), **_attrs(table)
@@ -738,7 +478,7 @@ def sample_at(
       gear_jax.EXECUTION_ERRORS: at run time, when the sum of the weights overflows or the table was
         closed since the function was traced.
     """
-    table = _check_table(table, "sample_at")
+    table = _args.check_table(table, "sample_at")
     if not hasattr(targets, "dtype") or not hasattr(targets, "shape"):
         raise InvalidArgumentError(
             f"sample_at: targets must be a float32 array of shape (B,), got {type(targets).__name__}"
@@ -748,11 +488,11 @@ def sample_at(
             "sample_at: targets must be a float32 array of shape (B,), got "
             f"{targets.dtype}{list(targets.shape)}"
         )
-    exponent = _check_exponent(priority_exponent, "sample_at")
-    win = _check_window(table, window, "sample_at")
-    seed = _seed(key, "sample_at")
+    exponent = _args.check_exponent(priority_exponent, "sample_at")
+    win = _args.check_window(window, table.max_steps, "sample_at")
+    seed = _args.seed_words(key, "sample_at")
     b = int(targets.shape[0])
-    _check_result_bytes("sample_at", b * PICK_BYTES, f"{b} targets")
+    _args.check_fits("sample_at", b * PICK_BYTES, f"{b} targets", on_host=False)
     out_types = _pick_types(b)
     indices, generations, probabilities, starts = jax.ffi.ffi_call(
         _ffi.SAMPLE_AT, out_types, has_side_effect=False
@@ -765,9 +505,6 @@ def sample_at(
         **_attrs(table),
     )
     return Sample(indices, generations, probabilities, starts, window=win, table_handle=table.handle)
-
-
-ORDERED_METHODS = ("fifo", "lifo", "topk")
 
 
 def ordered_candidates(
@@ -790,14 +527,13 @@ def ordered_candidates(
     Returns:
       (Sample, order_keys): order_keys is uint32[B, 2], the low and the high word of each key.
     """
-    table = _check_table(table, "ordered_candidates")
-    _check_batch_size(batch_size, "ordered_candidates")
-    if method not in ORDERED_METHODS:
-        raise InvalidArgumentError(f"ordered_candidates: method={method!r} is not one of {ORDERED_METHODS}")
-    win = _check_window(table, window, "ordered_candidates")
-    seed = _seed(key, "ordered_candidates")
+    table = _args.check_table(table, "ordered_candidates")
+    _args.check_batch_size(batch_size, "ordered_candidates")
+    _args.check_method(method, "ordered_candidates", ORDERED_METHODS)
+    win = _args.check_window(window, table.max_steps, "ordered_candidates")
+    seed = _args.seed_words(key, "ordered_candidates")
     b = int(batch_size)
-    _check_result_bytes("ordered_candidates", b * (PICK_BYTES + 8), f"batch_size={b} picks")
+    _args.check_fits("ordered_candidates", b * (PICK_BYTES + 8), f"batch_size={b} picks", on_host=False)
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((b, 2), jnp.uint32))  # and order keys
     indices, generations, probabilities, starts, order_keys = jax.ffi.ffi_call(
         _ffi.ORDERED_CANDIDATES, out_types, has_side_effect=False

@@ -54,13 +54,14 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from gear_jax import ops
+from gear_jax import _args, ops
+from gear_jax.selection import ORDERED_METHODS, Sample
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import TableSpec
 from gear_jax.table import Table
 
 MODES = ("global", "local")
-SHARDED_METHODS = ("uniform", "prioritized", *ops.ORDERED_METHODS)
+SHARDED_METHODS = ("uniform", "prioritized", *ORDERED_METHODS)
 MAX_GLOBAL_ROWS = 2**31 - 1
 
 
@@ -102,7 +103,7 @@ def _detached(tree: Any) -> Any:
     """`tree` with every Sample's table handle dropped: each shard is its own table, and the branches of
     the switch over a process's shards must return the same structure. The sharded layer routes every
     pick to the shard that owns it (ShardedSample row ids are global)."""
-    is_sample = lambda x: isinstance(x, ops.Sample)  # noqa: E731
+    is_sample = lambda x: isinstance(x, Sample)  # noqa: E731
     return jax.tree_util.tree_map(lambda x: x.detached() if is_sample(x) else x, tree, is_leaf=is_sample)
 
 
@@ -248,7 +249,7 @@ class ShardedTable:
         """A jitted function key -> (ShardedSample, batch) over the whole mesh: `sample` inside a
         shard_map. Outputs are global arrays of B picks sharded along the axis; `selectable` is
         replicated. `kwargs` are `sample`'s (method, mode, priority_exponent, window, fields)."""
-        window = _check_window(self, kwargs.get("window"), "sampler")
+        window = _args.check_window(kwargs.get("window"), self.spec.max_steps, "ShardedTable.sampler")
 
         def body(key_data: jax.Array) -> tuple[ShardedSample, dict]:
             return sample(self, jax.random.wrap_key_data(key_data), batch_size, **kwargs)
@@ -324,21 +325,6 @@ def _check(table: Any, op: str) -> ShardedTable:
     return table
 
 
-def _check_window(table: ShardedTable, window: Any, op: str) -> int:
-    if window is None:
-        return 0
-    if not table.spec.is_trajectory:
-        raise InvalidArgumentError(
-            f"sharded.{op}: window={window!r} needs a trajectory table (max_steps > 1)"
-        )
-    max_steps = table.spec.max_steps
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or not 1 <= window <= max_steps:
-        raise InvalidArgumentError(
-            f"sharded.{op}: window={window!r} must be an int in [1, max_steps={table.spec.max_steps}]"
-        )
-    return int(window)
-
-
 def sample(
     table: ShardedTable,
     key: jax.Array,
@@ -378,8 +364,7 @@ def sample(
         fewer than B / S (local).
     """
     st = _check(table, "sharded.sample")
-    if method not in SHARDED_METHODS:
-        raise InvalidArgumentError(f"sharded.sample: method={method!r} is not one of {SHARDED_METHODS}")
+    _args.check_method(method, "sharded.sample", SHARDED_METHODS)
     if mode not in MODES:
         raise InvalidArgumentError(f"sharded.sample: mode={mode!r} is not one of {MODES}")
     num_shards = st.num_shards
@@ -389,8 +374,8 @@ def sample(
             f"sharded.sample: batch_size={batch_size!r} must be a positive multiple of the {num_shards} "
             f"shards (each device consumes batch_size / {num_shards} picks)"
         )
-    win = _check_window(st, window, "sample")
-    exponent = 0.0 if method == "uniform" else float(priority_exponent)
+    win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
+    exponent = 0.0 if method == "uniform" else _args.check_exponent(priority_exponent, "sharded.sample")
     per_device = int(batch_size) // num_shards
     me = lax.axis_index(st.axis)
     select_key, window_key = jax.random.split(key)
@@ -409,14 +394,14 @@ def sample(
         result = ShardedSample(
             me * st.capacity + smp.indices,
             smp.generations,
-            smp.probabilities if method in ops.ORDERED_METHODS else smp.probabilities / num_shards,
+            smp.probabilities if method in ORDERED_METHODS else smp.probabilities / num_shards,
             smp.starts,
             selectable,
             window=win,
         )
         return result, batch
 
-    if method in ops.ORDERED_METHODS:
+    if method in ORDERED_METHODS:
         owner, smp = _merge_ordered(st, window_key, int(batch_size), method, window, selectable, after)
     else:
         owner, smp = _draw_global(st, select_key, window_key, int(batch_size), exponent, total, method,
@@ -481,7 +466,7 @@ def _route(arrays: dict[str, jax.Array], my_owners: jax.Array, axis: str, num_sh
 
 def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array, batch_size: int,
                  exponent: float, total: jax.Array, method: str, window: int | None,
-                 after: Any) -> tuple[jax.Array, ops.Sample]:
+                 after: Any) -> tuple[jax.Array, Sample]:
     """Uniform and prioritized picks over every shard: (owner shard of each of the B picks, this
     shard's Sample of B slots, the failed-pick marker where another shard owns the pick). Probabilities
     are p_i^a / W over every shard."""
@@ -497,11 +482,11 @@ def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array,
     mine = (owner == me) & (whole > 0)
     local_targets = jnp.where(mine, jnp.maximum(targets - starts_of_shards[me], 0.0), -1.0)
 
-    def draw(t: Table) -> ops.Sample:
+    def draw(t: Table) -> Sample:
         return ops.sample_at(t, window_key, local_targets, priority_exponent=exponent, window=window,
                              after=after)
 
-    def every_shard_empty(t: Table) -> ops.Sample:
+    def every_shard_empty(t: Table) -> Sample:
         # Raises at run time with the single-table error: no shard holds a selectable row.
         smp = ops.sample(t, window_key, batch_size, method=method, priority_exponent=exponent,
                          window=window, after=after)
@@ -513,7 +498,7 @@ def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array,
 
 
 def _merge_ordered(st: ShardedTable, window_key: jax.Array, batch_size: int, method: str,
-                   window: int | None, selectable: jax.Array, after: Any) -> tuple[jax.Array, ops.Sample]:
+                   window: int | None, selectable: jax.Array, after: Any) -> tuple[jax.Array, Sample]:
     """fifo, lifo and topk over every shard, decentralized: each shard's B best rows are its candidates;
     their order keys (8 bytes each) are all-gathered, and every device sorts the S x B keys the same way
     and keeps the B best. (owner shard of each pick, this shard's Sample of B slots as in _draw_global;
@@ -526,10 +511,10 @@ def _merge_ordered(st: ShardedTable, window_key: jax.Array, batch_size: int, met
     num_shards = st.num_shards
     me = lax.axis_index(st.axis)
 
-    def candidates(t: Table) -> tuple[ops.Sample, jax.Array]:
+    def candidates(t: Table) -> tuple[Sample, jax.Array]:
         return ops.ordered_candidates(t, window_key, batch_size, method, window=window, after=after)
 
-    def too_few(t: Table) -> tuple[ops.Sample, jax.Array]:
+    def too_few(t: Table) -> tuple[Sample, jax.Array]:
         # Raises at run time with the single-table error: every shard has fewer than B rows.
         smp = ops.sample(t, window_key, batch_size, method=method, window=window, after=after)
         return dataclasses.replace(smp, selectable=None), jnp.full((batch_size, 2), 0xFFFFFFFF, jnp.uint32)
@@ -549,7 +534,7 @@ def _merge_ordered(st: ShardedTable, window_key: jax.Array, batch_size: int, met
     owner = (winners // batch_size).astype(jnp.int32)
     slot = winners % batch_size
     mine = owner == me
-    smp = ops.Sample(
+    smp = Sample(
         jnp.where(mine, local.indices[slot], 0),
         jnp.where(mine, local.generations[slot], jnp.uint32(1)),
         jnp.where(mine, local.probabilities[slot], 0.0),
@@ -583,7 +568,7 @@ def update_priorities(table: ShardedTable, sample: ShardedSample, priorities: ja
     generations = lax.all_gather(sample.generations, st.axis, tiled=True)
     values = lax.all_gather(priorities.astype(jnp.float32), st.axis, tiled=True)
     mine = indices // st.capacity == me
-    local = ops.Sample(
+    local = Sample(
         jnp.where(mine, indices % st.capacity, 0).astype(jnp.int32),
         jnp.where(mine, generations, jnp.uint32(1)),  # odd: never applied
         jnp.zeros(indices.shape, jnp.float32),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import sys
 import types
 import weakref
 from collections.abc import Mapping
@@ -13,15 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from gear_jax import _native
-from gear_jax.casting import (
-    StepConverter,
-    cast,
-    check_casting,
-    finite_nonnegative,
-    refuse,
-    to_numpy,
-)
+import jax
+
+from gear_jax import _native, _rows
+from gear_jax.casting import StepConverter, check_casting, to_numpy
 from gear_jax.errors import (
     InvalidArgumentError,
     OutOfSpaceError,
@@ -32,6 +26,7 @@ from gear_jax.errors import (
 )
 from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts, check_count, check_timeout
 from gear_jax.spec import TableSpec
+from gear_jax.writers import AdmittedInserts, EpisodeWriter, row_writer
 
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 POOL_NAME_PREFIX = "gear_jax_pool_"  # names of closed tables the pool keeps (xla_ffi/table_pool.cc)
@@ -67,20 +62,6 @@ def state_priority(states: np.ndarray) -> np.ndarray:
     return (states & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
 
 
-def _torch_loaded() -> bool:
-    """Whether PyTorch is imported: only then can a value be a device tensor."""
-    return "torch" in sys.modules
-
-
-def is_device_tensor(value: Any) -> bool:
-    """Whether `value` is a PyTorch tensor outside host memory (CUDA): copied once, by gear_jax.torch."""
-    return (
-        type(value).__module__.startswith("torch")
-        and getattr(value, "device", None) is not None
-        and (value.device.type != "cpu")
-    )
-
-
 class Table:
     """A replay table in named shared host memory.
 
@@ -105,11 +86,7 @@ class Table:
         self._spec = spec
         self._casting = check_casting(casting)
         self._steps = StepConverter(spec.fields)
-        lead = 2 if spec.is_trajectory else 1
-        # (name, dtype, ndim, shape, leading axes) of every field, for the checks of `_ready_batch`.
-        self._batch_layout = [
-            (name, f.dtype, lead + len(f.shape), tuple(f.shape), lead) for name, f in spec.fields.items()
-        ]
+        self._batches = _rows.Batches(spec)
         self._finalizer = weakref.finalize(self, native.close)
         limiter = native.rate_limiter()
         self._rate_limiter = (
@@ -139,7 +116,7 @@ class Table:
         self._insert_seq = column(layout["insert_seq"], np.uint64, (capacity,), (8,))
         self._times_sampled = column(layout["times_sampled"], np.uint32, (capacity,), (4,))
         # `add` of a transition table writes through a RowWriter: one native call for common values.
-        self._row_writer = self._new_row_writer() if steps == 1 else None
+        self._row_writer = row_writer(native, spec) if steps == 1 else None
 
     # -- opening and closing ------------------------------------------------------------------
 
@@ -183,7 +160,7 @@ class Table:
         Raises:
           InvalidArgumentError: `name` is malformed or already in use; `rate_limiter` is not a
             `RateLimiter`, or asks for more rows before sampling than the table holds.
-          OutOfSpaceError: /dev/shm cannot hold the table (a RuntimeError, as before).
+          OutOfSpaceError: /dev/shm cannot hold the table (also a RuntimeError).
         """
         if not isinstance(spec, TableSpec):
             raise InvalidArgumentError(f"spec must be a gear_jax.TableSpec, got {type(spec).__name__}")
@@ -520,31 +497,20 @@ class Table:
                     f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
                 )
             priorities = self.max_priority or 1.0
-        checked = self._ready_batch(batch)
+        checked = self._batches.ready(batch)
         if checked is None:
-            if _torch_loaded() and isinstance(batch, Mapping) and any(map(is_device_tensor, batch.values())):
+            if isinstance(batch, Mapping) and _rows.holds_device_tensor(batch.values()):
                 from gear_jax.torch import insert_tensors  # from the device straight into the rows
 
                 return insert_tensors(self, batch, priorities, lengths, timeout)
-            checked = self._check_batch(batch)
+            checked = self._batches.host(batch, self._casting)
         arrays, rows, steps = checked
         if rows == 0:
             return np.zeros((0,), np.int32)
         if priorities is not None:  # None: 1 for every row (the native default)
-            priorities = self._check_priorities(priorities, rows)
+            priorities = _rows.priorities(priorities, rows)
         if lengths is not None:  # None: `steps` for every row
-            lengths = to_numpy(lengths, "lengths")
-            if lengths.shape != (rows,) or not np.issubdtype(lengths.dtype, np.integer):
-                raise InvalidArgumentError(
-                    f"lengths has shape {lengths.shape} and dtype {lengths.dtype}; "
-                    f"expected integers of shape ({rows},)"
-                )
-            bad = np.flatnonzero((lengths < 1) | (lengths > steps))
-            if bad.size:
-                raise InvalidArgumentError(
-                    f"lengths[{bad[0]}] = {lengths[bad[0]]} is outside [1, {steps}] (the batch's time axis)"
-                )
-            lengths = lengths.astype(np.int32)
+            lengths = _rows.lengths(lengths, rows, steps)
         return native.insert(arrays, rows, steps, lengths, priorities, timeout)
 
     def add(self, row: Mapping[str, Any], priority: float = 1.0, timeout: float | None = None) -> int:
@@ -574,11 +540,9 @@ class Table:
         native = self._live()
         if not isinstance(row, Mapping):
             raise InvalidArgumentError(f"row must map field names to values, got {type(row).__name__}")
-        if not self._spec.is_trajectory and not (
-            _torch_loaded() and any(map(is_device_tensor, row.values()))
-        ):
+        if not self._spec.is_trajectory and not _rows.holds_device_tensor(row.values()):
             values = self._steps(row, self._casting, "row")
-            priority = finite_nonnegative(priority, "priority")
+            priority = _rows.priority(priority)
             with AdmittedInserts(self, 1, timeout) as admitted:
                 claimed = native.claim()
                 try:
@@ -590,118 +554,12 @@ class Table:
                 admitted.commit(claimed, 1, priority)
             return claimed
         batch = {
-            name: value[None] if is_device_tensor(value) else to_numpy(value, f"row[{name!r}]")[None]
+            name: value[None] if _rows.is_device_tensor(value) else to_numpy(value, f"row[{name!r}]")[None]
             for name, value in row.items()
         }
         return int(
-            self.insert(batch, priorities=[finite_nonnegative(priority, "priority")], timeout=timeout)[0]
+            self.insert(batch, priorities=[_rows.priority(priority)], timeout=timeout)[0]
         )
-
-    def _new_row_writer(self) -> Any:
-        """A native writer of one step of every field: the short path of `add` and `EpisodeWriter`
-        (xla_ffi/row_writer.h), which writes what the general path (`gear_jax.casting`) would."""
-        fields = [
-            (name, f.dtype.kind, f.dtype.itemsize, list(f.shape)) for name, f in self._spec.fields.items()
-        ]
-        return _native.RowWriter(self._live(), fields)
-
-    def _ready_batch(self, batch: Any) -> tuple[list[np.ndarray], int, int] | None:
-        """The common batch, checked without casting or copying: a dict of C-contiguous numpy arrays, each
-        of its field's dtype and shape, all with the same rows (and steps), at least one row. None for
-        anything else, which `_check_batch` converts or refuses."""
-        layout = self._batch_layout
-        if type(batch) is not dict or len(batch) != len(layout):
-            return None
-        arrays = []
-        lead_shape = None
-        for name, dtype, ndim, shape, lead in layout:
-            array = batch.get(name)
-            if (
-                type(array) is not np.ndarray
-                or (array.dtype is not dtype and array.dtype != dtype)
-                or array.ndim != ndim
-                or array.shape[lead:] != shape
-                or not array.flags.c_contiguous
-            ):
-                return None
-            if lead_shape is None:
-                lead_shape = array.shape[:lead]
-            elif array.shape[:lead] != lead_shape:
-                return None
-            arrays.append(array)
-        rows = lead_shape[0]
-        steps = lead_shape[1] if len(lead_shape) == 2 else 1
-        if rows == 0 or not 1 <= steps <= self._spec.max_steps:
-            return None
-        return arrays, rows, steps
-
-    def _check_batch(self, batch: Mapping[str, Any]) -> tuple[list[np.ndarray], int, int]:
-        if not isinstance(batch, Mapping):
-            raise InvalidArgumentError(
-                f"batch must be a mapping of field name to array, got {type(batch).__name__}"
-            )
-        names = list(self._spec.fields)
-        unknown = sorted(set(batch) - set(names))
-        missing = [n for n in names if n not in batch]
-        if unknown:
-            raise InvalidArgumentError(f"batch has unknown fields {unknown}; the table's fields are {names}")
-        if missing:
-            raise InvalidArgumentError(
-                f"batch is missing fields {missing}; every insert writes all of {names}"
-            )
-        arrays: list[np.ndarray] = []
-        problems: list[str] = []
-        rows = steps = None
-        lead = 2 if self._spec.is_trajectory else 1
-        layout = "[B, T, *shape]" if self._spec.is_trajectory else "[B, *shape]"
-        for name, field in self._spec.fields.items():
-            array, why = cast(batch[name], field.dtype, self._casting, f"batch[{name!r}]")
-            if array is None:
-                problems.append(f"batch[{name!r}] {why}")
-                continue
-            if array.ndim != lead + len(field.shape) or array.shape[lead:] != field.shape:
-                problems.append(
-                    f"batch[{name!r}] has shape {array.shape}; expected {layout} with shape={field.shape}"
-                )
-                continue
-            b = array.shape[0]
-            t = array.shape[1] if self._spec.is_trajectory else 1
-            if rows is None:
-                rows, steps = b, t
-            elif (b, t) != (rows, steps):
-                problems.append(
-                    f"batch[{name!r}] has {b} rows and {t} steps, "
-                    f"but earlier fields have {rows} rows and {steps} steps"
-                )
-            arrays.append(np.ascontiguousarray(array))
-        refuse(problems, self._casting)
-        assert rows is not None and steps is not None
-        if not 1 <= steps <= self._spec.max_steps and rows > 0:
-            raise InvalidArgumentError(
-                f"the batch has {steps} steps per row; the table holds 1 to max_steps={self._spec.max_steps}"
-            )
-        return arrays, rows, steps
-
-    @staticmethod
-    def _check_priorities(priorities: Any, rows: int) -> np.ndarray:
-        if priorities is None:
-            return np.ones((rows,), np.float32)
-        p = to_numpy(priorities, "priorities")
-        if p.ndim == 0:
-            p = np.full((rows,), p)
-        if p.shape != (rows,) or not (
-            np.issubdtype(p.dtype, np.floating) or np.issubdtype(p.dtype, np.integer)
-        ):
-            raise InvalidArgumentError(
-                f"priorities has shape {p.shape}, expected ({rows},) to match the batch"
-            )
-        p = p.astype(np.float32)
-        bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
-        if bad.size:
-            raise InvalidArgumentError(
-                f"priorities[{bad[0]}] = {p[bad[0]]}; priorities must be finite and >= 0"
-            )
-        return p
 
     def writer(self) -> EpisodeWriter:
         """A step-by-step writer of episodes into rows of this table (use as a context manager)."""
@@ -806,167 +664,7 @@ def _stored_spec(name: str, native: Any) -> TableSpec:
     return stored
 
 
-class EpisodeWriter:
-    """Writes episodes step by step, in place, into the row it holds.
-
-    The first `append` claims a row (odd generation: it is never sampled while being written); each
-    step's arrays are copied straight into the table's memory; `end_episode` publishes the row with its
-    length and priority. Leaving the `with` block (or `close()`) abandons an unfinished episode.
-    """
-
-    def __init__(self, table: Table):
-        self._table = table
-        self._steps = 0
-        self._packer: Any = None  # a RowWriter, made on the first append
-        # The row held, in a cell the finalizer shares: a writer dropped without close() (an
-        # exception, say) still gives its row back instead of holding it for the process's lifetime.
-        self._held: list[int | None] = [None]
-        self._finalizer = weakref.finalize(self, _abandon_held, table._native, self._held)
-
-    @property
-    def _row(self) -> int | None:
-        return self._held[0]
-
-    @_row.setter
-    def _row(self, row: int | None) -> None:
-        self._held[0] = row
-
-    @property
-    def steps(self) -> int:
-        """Steps appended to the current episode."""
-        return self._steps
-
-    def append(self, step: Mapping[str, Any]) -> None:
-        """Appends one step: a mapping of every field name to a value of the field's shape, cast by the
-        table's `casting` policy (`gear_jax.casting`), as `insert` casts.
-
-        Raises:
-          InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes (one message names
-            every refused field), or an episode that
-            would exceed `max_steps` (end it first).
-        """
-        table = self._table
-        native = table._live()
-        spec = table.spec
-        if not isinstance(step, Mapping) or set(step) != set(spec.fields):
-            table._steps.refuse_keys(step, "step")
-        if self._steps >= spec.max_steps:
-            raise InvalidArgumentError(
-                f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
-            )
-        if type(step) is dict:  # the short path: checked and copied in one native call each
-            if self._packer is None:
-                self._packer = table._new_row_writer()
-            if self._packer.pack(step, table.casting == "strict"):
-                if self._row is None:
-                    self._row = int(native.claim())
-                self._packer.write_packed(self._row, self._steps)
-                self._steps += 1
-                return
-        device = _torch_loaded() and any(map(is_device_tensor, step.values()))
-        if device:  # device tensors are checked (not cast) here and copied once the row is held
-            from gear_jax.torch import check_step, copy_step
-
-            host = {n: v for n, v in step.items() if not is_device_tensor(v)}
-            for name in set(step) - set(host):
-                check_step(table, name, step[name])
-            converted = StepConverter({n: spec.fields[n] for n in host})(host, table.casting)
-            values = {**step, **dict(zip(host, converted))}
-        else:
-            values = dict(zip(spec.fields, table._steps(step, table.casting)))
-        if self._row is None:
-            self._row = int(native.claim())
-        for name, value in values.items():
-            if device and is_device_tensor(value):
-                copy_step(table, name, self._row, self._steps, value)
-            else:
-                table._columns[name][self._row, self._steps] = value
-        self._steps += 1
-
-    def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
-        """Publishes the episode; returns its row id.
-
-        With a rate limiter, first waits (holding the row) until the limiter admits one insert: an
-        episode counts when it is published, not when it starts.
-
-        Args:
-          priority: finite and >= 0.
-          timeout: seconds to wait at most for the rate limiter; None waits as long as it takes.
-
-        Raises:
-          InvalidArgumentError: no step was appended, or `priority` is not finite and >= 0.
-          TableClosedError: the table was closed (before or while waiting); the row is still held, and
-            close() gives it back.
-          RateLimiterTimeout: the limiter did not admit the episode in time; the episode is kept (call
-            end_episode again, or close() to abandon it).
-        """
-        p = finite_nonnegative(priority, "priority")
-        if self._row is None:
-            raise InvalidArgumentError("end_episode() needs at least one append() first")
-        if timeout is not None:
-            timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
-        native = self._table._live()
-        row, steps = self._row, self._steps
-        try:
-            # Waits for the limiter first, holding the row: a timeout, a close or an interrupt meanwhile
-            # leaves the row held and the episode kept.
-            native.commit(row, steps, p, timeout)
-        except TableClosedError:
-            raise
-        except RuntimeError:  # the row was taken over (reclaimed as a dead writer's): held no more
-            self._row, self._steps = None, 0
-            raise
-        self._row, self._steps = None, 0
-        return row
-
-    def close(self) -> None:
-        """Abandons an unfinished episode (the row becomes empty again), even after the table's
-        close(): other processes may still be using the table."""
-        _abandon_held(self._table._native, self._held)
-        self._steps = 0
-
-    def __enter__(self) -> EpisodeWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AdmittedInserts:
-    """Rows the table's rate limiter admitted, for code that claims rows and commits them one at a time
-    (`Table.add`'s general path, `gear_jax.torch.insert_tensors`).
-
-    Entering waits until the limiter admits `rows` inserts (up to `timeout` seconds), which counts them;
-    `commit` publishes a claimed row as one of them; leaving gives back those not committed (a failed
-    write). Without a limiter nothing waits and nothing is counted.
-    """
-
-    def __init__(self, table: Table, rows: int, timeout: float | None):
-        self._native = table._live()
-        self._limited = table.rate_limiter is not None
-        self._rows = rows
-        self._timeout = timeout
-        self._left = 0
-
-    def __enter__(self) -> AdmittedInserts:
-        if self._limited:
-            self._native.reserve_inserts(self._rows, self._timeout)
-            self._left = self._rows
-        return self
-
-    def commit(self, row: int, length: int, priority: float) -> None:
-        """Publishes `row` (claimed by this process) with `length` steps and `priority`."""
-        self._native.commit(row, length, priority, None, self._limited)  # reserved: counted when admitted
-        if self._limited:
-            self._left -= 1
-
-    def __exit__(self, *exc: object) -> None:
-        if self._left > 0 and not self._native.closed:
-            self._native.return_inserts(self._left)
-
-
-def _abandon_held(native: Any, held: list[int | None]) -> None:
-    """Gives back the row in `held`, if any (a writer's close and finalizer)."""
-    row, held[0] = held[0], None
-    if row is not None:
-        native.abandon(row)
+# A Table is a pytree without leaves whose structure is the table itself: it can be passed to a jitted
+# function as an ordinary argument (not only captured or marked static). Tables equal in (handle, spec
+# hash) share compiled functions, as they do as static arguments.
+jax.tree_util.register_pytree_node(Table, lambda table: ((), table), lambda table, _: table)

@@ -30,9 +30,12 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from gear_jax import host, ops
+from gear_jax import _args, _rows, host, ops
+from gear_jax.casting import cast_rule, kind, refuse
 from gear_jax.errors import InvalidArgumentError
-from gear_jax.table import AdmittedInserts, Table
+from gear_jax.selection import Sample
+from gear_jax.table import Table
+from gear_jax.writers import AdmittedInserts
 
 __all__ = ["CopyWarning", "Sampler", "from_torch", "insert_tensors", "to_torch", "torch_dtype"]
 
@@ -159,6 +162,33 @@ def _runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
             start = i
 
 
+def _cast_tensor(t: torch.Tensor, dtype: np.dtype, casting: str) -> tuple[torch.Tensor | None, str]:
+    """`t` as a tensor of the field's dtype under the table's casting policy (`gear_jax.casting`'s rule,
+    with the value checks run by torch on the tensor's device), or (None, why it is refused)."""
+    target = torch_dtype(dtype)
+    if t.dtype == target:
+        return t, ""
+    source = _jax_dtype_of(t.dtype)
+    if source is None:
+        return None, f"has dtype {t.dtype}, which no field stores; convert it to {target} first"
+    check, why = cast_rule(
+        source, np.dtype(dtype), casting, source_name=str(t.dtype), astype=f".to({target})"
+    )
+    if not check:
+        return None, why
+    if check == "range" and t.numel():
+        info = torch.iinfo(target)
+        lo, hi = t.min().item(), t.max().item()
+        if lo < info.min or hi > info.max:
+            return None, f"holds values in [{lo}, {hi}], outside {dtype}'s range [{info.min}, {info.max}]"
+    converted = t.to(target)
+    if check == "overflow" and kind(source) == "f":
+        overflow = torch.isinf(converted) & torch.isfinite(t)
+        if bool(overflow.any()):
+            return None, f"holds {t[overflow].flatten()[0].item()}, beyond {dtype}'s range"
+    return converted, ""
+
+
 def insert_tensors(
     table: Table,
     batch: Mapping[str, torch.Tensor],
@@ -172,8 +202,9 @@ def insert_tensors(
     from the device into the claimed rows (one copy per run of consecutive rows), then the rows are
     published. It works for CPU tensors too (and is tested with them).
 
-    Args and returns as `Table.insert`; tensors must already have the field's dtype (no casts on the
-    device). With a rate limiter, the batch's rows are admitted (waiting up to `timeout`) before any is
+    Args and returns as `Table.insert`. Tensors are cast to the fields' dtypes by the table's casting
+    policy, as host arrays are (`gear_jax.casting`), with the value checks run by torch on the tensors'
+    device. With a rate limiter, the batch's rows are admitted (waiting up to `timeout`) before any is
     claimed.
 
     Raises:
@@ -181,56 +212,47 @@ def insert_tensors(
         devices, bad priorities or lengths. Nothing is written then; rows claimed before a failing copy
         are given back empty.
     """
-    native = table._live()
+    table = _args.check_table(table, "insert_tensors")
+    native = table.native
     spec = table.spec
-    names = list(spec.fields)
-    if not isinstance(batch, Mapping) or set(batch) != set(names):
-        got = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
-        raise InvalidArgumentError(f"batch must map every field {names} to a tensor; got {got}")
-    lead = 2 if spec.is_trajectory else 1
-    rows = steps = None
+    batches = _rows.Batches(spec)
+    problem = batches.fields_problem(batch)
+    if problem:
+        raise InvalidArgumentError(problem)
+    tensors: dict[str, torch.Tensor] = {}
+    problems: list[str] = []
+    lead_shape = None
     devices = set()
     for name, field in spec.fields.items():
         t = batch[name]
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"batch[{name!r}] is a {type(t).__name__}, expected a torch.Tensor")
-        if t.dtype != torch_dtype(field.dtype):
-            raise InvalidArgumentError(
-                f"batch[{name!r}] has dtype {t.dtype}, expected {torch_dtype(field.dtype)}; "
-                f"cast it first (tensor.to({torch_dtype(field.dtype)}))"
-            )
-        if t.dim() != lead + len(field.shape) or tuple(t.shape[lead:]) != field.shape:
-            layout = "[B, T, *shape]" if spec.is_trajectory else "[B, *shape]"
-            raise InvalidArgumentError(
-                f"batch[{name!r}] has shape {tuple(t.shape)}; expected {layout} with shape={field.shape}"
-            )
-        b, s = t.shape[0], (t.shape[1] if spec.is_trajectory else 1)
-        if rows is None:
-            rows, steps = b, s
-        elif (b, s) != (rows, steps):
-            raise InvalidArgumentError(f"batch[{name!r}] has {b} rows and {s} steps, unlike the other fields")
         devices.add(t.device)
-    assert rows is not None and steps is not None
+        problem = batches.shape_problem(name, tuple(t.shape), lead_shape)
+        if problem:
+            problems.append(problem)
+            continue
+        lead_shape = lead_shape or tuple(t.shape[: batches.lead])
+        tensors[name] = t
     if any(d.type not in ("cpu", "cuda") for d in devices):
         raise InvalidArgumentError(
             f"the batch's tensors lie on {sorted(map(str, devices))}; expected cpu or cuda"
         )
     if len(devices) > 1:
         raise InvalidArgumentError(f"the batch's tensors lie on several devices {sorted(map(str, devices))}")
+    for name, t in list(tensors.items()):
+        converted, why = _cast_tensor(t, spec.fields[name].dtype, table.casting)
+        if converted is None:
+            problems.append(f"batch[{name!r}] {why}")
+        else:
+            tensors[name] = converted
+    refuse(problems, table.casting)
+    assert lead_shape is not None
+    rows, steps = batches.rows_and_steps(lead_shape)
     if rows == 0:
         return np.zeros((0,), np.int32)
-    if not 1 <= steps <= spec.max_steps:
-        raise InvalidArgumentError(
-            f"the batch has {steps} steps per row; the table holds 1 to {spec.max_steps}"
-        )
-    p = Table._check_priorities(priorities, rows)
-    if lengths is None:
-        n = np.full((rows,), steps, np.int32)
-    else:
-        n = np.asarray(lengths.cpu() if isinstance(lengths, torch.Tensor) else lengths)
-        if n.shape != (rows,) or not np.issubdtype(n.dtype, np.integer) or ((n < 1) | (n > steps)).any():
-            raise InvalidArgumentError(f"lengths must be {rows} integers in [1, {steps}]")
-        n = n.astype(np.int32)
+    p = _rows.priorities(priorities, rows)
+    n = np.full((rows,), steps, np.int32) if lengths is None else _rows.lengths(lengths, rows, steps)
 
     claimed: list[int] = []
     committed = 0
@@ -239,9 +261,9 @@ def insert_tensors(
             for _ in range(rows):
                 claimed.append(int(native.claim()))
             ids = np.asarray(claimed, np.int64)
-            for name in names:
-                source = batch[name].detach()
-                column = _column_tensor(table._columns[name])
+            for name in spec.fields:
+                source = tensors[name].detach()
+                column = _column_tensor(table.columns[name])
                 for first, row, count in _runs(ids):
                     piece = source[first : first + count]
                     if not spec.is_trajectory:
@@ -257,19 +279,24 @@ def insert_tensors(
     return np.asarray(claimed, np.int32)
 
 
-def check_step(table: Table, name: str, value: torch.Tensor) -> None:
-    """Refuses a device tensor that is not one step of field `name` (the episode writer, before a claim)."""
+def check_step(table: Table, name: str, value: torch.Tensor) -> torch.Tensor:
+    """One step of field `name` from a device tensor, cast by the table's casting policy (the episode
+    writer, before a claim); InvalidArgumentError for a tensor that is not one."""
     field = table.spec.fields[name]
-    if value.dtype != torch_dtype(field.dtype) or tuple(value.shape) != field.shape:
+    if tuple(value.shape) != field.shape:
         raise InvalidArgumentError(
-            f"step[{name!r}] is a {value.dtype} tensor of shape {tuple(value.shape)}; expected "
-            f"{torch_dtype(field.dtype)} of shape {field.shape} (device tensors are not cast)"
+            f"step[{name!r}] is a {value.dtype} tensor of shape {tuple(value.shape)}; expected shape "
+            f"{field.shape}"
         )
+    converted, why = _cast_tensor(value, field.dtype, table.casting)
+    if converted is None:
+        raise InvalidArgumentError(f"step[{name!r}] {why}")
+    return converted
 
 
 def copy_step(table: Table, name: str, row: int, step: int, value: torch.Tensor) -> None:
     """Copies one checked step of field `name` from a tensor (any device) into row `row`."""
-    _column_tensor(table._columns[name])[row, step].copy_(value.detach())
+    _column_tensor(table.columns[name])[row, step].copy_(value.detach())
 
 
 # -- batches out ------------------------------------------------------------------------------------
@@ -340,8 +367,8 @@ class Sampler:
         self._prefetch = bool(prefetch) and self._device.platform != "cpu"
         self._key = jax.device_put(jax.random.key(seed), self._device)
         self._after = jax.device_put(jnp.zeros((), jnp.int32), self._device)
-        self._last: ops.Sample | None = None
-        self._pending: tuple[dict[str, Any], ops.Sample] | None = None
+        self._last: Sample | None = None
+        self._pending: tuple[dict[str, Any], Sample] | None = None
         self._on_host = self._device.platform == "cpu"
         self._rng = np.random.default_rng(seed)
         self._host_options = {
@@ -351,7 +378,7 @@ class Sampler:
             "window": window,
         }
 
-        def draw(key: jax.Array, after: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], ops.Sample]:
+        def draw(key: jax.Array, after: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], Sample]:
             key, sub = jax.random.split(key)
             s = ops.sample(
                 table,
@@ -368,7 +395,7 @@ class Sampler:
             out["selectable"] = s.selectable
             return key, out, s
 
-        def update(s: ops.Sample, priorities: jax.Array) -> jax.Array:
+        def update(s: Sample, priorities: jax.Array) -> jax.Array:
             return ops.update_priorities(table, s, priorities)
 
         # Argument checks run now, at trace time, with clear errors, not at the first batch.
@@ -376,7 +403,7 @@ class Sampler:
         self._draw = jax.jit(draw)
         self._update = jax.jit(update)
 
-    def _enqueue(self) -> tuple[dict[str, Any], ops.Sample]:
+    def _enqueue(self) -> tuple[dict[str, Any], Sample]:
         if self._on_host:
             s, out = host.sample_gather(self._table, self._rng, self._batch_size, **self._host_options)
             out["indices"] = s.indices
@@ -397,7 +424,7 @@ class Sampler:
             batch["selectable"] = torch.tensor(int(s.selectable), dtype=torch.int64)
             return batch
         batch = to_torch(out)
-        batch["selectable"] = batch["selectable"].to(torch.int64)  # the N of the sample, as before
+        batch["selectable"] = batch["selectable"].to(torch.int64)  # the N of the sample, as torch counts
         return batch
 
     def update_priorities(self, priorities: torch.Tensor) -> torch.Tensor:
@@ -415,26 +442,17 @@ class Sampler:
             raise InvalidArgumentError(
                 f"update_priorities: priorities must be a torch.Tensor, got {type(priorities).__name__}"
             )
-        if tuple(priorities.shape) != (self._batch_size,):
-            raise InvalidArgumentError(
-                f"update_priorities: priorities has shape {tuple(priorities.shape)}, "
-                f"expected ({self._batch_size},) to match the batch"
-            )
-        if not priorities.is_floating_point():
-            raise InvalidArgumentError(
-                f"update_priorities: priorities has dtype {priorities.dtype}; expected floats"
-            )
         wanted = "cpu" if self._device.platform == "cpu" else "cuda"
         if priorities.device.type != wanted:
             raise InvalidArgumentError(
                 f"update_priorities: priorities lie on {priorities.device}, the sampler's batches on {wanted}"
             )
-        if self._on_host:
-            values = priorities.detach().to(torch.float32).contiguous().numpy()
-            return torch.tensor(host.update_priorities(self._table, self._last, values), dtype=torch.int32)
+        if self._on_host:  # shape, dtype and values: checked as every host update's
+            applied = host.update_priorities(self._table, self._last, priorities)
+            return torch.tensor(applied, dtype=torch.int32)
         with warnings.catch_warnings():  # B floats: a copy, where one is needed, costs nothing here
             warnings.simplefilter("ignore", CopyWarning)
-            p = from_torch(priorities.detach().to(torch.float32).contiguous())
+            p = from_torch(priorities.detach().contiguous())  # checked as every compiled update's
         count = self._update(self._last, p)
         self._after = count
         return torch.from_dlpack(count)

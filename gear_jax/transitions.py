@@ -35,11 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gear_jax import ops
+from gear_jax import _args, ops
 from gear_jax.casting import to_numpy
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import Field, TableSpec
-from gear_jax.table import EpisodeWriter, Table
+from gear_jax.table import Table
+from gear_jax.writers import EpisodeWriter
 
 _ROLES = ("obs", "action", "reward", "terminated", "truncated")
 
@@ -110,8 +111,7 @@ def _names(op: str, names: Mapping[str, Any]) -> dict[str, str]:
 def _check_table(table: Any, n_step: int, names: dict[str, str], op: str) -> Table:
     """The table is open, a trajectory table with rows of at least n_step + 1 steps, and has the five
     fields, reward a float scalar and the flags bool scalars."""
-    if not isinstance(table, Table):
-        raise InvalidArgumentError(f"{op}: `table` must be a gear_jax.Table, got {type(table).__name__}")
+    table = _args.check_table(table, op)
     spec = table.spec
     if spec.max_steps < n_step + 1:
         raise InvalidArgumentError(

@@ -238,11 +238,11 @@ def test_batch_sizes_beyond_memory_are_refused_at_trace_time(make_table, op):
 def test_gather_beyond_memory_is_refused_before_it_runs(make_table, monkeypatch):
     """With the device's available memory pinned low, a gather (and a sample) that would exceed it raises
     the clear error when called, and a smaller one still runs."""
-    from gear_jax import ops
+    import gear_jax._args
 
     table = make_table(capacity=8)
     table.insert(transitions(8))
-    monkeypatch.setattr(ops, "_memory_available", lambda: 16896)
+    monkeypatch.setattr(gear_jax._args, "device_memory_available", lambda: 16896)
     s = gj.sample(table, jax.random.key(0), 1024)  # 16 KiB of picks: fits
     with pytest.raises(gj.InvalidArgumentError, match=r"gather: 1024 picks x 1 steps of 2 fields need"):
         gj.gather(table, s)  # 17 KiB: valid, obs and action

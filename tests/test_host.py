@@ -447,8 +447,8 @@ def test_a_bad_rng_and_results_too_large_for_memory_are_refused_by_name(make_tab
     for rng in (np.random.PCG64(0), "seed", 1.5):
         with pytest.raises(gj.InvalidArgumentError, match="rng must be a numpy.random.Generator"):
             gj.host.sample(table, rng, 4)
-    monkeypatch.setattr(gj.host, "_memory_available", lambda: 1 << 20)
-    with pytest.raises(gj.InvalidArgumentError, match="picks need .* GiB, more than"):
+    monkeypatch.setattr(gj._args, "host_memory_available", lambda: 1 << 20)
+    with pytest.raises(gj.InvalidArgumentError, match="picks need .* GiB of results, more than"):
         gj.host.sample(table, np.random.default_rng(0), 100_000)
 
 

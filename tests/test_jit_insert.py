@@ -186,7 +186,7 @@ def test_bad_batches_fail_at_trace_time(make_table):
     wide = make_table(fields={"n": gj.Field((), "int64")}, capacity=8)
     x, a = jnp.zeros((2, 3)), jnp.zeros((2,), jnp.int32)
     cases = [
-        (table, {"x": x}, {}, r"lacks fields \['a'\]"),
+        (table, {"x": x}, {}, r"is missing fields \['a'\]"),
         (table, {"x": x, "a": a, "b": a}, {}, r"unknown fields \['b'\]"),
         (
             table,
@@ -200,7 +200,7 @@ def test_bad_batches_fail_at_trace_time(make_table):
             table,
             {"x": x, "a": a},
             {"priorities": jnp.ones(3)},
-            r"priorities have shape \(3,\); expected \(2,\)",
+            r"priorities has shape \(3,\), expected \(2,\)",
         ),
         (table, {"x": x, "a": a}, {"priorities": "min"}, r"priorities='min'"),
         (table, {"x": x, "a": a}, {"lengths": jnp.ones(2, jnp.int32)}, r"lengths are for trajectory tables"),
@@ -313,3 +313,21 @@ def test_trajectories_collected_by_lax_scan_go_in_time_major(make_table):
         np.testing.assert_array_equal(obs[env, :length, 0], 100 + np.arange(length) + 10 * env)
     with pytest.raises(gj.InvalidArgumentError, match="time_major=True is for trajectory tables"):
         gj.insert(make_table(), transitions(2), time_major=True)
+
+
+def test_jit_inserts_follow_the_tables_casting_policy(make_table):
+    """Inside jit the policy decides from dtypes at trace time: "fit" narrows floats, "strict" makes safe
+    casts only, and an integer narrowing (whose range only the values tell) is refused under both."""
+    table = make_table(fields={"x": gj.Field((), "float32"), "n": gj.Field((), "int32")}, capacity=8)
+    with jax.enable_x64(True):
+        x64 = jnp.array([0.25, 1e30], jnp.float64)
+        n32, n64 = jnp.array([3, 4], jnp.int32), jnp.array([3, 4], jnp.int64)
+        rows = np.asarray(jax.jit(lambda x, n: gj.insert(table, {"x": x, "n": n}))(x64, n32))
+        np.testing.assert_array_equal(table.columns["x"][rows, 0], np.float32([0.25, 1e30]))
+        with pytest.raises(gj.InvalidArgumentError, match=r"batch\['n'\] has dtype int64; .* range check"):
+            jax.jit(lambda x, n: gj.insert(table, {"x": x, "n": n}))(x64, n64)
+        table.casting = "strict"
+        strict = r"batch\['x'\] has dtype float64, expected float32"
+        with pytest.raises(gj.InvalidArgumentError, match=strict):
+            jax.jit(lambda x, n: gj.insert(table, {"x": x, "n": n}))(x64, n32)
+    assert table.size == 2

@@ -135,13 +135,13 @@ def test_insert_tensors_refuses_bad_input_and_gives_rows_back(make_table, monkey
     table = make_table(fields={"x": gj.Field((2,), "float32"), "y": gj.Field((), "int32")}, capacity=4)
     good = {"x": torch.ones(3, 2), "y": torch.zeros(3, dtype=torch.int32)}
     before = table.row_status()["generation"]  # not all 0 where the table reuses pooled memory
-    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['y'\] has dtype torch.int64"):
-        gjt.insert_tensors(table, {**good, "y": torch.zeros(3, dtype=torch.int64)})
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['y'\] has dtype torch.float64"):
+        gjt.insert_tensors(table, {**good, "y": torch.zeros(3, dtype=torch.float64)})
     with pytest.raises(gj.InvalidArgumentError, match=r"batch\['x'\] has shape \(3, 3\)"):
         gjt.insert_tensors(table, {**good, "x": torch.ones(3, 3)})
     with pytest.raises(gj.InvalidArgumentError, match="expected cpu or cuda"):
         table.insert({**good, "x": torch.ones(3, 2, device="meta")})
-    with pytest.raises(gj.InvalidArgumentError, match="every field"):
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch is missing fields \['y'\]"):
         gjt.insert_tensors(table, {"x": good["x"]})
     assert table.size == 0 and (table.row_status()["generation"] == before).all()  # nothing was claimed
 
@@ -221,8 +221,8 @@ def test_sampler_rejects_bad_priorities(make_table):
     next(sampler)
     with pytest.raises(gj.InvalidArgumentError, match=r"shape \(7,\), expected \(8,\)"):
         sampler.update_priorities(torch.ones(7))
-    with pytest.raises(gj.InvalidArgumentError, match="dtype torch.int64"):
-        sampler.update_priorities(torch.ones(8, dtype=torch.int64))
+    with pytest.raises(gj.InvalidArgumentError, match="priorities has dtype bool; expected floats"):
+        sampler.update_priorities(torch.ones(8, dtype=torch.bool))
     with pytest.raises(gj.InvalidArgumentError, match="torch.Tensor"):
         sampler.update_priorities(np.ones(8))
     with pytest.raises(gj.InvalidArgumentError, match="lie on meta"):
@@ -274,3 +274,25 @@ def test_gpu_handoff_waits_for_the_producer(make_table):
     sampler = gjt.Sampler(table, 8, device="cuda")
     batch = next(sampler)
     assert batch["obs"].device.type == "cuda" and batch["valid"].all()
+
+
+def test_insert_tensors_cast_by_the_tables_casting_policy(make_table):
+    """Tensors take the one casting rule of every insert: under "fit" int64 values within int32's range
+    are stored and values outside refused; under "strict" only safe casts are made."""
+    table = make_table(fields={"y": gj.Field((), "int32"), "x": gj.Field((), "float32")}, capacity=8)
+    rows = gjt.insert_tensors(
+        table,
+        {"y": torch.tensor([1, -7, 2**31 - 1]), "x": torch.tensor([0.5, 1.5, 2.5], dtype=torch.float64)},
+    )
+    np.testing.assert_array_equal(table.columns["y"][rows, 0], [1, -7, 2**31 - 1])
+    np.testing.assert_array_equal(table.columns["x"][rows, 0], [0.5, 1.5, 2.5])
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['y'\] holds values in \[0, 2147483648\]"):
+        gjt.insert_tensors(table, {"y": torch.tensor([0, 2**31]), "x": torch.zeros(2)})
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['x'\] holds 1e\+300, beyond float32"):
+        huge = torch.tensor([1e300], dtype=torch.float64)
+        gjt.insert_tensors(table, {"y": torch.zeros(1, dtype=torch.int32), "x": huge})
+    table.casting = "strict"
+    strict = r"batch\['y'\] has dtype torch.int64, expected int32: casting='strict'"
+    with pytest.raises(gj.InvalidArgumentError, match=strict):
+        gjt.insert_tensors(table, {"y": torch.tensor([1]), "x": torch.zeros(1)})
+    assert table.size == 3

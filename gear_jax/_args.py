@@ -1,0 +1,202 @@
+"""The argument checks every entry point shares: one rule, one wording, one home.
+
+The jitted calls (`gear_jax.ops`), the host calls (`gear_jax.host`), the PyTorch bridge, the sharded layer
+and the transition helpers check tables, batch sizes, methods, exponents, windows, samples, keys and
+field lists here, so that the same bad argument gets the same message whichever way it comes in. What
+an insert's rows must be (casting, priorities, lengths) lives in `gear_jax._rows`. The native handlers
+check again what only run time can know (xla_ffi/handler_checks.h).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gear_jax.errors import InvalidArgumentError, TableClosedError
+from gear_jax.selection import METHODS, Sample
+from gear_jax.spec import TableSpec
+from gear_jax.table import Table
+
+MAX_BATCH_SIZE = 2**31 - 1  # picks are counted and indexed in int32
+
+
+def check_table(table: Any, op: str) -> Table:
+    """`table` when it is an open gear_jax.Table."""
+    if not isinstance(table, Table):
+        raise InvalidArgumentError(f"{op}: `table` must be a gear_jax.Table, got {type(table).__name__}")
+    if table.closed:
+        raise TableClosedError(f"{op}: table {table.name!r} is closed; open it again")
+    return table
+
+
+def check_batch_size(batch_size: Any, op: str) -> int:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, (int, np.integer))
+        or not 1 <= batch_size <= MAX_BATCH_SIZE
+    ):
+        raise InvalidArgumentError(f"{op}: batch_size={batch_size!r} must be an int in [1, 2**31 - 1]")
+    return int(batch_size)
+
+
+def check_method(method: Any, op: str, methods: Sequence[str] = tuple(METHODS)) -> str:
+    if not isinstance(method, str) or method not in methods:
+        raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(methods)}")
+    return method
+
+
+def check_exponent(priority_exponent: Any, op: str) -> float:
+    try:
+        exponent = float(priority_exponent)
+    except (TypeError, ValueError):
+        exponent = math.nan
+    if not math.isfinite(exponent) or exponent < 0:
+        raise InvalidArgumentError(f"{op}: priority_exponent={priority_exponent!r} must be finite and >= 0")
+    return exponent
+
+
+def check_window(window: Any, max_steps: int, op: str) -> int:
+    """The window length (0 for None), at most the rows' `max_steps`."""
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
+        raise InvalidArgumentError(f"{op}: window={window!r} must be None or a positive int")
+    if window > max_steps:
+        raise InvalidArgumentError(
+            f"{op}: window={window} is longer than the table's max_steps={max_steps}; "
+            "use a shorter window or a table with longer rows"
+        )
+    return int(window)
+
+
+def check_sample(sample: Any, op: str, table: Table, name: str = "sample") -> int:
+    """The batch size of a well-formed Sample of `table` (the argument `name` of `op`); raises for
+    anything else."""
+    if not isinstance(sample, Sample):
+        raise InvalidArgumentError(f"{op}: `{name}` must be a gear_jax.Sample, got {type(sample).__name__}")
+    if sample.table_handle is not None and sample.table_handle != table.handle:
+        raise InvalidArgumentError(
+            f"{op}: the sample was picked from another table (handle {sample.table_handle}), not from "
+            f"table {table.name!r} (handle {table.handle}); its row ids mean nothing here. Pass the table "
+            "the sample came from"
+        )
+    shapes = {
+        name: jnp.shape(getattr(sample, name))
+        for name in ("indices", "generations", "probabilities", "starts")
+    }
+    if len(set(shapes.values())) != 1 or len(shapes["indices"]) != 1:
+        raise InvalidArgumentError(f"{op}: the Sample's arrays must all have shape (B,); got {shapes}")
+    for name in ("indices", "generations", "starts"):  # a cast to 32 bits must not pick another row
+        value = getattr(sample, name)
+        dtype = np.dtype(value.dtype if hasattr(value, "dtype") else jnp.result_type(value))  # numpy: as is
+        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4:
+            raise InvalidArgumentError(
+                f"{op}: the Sample's {name} have dtype {dtype}; they must be integers of at most 32 bits "
+                f"(gj.sample makes int32 indices and starts, uint32 generations), so that no value is "
+                "truncated or wrapped into another row's"
+            )
+    return shapes["indices"][0]
+
+
+def seed_words(key: Any, op: str) -> jax.Array:
+    """The two uint32 words a custom call draws its random numbers from, taken from the JAX key `key`."""
+    try:
+        return jax.random.bits(key, (2,), jnp.uint32)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(
+            f"{op}: key must be a JAX PRNG key, got {type(key).__name__} ({e}). Make one with "
+            "jax.random.key(seed) and thread it through the jitted step: pass it in, split it there "
+            "(`key, sample_key = jax.random.split(key)`) and return the new key"
+        ) from None
+
+
+def check_fields(spec: TableSpec, fields: Any, op: str) -> tuple[str, ...]:
+    """The names of the fields to gather: all for None, else the given name or names (at least one, each
+    a field of the table)."""
+    names = list(spec.fields)
+    if fields is None:
+        return tuple(names)
+    if isinstance(fields, str):
+        fields = (fields,)
+    if not isinstance(fields, Sequence) or not all(isinstance(f, str) for f in fields):
+        raise InvalidArgumentError(
+            f"{op}: fields={fields!r} must be a field name or a sequence of field names from {names}"
+        )
+    chosen = tuple(fields)
+    unknown = [f for f in chosen if f not in spec.fields]
+    if unknown or not chosen:
+        raise InvalidArgumentError(
+            f"{op}: fields {unknown or list(chosen)} are not among the table's fields {names}"
+        )
+    return chosen
+
+
+def host_memory_available() -> int | None:
+    """The host's MemAvailable in bytes, or None when unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def device_memory_available() -> int | None:
+    """Bytes the default backend's device can still hold: the memory limit of an accelerator, or the
+    host's MemAvailable for the CPU; None when unknown."""
+    device = jax.local_devices()[0]
+    if device.platform == "cpu":
+        return host_memory_available()
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return None if limit is None else int(limit) - int(stats.get("bytes_in_use", 0))
+
+
+def check_fits(op: str, nbytes: int, what: str, on_host: bool) -> None:
+    """Refuses results of `nbytes` bytes that the memory they go to cannot hold (the host's for host
+    calls, the default device's for compiled calls, refused at trace time), instead of an allocation
+    failure, or the process being killed, at run time."""
+    available = host_memory_available() if on_host else device_memory_available()
+    if available is not None and nbytes > available:
+        where = "host" if on_host else f"{jax.default_backend()} device"
+        raise InvalidArgumentError(
+            f"{op}: {what} need {nbytes / 2**30:.2f} GiB of results, more than the "
+            f"{available / 2**30:.2f} GiB the {where} has available; "
+            "use a smaller batch (several calls, or a smaller window)"
+        )
+
+
+class GatherLayout(NamedTuple):
+    """What a gather writes: the fields chosen, their native ids, the steps per pick, and the
+    (name, shape, dtype) of each output, the valid mask first."""
+
+    fields: tuple[str, ...]
+    field_ids: list[int]
+    steps: int
+    outputs: tuple[tuple[str, tuple[int, ...], np.dtype], ...]
+
+
+def gather_layout(
+    table: Table, b: int, fields: Any, window: Any, sample_window: int, op: str, on_host: bool
+) -> GatherLayout:
+    """The checked layout of a gather of `b` picks (for jitted and host calls alike): the window is the
+    given one, else the sample's, else the rows' max_steps (trajectory tables); 1 for transition tables."""
+    spec = table.spec
+    chosen = check_fields(spec, fields, op)
+    win = check_window(window, table.max_steps, op)
+    steps = (win or sample_window or table.max_steps) if spec.is_trajectory else 1
+    lead = (b, steps) if spec.is_trajectory else (b,)
+    outputs = (("valid", lead, np.dtype(np.bool_)),) + tuple(
+        (f, (*lead, *spec.fields[f].shape), np.dtype(spec.fields[f].dtype)) for f in chosen
+    )
+    nbytes = sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in outputs)
+    check_fits(op, nbytes, f"{b} picks x {steps} steps of {len(chosen)} fields", on_host)
+    names = list(spec.fields)
+    return GatherLayout(chosen, [names.index(f) for f in chosen], steps, outputs)

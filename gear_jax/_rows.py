@@ -1,0 +1,306 @@
+"""What an insert's rows must be, for every way rows come in: one home for batches, priorities and lengths.
+
+`Table.insert` and `add`, `EpisodeWriter`, `gj.insert` inside jit, `gear_jax.torch.insert_tensors` and the
+transition writers all prepare their rows here. Values become the fields' dtypes by the table's casting
+policy through the one rule of `gear_jax.casting.cast_rule`: host arrays with every check, PyTorch
+tensors with the value checks run by torch on their device, arrays traced inside jit with what the dtypes
+decide at trace time (`casting.traced_cast_problem` says what only run time could check). Priorities are
+finite, >= 0 and within float32 everywhere: checked here for host values, by the native handler at run
+time for traced ones (xla_ffi/handler_checks.h), with the same message.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gear_jax.casting import cast, refuse, to_numpy, traced_cast_problem
+from gear_jax.errors import InvalidArgumentError
+from gear_jax.spec import TableSpec
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+# -- where values lie -----------------------------------------------------------------------------------
+
+
+def torch_loaded() -> bool:
+    """Whether PyTorch is imported: only then can a value be a device tensor."""
+    return "torch" in sys.modules
+
+
+def is_device_tensor(value: Any) -> bool:
+    """Whether `value` is a PyTorch tensor outside host memory (CUDA): copied once, by gear_jax.torch."""
+    return (
+        type(value).__module__.startswith("torch")
+        and getattr(value, "device", None) is not None
+        and (value.device.type != "cpu")
+    )
+
+
+def holds_device_tensor(values: Any) -> bool:
+    """Whether any of `values` is a PyTorch tensor outside host memory."""
+    return torch_loaded() and any(map(is_device_tensor, values))
+
+
+# -- priorities ---------------------------------------------------------------------------------------
+
+
+def priority(value: Any, what: str = "priority") -> float:
+    """`value` as a float that is finite and >= 0 (a priority), or InvalidArgumentError naming `what`."""
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        p = math.nan
+    if not math.isfinite(p) or p < 0 or p > _FLOAT32_MAX:
+        raise InvalidArgumentError(f"{what} = {value!r}; it must be finite (as a float32) and >= 0")
+    return p
+
+
+def _priority_dtype_ok(dtype: Any) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
+
+
+def priorities(
+    value: Any, rows: int, what: str = "priorities", op: str = "", broadcast: bool = True
+) -> np.ndarray:
+    """Host priorities as float32[rows]: None gives 1 each, a scalar is broadcast (with `broadcast`), and
+    every value must be finite and >= 0 (nothing is written otherwise)."""
+    prefix = f"{op}: " if op else ""
+    if value is None:
+        return np.ones((rows,), np.float32)
+    if hasattr(value, "detach") and hasattr(value, "device"):  # a torch tensor
+        if value.device.type != "cpu":
+            raise InvalidArgumentError(
+                f"{prefix}{what} lie on {value.device}; move them to the CPU ({what}.cpu())"
+            )
+        value = value.detach()
+        if value.is_floating_point():  # numpy has no torch.bfloat16: all floats as float32
+            value = value.float()
+    p = to_numpy(value, what)
+    if not _priority_dtype_ok(p.dtype):
+        raise InvalidArgumentError(f"{prefix}{what} has dtype {p.dtype}; expected floats")
+    if p.ndim == 0 and broadcast:
+        p = np.full((rows,), p)
+    if p.shape != (rows,):
+        raise InvalidArgumentError(
+            f"{prefix}{what} has shape {p.shape}, expected ({rows},) to match the "
+            + ("batch" if broadcast else "sample")
+        )
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = p.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
+    if bad.size:
+        raise InvalidArgumentError(
+            f"{prefix}{what}[{bad[0]}] = {p[bad[0]]}; priorities must be finite and >= 0"
+        )
+    return p
+
+
+def traced_priorities(value: Any, rows: int, op: str, what: str, broadcast: bool, matched: str) -> jax.Array:
+    """Priorities of a compiled call as float32[rows], checked at trace time for dtype and shape (a
+    scalar is broadcast with `broadcast`); their values are checked by the handler at run time."""
+    is_jax = isinstance(value, jax.Array | jax.core.Tracer)
+    dtype = value.dtype if is_jax else np.asarray(value).dtype  # lists, numpy, torch: through numpy
+    if not _priority_dtype_ok(dtype):
+        raise InvalidArgumentError(f"{op}: {what} has dtype {dtype}; expected floats")
+    p = jnp.asarray(value)
+    if p.ndim == 0 and broadcast:
+        p = jnp.broadcast_to(p, (rows,))
+    if p.shape != (rows,):
+        raise InvalidArgumentError(f"{op}: {what} has shape {p.shape}, expected ({rows},) to match {matched}")
+    return p.astype(jnp.float32)
+
+
+# -- lengths ------------------------------------------------------------------------------------------
+
+
+def lengths(value: Any, rows: int, steps: int) -> np.ndarray:
+    """Host steps used per row as int32[rows], each in [1, steps]."""
+    n = to_numpy(value, "lengths")
+    if n.shape != (rows,) or not np.issubdtype(n.dtype, np.integer):
+        raise InvalidArgumentError(
+            f"lengths has shape {n.shape} and dtype {n.dtype}; expected integers of shape ({rows},)"
+        )
+    bad = np.flatnonzero((n < 1) | (n > steps))
+    if bad.size:
+        raise InvalidArgumentError(
+            f"lengths[{bad[0]}] = {n[bad[0]]} is outside [1, {steps}] (the batch's time axis)"
+        )
+    return n.astype(np.int32)
+
+
+def traced_lengths(value: Any, rows: int, op: str) -> jax.Array:
+    """Lengths of a compiled insert as int32[rows], checked at trace time for dtype and shape; the handler
+    checks each lies in [1, T] at run time."""
+    n = jnp.asarray(value)
+    if n.shape != (rows,) or not jnp.issubdtype(n.dtype, jnp.integer):
+        raise InvalidArgumentError(
+            f"{op}: lengths have shape {n.shape} and dtype {n.dtype}; expected integers of shape ({rows},)"
+        )
+    return n.astype(jnp.int32)
+
+
+# -- batches ------------------------------------------------------------------------------------------
+
+
+class Batches:
+    """Checks and converts batches of rows for one table spec: `[B, *shape]` per field for transition
+    tables, `[B, T, *shape]` (1 <= T <= max_steps) for trajectory tables."""
+
+    def __init__(self, spec: TableSpec):
+        self.spec = spec
+        self.names = list(spec.fields)
+        self.lead = 2 if spec.is_trajectory else 1
+        self.layout = "[B, T, *shape]" if spec.is_trajectory else "[B, *shape]"
+        # (name, dtype, ndim, shape) of every field, for the checks of `ready`.
+        self._ready_layout = [
+            (name, f.dtype, self.lead + len(f.shape), tuple(f.shape)) for name, f in spec.fields.items()
+        ]
+
+    def fields_problem(self, batch: Any, what: str = "batch") -> str:
+        """Why `batch` does not map exactly the table's fields ("" when it does)."""
+        if not isinstance(batch, Mapping):
+            return f"{what} must be a mapping of field name to array, got {type(batch).__name__}"
+        unknown = sorted(map(str, set(batch) - set(self.names)))
+        missing = [n for n in self.names if n not in batch]
+        if unknown and missing:
+            return (
+                f"{what} has unknown fields {unknown} and is missing fields {missing}; every insert "
+                f"writes all of the table's fields {self.names}"
+            )
+        if unknown:
+            return f"{what} has unknown fields {unknown}; the table's fields are {self.names}"
+        if missing:
+            return f"{what} is missing fields {missing}; every insert writes all of {self.names}"
+        return ""
+
+    def shape_problem(self, name: str, shape: tuple[int, ...], lead_shape: tuple[int, ...] | None) -> str:
+        """Why an array of `shape` is not field `name`'s part of a batch whose other fields have the
+        leading dimensions `lead_shape` (None: the first field) ("" when it is)."""
+        field = self.spec.fields[name]
+        if len(shape) != self.lead + len(field.shape) or shape[self.lead :] != field.shape:
+            return f"batch[{name!r}] has shape {shape}; expected {self.layout} with shape={field.shape}"
+        if lead_shape is not None and shape[: self.lead] != lead_shape:
+            return (
+                f"batch[{name!r}] has leading dimensions {shape[: self.lead]} (rows, steps), but earlier "
+                f"fields have {lead_shape}"
+            )
+        return ""
+
+    def rows_and_steps(self, lead_shape: tuple[int, ...], op: str = "") -> tuple[int, int]:
+        """The batch's rows and steps per row, refusing more steps than a row holds."""
+        rows = int(lead_shape[0])
+        steps = int(lead_shape[1]) if self.spec.is_trajectory else 1
+        if rows > 0 and not 1 <= steps <= self.spec.max_steps:
+            prefix = f"{op}: " if op else ""
+            raise InvalidArgumentError(
+                f"{prefix}the batch has {steps} steps per row; the table holds 1 to "
+                f"max_steps={self.spec.max_steps}"
+            )
+        return rows, steps
+
+    def ready(self, batch: Any) -> tuple[list[np.ndarray], int, int] | None:
+        """The common batch, checked without casting or copying: a dict of C-contiguous numpy arrays, each
+        of its field's dtype and shape, all with the same rows (and steps), at least one row. None for
+        anything else, which `host` converts or refuses."""
+        if type(batch) is not dict or len(batch) != len(self._ready_layout):
+            return None
+        arrays = []
+        lead_shape = None
+        lead = self.lead
+        for name, dtype, ndim, shape in self._ready_layout:
+            array = batch.get(name)
+            if (
+                type(array) is not np.ndarray
+                or (array.dtype is not dtype and array.dtype != dtype)
+                or array.ndim != ndim
+                or array.shape[lead:] != shape
+                or not array.flags.c_contiguous
+            ):
+                return None
+            if lead_shape is None:
+                lead_shape = array.shape[:lead]
+            elif array.shape[:lead] != lead_shape:
+                return None
+            arrays.append(array)
+        assert lead_shape is not None
+        rows = lead_shape[0]
+        steps = lead_shape[1] if lead == 2 else 1
+        if rows == 0 or not 1 <= steps <= self.spec.max_steps:
+            return None
+        return arrays, rows, steps
+
+    def host(self, batch: Any, casting: str) -> tuple[list[np.ndarray], int, int]:
+        """Host arrays (numpy, JAX, CPU PyTorch, array-likes) cast by the policy into C-contiguous arrays
+        of the fields' dtypes: (arrays in field order, rows, steps). One message names every refused
+        field."""
+        problem = self.fields_problem(batch)
+        if problem:
+            raise InvalidArgumentError(problem)
+        arrays: list[np.ndarray] = []
+        problems: list[str] = []
+        lead_shape = None
+        for name, field in self.spec.fields.items():
+            array, why = cast(batch[name], field.dtype, casting, f"batch[{name!r}]")
+            if array is None:
+                problems.append(f"batch[{name!r}] {why}")
+                continue
+            problem = self.shape_problem(name, array.shape, lead_shape)
+            if problem:
+                problems.append(problem)
+                continue
+            lead_shape = lead_shape or array.shape[: self.lead]
+            arrays.append(np.ascontiguousarray(array))
+        refuse(problems, casting)
+        assert lead_shape is not None
+        rows, steps = self.rows_and_steps(lead_shape)
+        return arrays, rows, steps
+
+    def traced(self, batch: Any, casting: str, time_major: bool, op: str) -> tuple[list[jax.Array], int, int]:
+        """Arrays of a compiled insert (traced or concrete), cast by the policy as far as their dtypes
+        decide it at trace time: (arrays `[B, ...]` in field order, rows, steps)."""
+        if not isinstance(batch, dict):
+            raise InvalidArgumentError(
+                f"{op}: batch must be a dict of field name to array, got {type(batch).__name__}"
+            )
+        problem = self.fields_problem(batch)
+        if problem:
+            raise InvalidArgumentError(f"{op}: {problem}")
+        if time_major and not self.spec.is_trajectory:
+            raise InvalidArgumentError(f"{op}: time_major=True is for trajectory tables (max_steps > 1) only")
+        layout = self.layout if not time_major else "[T, B, *shape]"
+        arrays, problems, lead_shape = [], [], None
+        for name, field in self.spec.fields.items():
+            value = batch[name]
+            if not hasattr(value, "dtype") or not hasattr(value, "shape"):
+                value = jnp.asarray(value)
+            why = traced_cast_problem(np.dtype(value.dtype), field.dtype, casting)
+            if why:
+                problems.append(f"batch[{name!r}] {why}")
+                continue
+            if jax.dtypes.canonicalize_dtype(field.dtype) != field.dtype:
+                problems.append(
+                    f"field {name!r} is {field.dtype}, which JAX holds only with jax_enable_x64 on; enable "
+                    "it (jax.config.update('jax_enable_x64', True)) or declare the field with 32 bits"
+                )
+                continue
+            shape = tuple(value.shape)
+            problem = self.shape_problem(name, shape, lead_shape)
+            if problem:
+                problems.append(problem.replace(self.layout, layout))
+                continue
+            lead_shape = lead_shape or shape[: self.lead]
+            value = value.astype(field.dtype)
+            arrays.append(jnp.swapaxes(value, 0, 1) if time_major else value)
+        if problems:
+            raise InvalidArgumentError(f"{op}: " + "; ".join(problems))
+        assert lead_shape is not None
+        rows, steps = self.rows_and_steps(lead_shape[::-1] if time_major else lead_shape, op)
+        return arrays, rows, steps

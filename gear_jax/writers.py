@@ -1,0 +1,206 @@
+"""Writers of rows one at a time: episodes step by step (`EpisodeWriter`), and rows admitted by the rate
+limiter then committed one by one (`AdmittedInserts`: `Table.add`'s general path and the PyTorch bridge).
+
+A writer holds a claimed row (odd generation: never sampled) while it writes, publishes it with its
+length and priority, and gives it back empty when it stops without publishing (its finalizer does, for a
+writer dropped without `close()`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gear_jax import _native, _rows
+from gear_jax.casting import StepConverter
+from gear_jax.errors import InvalidArgumentError, TableClosedError
+from gear_jax.rate_limiter import check_timeout
+from gear_jax.spec import TableSpec
+
+if TYPE_CHECKING:
+    from gear_jax.table import Table
+
+
+def row_writer(native: Any, spec: TableSpec) -> Any:
+    """A native writer of one step of every field: the short path of `Table.add` and `EpisodeWriter`
+    (xla_ffi/row_writer.h), which writes what the general path (`gear_jax.casting`) would."""
+    fields = [(name, f.dtype.kind, f.dtype.itemsize, list(f.shape)) for name, f in spec.fields.items()]
+    return _native.RowWriter(native, fields)
+
+
+def _live(table: Table) -> Any:
+    """The table's native object, or TableClosedError once it is closed."""
+    if table.closed:
+        raise TableClosedError(
+            f"table {table.name!r} is closed; open it again with Table.attach or create a new one"
+        )
+    return table.native
+
+
+class EpisodeWriter:
+    """Writes episodes step by step, in place, into the row it holds.
+
+    The first `append` claims a row (odd generation: it is never sampled while being written); each
+    step's arrays are copied straight into the table's memory; `end_episode` publishes the row with its
+    length and priority. Leaving the `with` block (or `close()`) abandons an unfinished episode.
+    """
+
+    def __init__(self, table: Table):
+        self._table = table
+        self._steps = 0
+        self._packer: Any = None  # a RowWriter, made on the first append
+        # The row held, in a cell the finalizer shares: a writer dropped without close() (an
+        # exception, say) still gives its row back instead of holding it for the process's lifetime.
+        self._held: list[int | None] = [None]
+        self._finalizer = weakref.finalize(self, _abandon_held, table.native, self._held)
+        self._convert = StepConverter(table.spec.fields)
+
+    @property
+    def _row(self) -> int | None:
+        return self._held[0]
+
+    @_row.setter
+    def _row(self, row: int | None) -> None:
+        self._held[0] = row
+
+    @property
+    def steps(self) -> int:
+        """Steps appended to the current episode."""
+        return self._steps
+
+    def append(self, step: Mapping[str, Any]) -> None:
+        """Appends one step: a mapping of every field name to a value of the field's shape, cast by the
+        table's `casting` policy (`gear_jax.casting`), as `insert` casts.
+
+        Raises:
+          InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes (one message names
+            every refused field), or an episode that
+            would exceed `max_steps` (end it first).
+        """
+        table = self._table
+        native = _live(table)
+        spec = table.spec
+        if not isinstance(step, Mapping) or set(step) != set(spec.fields):
+            self._convert.refuse_keys(step, "step")
+        if self._steps >= spec.max_steps:
+            raise InvalidArgumentError(
+                f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
+            )
+        if type(step) is dict:  # the short path: checked and copied in one native call each
+            if self._packer is None:
+                self._packer = row_writer(native, spec)
+            if self._packer.pack(step, table.casting == "strict"):
+                if self._row is None:
+                    self._row = int(native.claim())
+                self._packer.write_packed(self._row, self._steps)
+                self._steps += 1
+                return
+        device = _rows.holds_device_tensor(step.values())
+        if device:  # device tensors are checked (not cast) here and copied once the row is held
+            from gear_jax.torch import check_step, copy_step
+
+            host = {n: v for n, v in step.items() if not _rows.is_device_tensor(v)}
+            on_device = {n: check_step(table, n, v) for n, v in step.items() if n not in host}
+            converted = StepConverter({n: spec.fields[n] for n in host})(host, table.casting)
+            values = {**step, **on_device, **dict(zip(host, converted))}
+        else:
+            values = dict(zip(spec.fields, self._convert(step, table.casting)))
+        if self._row is None:
+            self._row = int(native.claim())
+        for name, value in values.items():
+            if device and _rows.is_device_tensor(value):
+                copy_step(table, name, self._row, self._steps, value)
+            else:
+                table.columns[name][self._row, self._steps] = value
+        self._steps += 1
+
+    def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
+        """Publishes the episode; returns its row id.
+
+        With a rate limiter, first waits (holding the row) until the limiter admits one insert: an
+        episode counts when it is published, not when it starts.
+
+        Args:
+          priority: finite and >= 0.
+          timeout: seconds to wait at most for the rate limiter; None waits as long as it takes.
+
+        Raises:
+          InvalidArgumentError: no step was appended, or `priority` is not finite and >= 0.
+          TableClosedError: the table was closed (before or while waiting); the row is still held, and
+            close() gives it back.
+          RateLimiterTimeout: the limiter did not admit the episode in time; the episode is kept (call
+            end_episode again, or close() to abandon it).
+        """
+        p = _rows.priority(priority)
+        if self._row is None:
+            raise InvalidArgumentError("end_episode() needs at least one append() first")
+        if timeout is not None:
+            timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
+        native = _live(self._table)
+        row, steps = self._row, self._steps
+        try:
+            # Waits for the limiter first, holding the row: a timeout, a close or an interrupt meanwhile
+            # leaves the row held and the episode kept.
+            native.commit(row, steps, p, timeout)
+        except TableClosedError:
+            raise
+        except RuntimeError:  # the row was taken over (reclaimed as a dead writer's): held no more
+            self._row, self._steps = None, 0
+            raise
+        self._row, self._steps = None, 0
+        return row
+
+    def close(self) -> None:
+        """Abandons an unfinished episode (the row becomes empty again), even after the table's
+        close(): other processes may still be using the table."""
+        _abandon_held(self._table.native, self._held)
+        self._steps = 0
+
+    def __enter__(self) -> EpisodeWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AdmittedInserts:
+    """Rows the table's rate limiter admitted, for code that claims rows and commits them one at a time
+    (`Table.add`'s general path, `gear_jax.torch.insert_tensors`).
+
+    Entering waits until the limiter admits `rows` inserts (up to `timeout` seconds), which counts them;
+    `commit` publishes a claimed row as one of them; leaving gives back those not committed (a failed
+    write). Without a limiter nothing waits and nothing is counted.
+    """
+
+    def __init__(self, table: Table, rows: int, timeout: float | None):
+        self._native = _live(table)
+        self._limited = table.rate_limiter is not None
+        self._rows = rows
+        self._timeout = timeout
+        self._left = 0
+
+    def __enter__(self) -> AdmittedInserts:
+        if self._limited:
+            self._native.reserve_inserts(self._rows, self._timeout)
+            self._left = self._rows
+        return self
+
+    def commit(self, row: int, length: int, priority: float) -> None:
+        """Publishes `row` (claimed by this process) with `length` steps and `priority`."""
+        self._native.commit(row, length, priority, None, self._limited)  # reserved: counted when admitted
+        if self._limited:
+            self._left -= 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self._left > 0 and not self._native.closed:
+            self._native.return_inserts(self._left)
+
+
+def _abandon_held(native: Any, held: list[int | None]) -> None:
+    """Gives back the row in `held`, if any (a writer's close and finalizer)."""
+    row, held[0] = held[0], None
+    if row is not None:
+        native.abandon(row)
+
+
