@@ -5,9 +5,10 @@ deferred imports, made inside a function, marked with *), and the circles it fin
 
 One kind of circle stays, written down here with its reason: `Table`'s methods are users' spellings of
 functions that live in modules which need `Table` themselves (`table.sample(...)` is
-`gear_jax.sample(table, ...)`, `table.save(path)` is `gear_jax.checkpoint.save(table, path)`, an insert or
-an episode step of CUDA tensors goes through `gear_jax.torch`). Those imports are deferred to the call, so that importing
-`gear_jax.table` never needs them; a module-level import may never close a circle.
+`gear_jax.sample(table, ...)`, `table.save(path)` is `gear_jax.checkpoint.save(table, path)`, an insert
+or an episode step of CUDA tensors goes through `gear_jax.torch`). Those imports are deferred to the
+call, so that importing `gear_jax.table` never needs them; a module-level import may never close a
+circle.
 """
 
 from __future__ import annotations
