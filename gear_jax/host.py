@@ -221,7 +221,10 @@ def sample(
     Args:
       table: a gear_jax.Table.
       rng: a `numpy.random.Generator` (64 bits drawn per call) or a JAX PRNG key.
-      batch_size, method, priority_exponent, window: as for `gear_jax.sample`.
+      batch_size: as for `gear_jax.sample`.
+      method: as for `gear_jax.sample`.
+      priority_exponent: as for `gear_jax.sample`.
+      window: as for `gear_jax.sample`.
 
     Returns:
       A `gear_jax.Sample` of numpy arrays (`selectable` a numpy int32).
@@ -251,7 +254,10 @@ def gather(
     """Copies the sampled rows (or windows of them) out of the table: `gear_jax.gather` outside jit.
 
     Args:
-      table, sample, fields, window: as for `gear_jax.gather` (the sample may hold numpy or JAX arrays).
+      table: as for `gear_jax.gather` (the sample may hold numpy or JAX arrays).
+      sample: as for `gear_jax.gather` (the sample may hold numpy or JAX arrays).
+      fields: as for `gear_jax.gather` (the sample may hold numpy or JAX arrays).
+      window: as for `gear_jax.gather` (the sample may hold numpy or JAX arrays).
       out: optional arrays to write into, by name (a field's or "valid"), each C-contiguous with the
         result's shape and dtype: a learner that reuses its batch buffers allocates nothing per call.
 
@@ -288,8 +294,14 @@ def sample_gather(
     """`sample` then `gather` of its picks in one native call: `gear_jax.sample_gather` outside jit.
 
     Args:
-      table, rng, batch_size, method, priority_exponent, window: as for `sample`.
-      fields, out: as for `gather` (its window is the sample's; max_steps without one).
+      table: as for `sample`.
+      rng: as for `sample`.
+      batch_size: as for `sample`.
+      method: as for `sample`.
+      priority_exponent: as for `sample`.
+      window: as for `sample`.
+      fields: as for `gather` (its window is the sample's; max_steps without one).
+      out: as for `gather` (its window is the sample's; max_steps without one).
 
     Returns:
       (Sample, batch), both of numpy arrays.
@@ -355,7 +367,11 @@ class Sampler:
 
     Args:
       table: a gear_jax.Table.
-      batch_size, fields, method, priority_exponent, window: as for `sample_gather`.
+      batch_size: as for `sample_gather`.
+      fields: as for `sample_gather`.
+      method: as for `sample_gather`.
+      priority_exponent: as for `sample_gather`.
+      window: as for `sample_gather`.
       rng: a `numpy.random.Generator` (64 bits drawn per call, as `sample_gather` draws them) or
         an int seed for a new one; None: a Generator seeded from the operating system.
       buffers: how many sets of arrays the calls cycle through (>= 1).

@@ -244,8 +244,14 @@ def sample_gather(
     cache). On other platforms it is exactly those two calls.
 
     Args:
-      table, key, batch_size, method, priority_exponent, window, after, priority_update: as for
-        `sample`.
+      table: as for `sample`.
+      key: as for `sample`.
+      batch_size: as for `sample`.
+      method: as for `sample`.
+      priority_exponent: as for `sample`.
+      window: as for `sample`.
+      after: as for `sample`.
+      priority_update: as for `sample`.
       fields: as for `gather`; the gather's window is the sample's (max_steps without one).
 
     Returns:

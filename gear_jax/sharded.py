@@ -137,7 +137,8 @@ class ShardedTable:
           axis: the mesh axis the shards lie along (one shard per device).
           name: the sharded table's name (shards are `<name>.shard<s>`); by default process 0 draws one
             and every process takes it.
-          pin, reuse: as in `Table.create`, for each shard.
+          pin: as in `Table.create`, for each shard.
+          reuse: as in `Table.create`, for each shard.
 
         Raises:
           InvalidArgumentError: `axis` is not an axis of the mesh, another axis has size > 1, the global

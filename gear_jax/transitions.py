@@ -161,7 +161,11 @@ class TransitionWriter:
     Args:
       table: a trajectory table with max_steps >= n_step + 1.
       n_step: the n of the n-step returns that will be read (windows of n_step + 1 steps).
-      obs, action, reward, terminated, truncated: the table's field names for the five roles.
+      obs: the table's field names for the five roles.
+      action: the table's field names for the five roles.
+      reward: the table's field names for the five roles.
+      terminated: the table's field names for the five roles.
+      truncated: the table's field names for the five roles.
     """
 
     def __init__(
@@ -333,7 +337,11 @@ def nstep_transitions(
         mask (bool `[B, W]`), from a table written by `TransitionWriter`.
       n_step: n >= 1 (static).
       gamma: the discount, a scalar in [0, 1] (may be traced).
-      obs, action, reward, terminated, truncated: the batch's keys for the five roles.
+      obs: the batch's keys for the five roles.
+      action: the batch's keys for the five roles.
+      reward: the batch's keys for the five roles.
+      terminated: the batch's keys for the five roles.
+      truncated: the batch's keys for the five roles.
 
     Returns:
       A dict: obs and action (of step 0), reward (float32[B]), discount (float32[B]), next_obs, and valid
