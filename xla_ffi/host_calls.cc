@@ -333,13 +333,8 @@ int32_t HostUpdatePriorities(OpenTable& self, const py::array_t<int32_t, py::arr
   {
     py::gil_scoped_release release;
     table.CheckCounts(/*force=*/false);
-    // In a counter window, as the custom call: a priority moved to or from 0 changes `selectable`. The
-    // window closes even when the kernel throws (bad_alloc).
-    struct Window {
-      SharedTable& table;
-      const int slot = table.OpenWindow();
-      ~Window() { table.CloseWindow(slot); }
-    } window{table};
+    // In a counter window, as the custom call: a priority moved to or from 0 changes `selectable`.
+    CounterWindow window(table);
     status = ScatterPrioritiesCpu(table.view(), indices.data(), generations.data(), priorities.data(), n,
                                   &updated);
   }

@@ -2,6 +2,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "xla_ffi/clock.h"
+
 namespace py = pybind11;
 
 namespace gear {
