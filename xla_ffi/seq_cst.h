@@ -1,5 +1,5 @@
 // Sequentially consistent atomics on table memory, for ownership, attach slots and counter windows:
-// the argument of "Ownership and counters" (counter_window.cc) needs one total order of them. Row
+// the argument of "Counters" (counter_window.cc) needs one total order of them. Row
 // states and data use the weaker orders of kernels/atomics.h.
 #pragma once
 

@@ -1,5 +1,5 @@
 // A table's memory: the file in /dev/shm that holds it, its mapping into this process (aligned for 2 MiB
-// pages, which new tables get where the kernel allows: table_mapping.cc, "Huge pages"), and its CUDA
+// pages, which new tables get where the kernel allows: table_mapping.cc, BackWithHugePages), and its CUDA
 // registration when pinned. Unregistered and unmapped when the last holder lets go (open tables, calls
 // running on them, the pool).
 #pragma once
