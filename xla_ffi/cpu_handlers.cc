@@ -192,14 +192,11 @@ ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::
       error.failure()) {
     return error;
   }
-  // In a counter window: an update that moves a row's priority to or from 0 changes `selectable`
-  // (shared_table.cc, "Ownership and counters").
-  const int slot = table->OpenWindow();
-  const KernelStatus status = ScatterPrioritiesCpu(
+  // In a counter window: an update that moves a row's priority to or from 0 changes `selectable`.
+  CounterWindow window(*table);
+  return KernelFailure(ScatterPrioritiesCpu(
       table->view(), indices.typed_data(), generations.typed_data(), priorities.typed_data(),
-      static_cast<int64_t>(indices.element_count()), updated->typed_data());
-  table->CloseWindow(slot);
-  return KernelFailure(status);
+      static_cast<int64_t>(indices.element_count()), updated->typed_data()));
 }
 
 // The rows of an insert inside a jitted program: SharedTable::Insert, the host insert's claim, copy and

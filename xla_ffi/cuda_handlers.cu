@@ -379,11 +379,12 @@ struct HostScatter {
 void RunHostScatter(void* arg) {
   std::unique_ptr<HostScatter> call(static_cast<HostScatter*>(arg));
   const ScatterStaging& s = call->staging;
-  // In a counter window, as on the CPU (shared_table.cc, "Ownership and counters").
-  const int slot = call->table->OpenWindow();
-  const KernelStatus status =
-      ScatterPrioritiesCpu(call->table->view(), s.indices, s.generations, s.priorities, call->n, s.count);
-  call->table->CloseWindow(slot);
+  KernelStatus status;
+  {
+    CounterWindow window(*call->table);  // as on the CPU (counter_window.h)
+    status =
+        ScatterPrioritiesCpu(call->table->view(), s.indices, s.generations, s.priorities, call->n, s.count);
+  }
   if (!status.ok()) {  // the record CheckKernel (kernels/priorities.cu) would leave
     *s.count = 0;
     ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
@@ -431,19 +432,20 @@ ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTab
 
 // A counter window that stays open while a priority kernel may run: opened by the handler before the
 // launch, closed by a host callback enqueued after the kernel (a process killed meanwhile leaves the
-// window open in its writer slot, and the counters are recounted; shared_table.cc).
+// window open in its writer slot, and the counters are recounted; counter_window.h). Deleting it
+// closes the window: a launch that fails closes it at once.
 struct WindowAfterKernel {
   std::shared_ptr<SharedTable> table;  // keeps the mapping until the callback ran
   int64_t handle;
-  int slot;
+  CounterWindow window;
 };
 
 // The host callback (cudaHostFn_t) that closes the window. Makes no CUDA call.
 void CloseWindowAfterKernel(void* arg) {
-  std::unique_ptr<WindowAfterKernel> window(static_cast<WindowAfterKernel*>(arg));
-  window->table->CloseWindow(window->slot);
-  if (!ReleaseWhileRegistered(window->handle, &window->table))
-    RetiredTables::Get().Park(std::move(window->table));
+  std::unique_ptr<WindowAfterKernel> after(static_cast<WindowAfterKernel*>(arg));
+  after->window.Close();  // before the table may go
+  if (!ReleaseWhileRegistered(after->handle, &after->table))
+    RetiredTables::Get().Park(std::move(after->table));
 }
 
 ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
@@ -473,7 +475,7 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
     return error;
   }
   auto window =
-      std::unique_ptr<WindowAfterKernel>(new WindowAfterKernel{t.table, handle, t.table->OpenWindow()});
+      std::unique_ptr<WindowAfterKernel>(new WindowAfterKernel{t.table, handle, CounterWindow(*t.table)});
   const cudaError_t launched =
       ScatterPrioritiesCuda(view, indices.typed_data(), generations.typed_data(), priorities.typed_data(), n,
                             memory, updated->typed_data(), t.side->error_device, stream);
@@ -485,7 +487,7 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
   }
   // Not launched, or no callback: nothing will close the window later. Close it now (a kernel that
   // was launched then runs outside a window, as before windows existed).
-  t.table->CloseWindow(window->slot);
+  window.reset();
   if (launched != cudaSuccess) return Launched(launched, kOp);
   cudaGetLastError();  // reported here, not by a later launch check
   return CudaFailure(kOp, "cannot enqueue the end of the update's counter window", enqueued);

@@ -3,7 +3,7 @@
 // (GEAR_JAX_WITH_CUDA). In a process that sees no usable GPU, nothing is registered and the table works
 // exactly as in a CPU-only build.
 //
-// Plain C++ (no CUDA headers), so that shared_table.cc and module.cc include it.
+// Plain C++ (no CUDA headers), so that table_mapping.cc and module.cc include it.
 #pragma once
 
 #include <cstddef>

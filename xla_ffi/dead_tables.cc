@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 
+#include "xla_ffi/clock.h"
 #include "xla_ffi/shared_table.h"
 #include "xla_ffi/table_pool.h"
 

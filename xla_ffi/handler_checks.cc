@@ -11,7 +11,7 @@ ffi::Error OpError(ffi::ErrorCode code, const char* op, const std::string& messa
   return ffi::Error(code, std::string("gear_jax.") + op + ": " + message);
 }
 
-ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix) {
+ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix, const char* scope) {
   if (status.ok()) return ffi::Error::Success();
   ffi::ErrorCode code = ffi::ErrorCode::kInvalidArgument;
   switch (status.code()) {
@@ -21,7 +21,7 @@ ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix) 
     case KernelCode::kOk:
     case KernelCode::kInvalidArgument: break;
   }
-  return OpError(code, status.op(), status.message() + suffix);
+  return OpError(code, (std::string(scope) + status.op()).c_str(), status.message() + suffix);
 }
 
 ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<SharedTable>* table) {
@@ -54,19 +54,27 @@ ffi::Error CheckSeedExponentWindow(const char* op, size_t seed_words, float prio
 
 }  // namespace
 
-ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
-                         size_t batch_size, SampleRequest* request) {
-  if (seed_words != 2) return CheckSeedExponentWindow("sample", seed_words, priority_exponent, window);
+ffi::Error CheckSelection(const char* op, int32_t method, float priority_exponent, int32_t window,
+                          SampleRequest* request) {
   if (!IsSampleMethod(method)) {
-    return KernelFailure(KernelError(ErrorSite::kSampleMethod, 0, method));
+    return OpError(ffi::ErrorCode::kInvalidArgument, op, "unknown sampling method " + std::to_string(method));
   }
-  if (ffi::Error error = CheckSeedExponentWindow("sample", seed_words, priority_exponent, window);
-      error.failure()) {
+  if (ffi::Error error = CheckSeedExponentWindow(op, 2, priority_exponent, window); error.failure()) {
     return error;
   }
   request->method = static_cast<SampleMethod>(method);
   request->priority_exponent = priority_exponent;
   request->window = window;
+  return ffi::Error::Success();
+}
+
+ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
+                         size_t batch_size, SampleRequest* request) {
+  if (seed_words != 2) return CheckSeedExponentWindow("sample", seed_words, priority_exponent, window);
+  if (ffi::Error error = CheckSelection("sample", method, priority_exponent, window, request);
+      error.failure()) {
+    return error;
+  }
   request->batch_size = static_cast<int64_t>(batch_size);
   return ffi::Error::Success();
 }
@@ -143,27 +151,38 @@ ffi::Error PrepareGather(const TableView& view, size_t indices, size_t generatio
                    "indices, generations and starts must have one entry per pick, and valid batch x window "
                    "entries (window >= 1)");
   }
-  request->batch_size = batch;
-  request->window = window;
-  request->num_fields = static_cast<int32_t>(fields.size());
-  out->valid = valid->typed_data();
+  int64_t result_bytes[kMaxFields];
   for (size_t f = 0; f < fields.size(); ++f) {
-    if (fields[f] < 0 || fields[f] >= view.num_fields) {
-      return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
-                     "field id " + std::to_string(fields[f]) + " is outside [0, " +
-                         std::to_string(view.num_fields) + ")");
-    }
     auto result = fields_out.get<ffi::AnyBuffer>(f);
     if (!result.has_value()) return result.error();
-    const int64_t expected = batch * window * view.fields[fields[f]].step_bytes;
-    if (static_cast<int64_t>((*result)->size_bytes()) != expected) {
-      return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
-                     "the result of field " + std::to_string(fields[f]) + " holds " +
-                         std::to_string((*result)->size_bytes()) + " bytes, expected " +
-                         std::to_string(expected));
-    }
-    request->field_ids[f] = static_cast<int32_t>(fields[f]);
+    result_bytes[f] = static_cast<int64_t>((*result)->size_bytes());
     out->fields[f] = static_cast<uint8_t*>((*result)->untyped_data());
+  }
+  out->valid = valid->typed_data();
+  return CheckGatherFields(kOp, "result", view, batch, window, fields.begin(), result_bytes, fields.size(),
+                           request);
+}
+
+ffi::Error CheckGatherFields(const char* op, const char* results, const TableView& view, int64_t batch,
+                             int32_t window, const int64_t* field_ids, const int64_t* result_bytes,
+                             size_t num_fields, GatherRequest* request) {
+  request->batch_size = batch;
+  request->window = window;
+  request->num_fields = static_cast<int32_t>(num_fields);
+  for (size_t f = 0; f < num_fields; ++f) {
+    const int64_t field = field_ids[f];
+    if (field < 0 || field >= view.num_fields) {
+      return OpError(
+          ffi::ErrorCode::kInvalidArgument, op,
+          "field id " + std::to_string(field) + " is outside [0, " + std::to_string(view.num_fields) + ")");
+    }
+    const int64_t expected = batch * window * view.fields[field].step_bytes;
+    if (result_bytes[f] != expected) {
+      return OpError(ffi::ErrorCode::kInvalidArgument, op,
+                     std::string("the ") + results + " of field " + std::to_string(field) + " holds " +
+                         std::to_string(result_bytes[f]) + " bytes, expected " + std::to_string(expected));
+    }
+    request->field_ids[f] = static_cast<int32_t>(field);
   }
   return ffi::Error::Success();
 }

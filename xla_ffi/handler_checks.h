@@ -1,8 +1,10 @@
-// What every FFI handler does before it runs a kernel, written once for the CPU and CUDA handlers: the
-// table lookup, the argument checks, and the mapping of kernel errors to XLA status codes. Both
-// backends therefore refuse the same bad input with the same code and the same words. The handler
-// files keep only what differs: their XLA bindings (contexts), where the kernels run, and (CUDA) how
-// errors found by a kernel reach the next call.
+// What every FFI handler and host call does before it runs a kernel, written once for the CPU and CUDA
+// handlers and the host calls (host_calls.h): the table lookup, the argument checks, and the mapping of
+// kernel errors to status codes. Every entry point therefore refuses the same bad input with the same
+// code and the same words, "gear_jax.<op>: ..." (a host call's op is "host.<op>", and host_calls.h
+// raises the error as a gear_jax exception). The handler files keep only what differs: their XLA
+// bindings (contexts), where the kernels run, and (CUDA) how errors found by a kernel reach the next
+// call; the host calls keep the checks of numpy arrays.
 #pragma once
 
 #include <cstddef>
@@ -25,13 +27,19 @@ namespace ffi = xla::ffi;
 // "gear_jax.<op>: <message>" with `code`.
 ffi::Error OpError(ffi::ErrorCode code, const char* op, const std::string& message);
 
-// Success, or the kernel's error with its code and words (the operation named by the error site).
-ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix = "");
+// Success, or the kernel's error with its code and words (the operation named by the error site, after
+// `scope`: "host." for a host call).
+ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix = "", const char* scope = "");
 
 // The open table of (handle, spec_hash), held for the call; FAILED_PRECONDITION when it was closed or
 // the function was compiled for another spec. Repairs the table's counters when a writer died while
 // changing them (SharedTable::CheckCounts, throttled).
 ffi::Error ResolveTable(int64_t handle, int64_t spec_hash, std::shared_ptr<SharedTable>* table);
+
+// A selection's method, exponent and window (>= 0), in the words of `op`; fills the request's method,
+// exponent and window.
+ffi::Error CheckSelection(const char* op, int32_t method, float priority_exponent, int32_t window,
+                          SampleRequest* request);
 
 // sample: checks the seed, the method and the window, and fills *request (all but the seed words).
 ffi::Error PrepareSample(size_t seed_words, int32_t method, float priority_exponent, int32_t window,
@@ -57,6 +65,13 @@ ffi::Error PrepareGather(const TableView& view, size_t indices, size_t generatio
                          ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out,
                          ffi::Span<const int64_t> fields, int32_t window, GatherRequest* request,
                          GatherOutputs* out);
+
+// A gather's fields, in the words of `op`: each id a field of the table, and its result (`results`
+// names them: "result" in a custom call, "output" in a host call) result_bytes[f] = batch x window x the
+// field's step bytes. Fills the request's batch, window and field ids.
+ffi::Error CheckGatherFields(const char* op, const char* results, const TableView& view, int64_t batch,
+                             int32_t window, const int64_t* field_ids, const int64_t* result_bytes,
+                             size_t num_fields, GatherRequest* request);
 
 // How an insert gives its rows their priorities (the attribute `priority_mode`).
 enum class InsertPriorities : int32_t {

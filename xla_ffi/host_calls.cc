@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -20,6 +19,7 @@
 #include "kernels/priorities.h"
 #include "kernels/priority_index.h"
 #include "kernels/sample.h"
+#include "xla_ffi/handler_checks.h"
 #include "xla_ffi/priority_indexes.h"
 #include "xla_ffi/rate_limiter.h"
 #include "xla_ffi/shared_table.h"
@@ -95,20 +95,29 @@ class HostThreads : public ParallelFor {
   mutable std::deque<std::function<void()>> tasks_;
 };
 
-// The refusal of a kernel, in the words the custom calls use, prefixed with the host operation.
-void ThrowIfFailed(const KernelStatus& status) {
-  if (status.ok()) return;
-  const bool too_few = status.code() == KernelCode::kEmpty || status.code() == KernelCode::kTooFew;
-  throw HostCallError(too_few ? "NotEnoughRowsError" : "InvalidArgumentError",
-                      std::string("gear_jax.host.") + status.op() + ": " + status.message());
+// The scope of a host call's op in error words: "gear_jax.host.<op>: ..." (handler_checks.h).
+constexpr const char* kHost = "host.";
+
+std::string HostOp(const char* op) { return std::string(kHost) + op; }
+
+// Raises a refusal (handler_checks.h's words and code) as a gear_jax exception: a kernel that found no
+// or too few selectable rows (FAILED_PRECONDITION) as NotEnoughRowsError, the rest as
+// InvalidArgumentError.
+void ThrowIfError(const ffi::Error& error) {
+  if (error.success()) return;
+  const bool too_few = error.errc() == ffi::ErrorCode::kFailedPrecondition;
+  throw HostCallError(too_few ? "NotEnoughRowsError" : "InvalidArgumentError", error.message());
 }
+
+void ThrowIfFailed(const KernelStatus& status) { ThrowIfError(KernelFailure(status, "", kHost)); }
 
 void Refuse(const char* op, const std::string& message) {
-  throw HostCallError("InvalidArgumentError", std::string("gear_jax.host.") + op + ": " + message);
+  ThrowIfError(OpError(ffi::ErrorCode::kInvalidArgument, HostOp(op).c_str(), message));
 }
 
-// The gather of B picks x `steps` into `outputs` (valid first, then one per field of `field_ids`),
-// checked against the table's layout so that no write leaves an output.
+// The gather of B picks x `steps` into `outputs` (valid first, then one per field of `field_ids`):
+// the arrays' own checks here, the fields' as a custom call's (CheckGatherFields), so that no write
+// leaves an output.
 void PlanGather(const TableView& view, int64_t batch, const std::vector<int64_t>& field_ids, int32_t steps,
                 const std::vector<py::array>& outputs, const char* op, GatherRequest* request,
                 GatherOutputs* out) {
@@ -120,39 +129,29 @@ void PlanGather(const TableView& view, int64_t batch, const std::vector<int64_t>
     Refuse(op, "steps=" + std::to_string(steps) +
                    " is outside [1, max_steps=" + std::to_string(view.max_steps) + "]");
   }
-  request->batch_size = batch;
-  request->window = steps;
-  request->num_fields = static_cast<int32_t>(field_ids.size());
+  int64_t output_bytes[kMaxFields];
   for (size_t k = 0; k < outputs.size(); ++k) {
     const py::array& array = outputs[k];
-    int64_t expected = batch * steps;  // the valid mask: one bool per step
-    std::string what = "the valid mask";
-    if (k > 0) {
-      const int64_t field = field_ids[k - 1];
-      if (field < 0 || field >= view.num_fields) {
-        Refuse(op, "field id " + std::to_string(field) + " is outside [0, " +
-                       std::to_string(view.num_fields) + ")");
-      }
-      expected *= view.fields[field].step_bytes;
-      what = "the output of field " + std::to_string(field);
-      request->field_ids[k - 1] = static_cast<int32_t>(field);
-    } else if (array.itemsize() != 1) {
-      Refuse(op, "the valid mask must be an array of bool");
-    }
+    const std::string what =
+        k == 0 ? "the valid mask" : "the output of field " + std::to_string(field_ids[k - 1]);
+    if (k == 0 && array.itemsize() != 1) Refuse(op, "the valid mask must be an array of bool");
     if (!(array.flags() & py::array::c_style) || !array.writeable()) {
       Refuse(op, what + " must be a writable C-contiguous array");
     }
-    if (array.nbytes() != expected) {
-      Refuse(op, what + " holds " + std::to_string(array.nbytes()) + " bytes, expected " +
-                     std::to_string(expected));
-    }
     void* data = const_cast<void*>(array.data());
     if (k == 0) {
+      if (array.nbytes() != batch * steps) {  // one bool per step
+        Refuse(op, what + " holds " + std::to_string(array.nbytes()) + " bytes, expected " +
+                       std::to_string(batch * steps));
+      }
       out->valid = static_cast<bool*>(data);
     } else {
+      output_bytes[k - 1] = static_cast<int64_t>(array.nbytes());
       out->fields[k - 1] = static_cast<uint8_t*>(data);
     }
   }
+  ThrowIfError(CheckGatherFields(HostOp(op).c_str(), "output", view, batch, steps, field_ids.data(),
+                                 output_bytes, field_ids.size(), request));
 }
 
 template <typename T>
@@ -167,19 +166,17 @@ void CheckPicks(const py::array_t<T, py::array::c_style>& array, int64_t batch, 
 
 namespace {
 
-// The checked selection of a draw; each call sets its seed words.
+// The checked selection of a draw (a custom call's checks, CheckSelection, and the batch size and the
+// window's bound a custom call has from its shapes and the kernel); each call sets its seed words.
 SampleRequest CheckedSelection(const TableView& view, int64_t batch_size, int32_t method,
                                float priority_exponent, int32_t window, const char* op) {
   if (batch_size < 1 || batch_size > 0x7fffffff) Refuse(op, "batch_size must lie in [1, 2**31 - 1]");
-  if (!IsSampleMethod(method)) Refuse(op, "unknown method " + std::to_string(method));
-  if (!std::isfinite(priority_exponent) || priority_exponent < 0.0f) {
-    Refuse(op, "priority_exponent must be finite and >= 0");
-  }
-  if (window < 0 || window > view.max_steps) Refuse(op, "window must lie in [0, max_steps] (0: none)");
   SampleRequest request;
-  request.method = static_cast<SampleMethod>(method);
-  request.priority_exponent = priority_exponent;
-  request.window = window;
+  ThrowIfError(CheckSelection(HostOp(op).c_str(), method, priority_exponent, window, &request));
+  if (window > view.max_steps) {
+    Refuse(op, "window = " + std::to_string(window) +
+                   " is longer than max_steps=" + std::to_string(view.max_steps));
+  }
   request.batch_size = batch_size;
   return request;
 }
@@ -333,13 +330,8 @@ int32_t HostUpdatePriorities(OpenTable& self, const py::array_t<int32_t, py::arr
   {
     py::gil_scoped_release release;
     table.CheckCounts(/*force=*/false);
-    // In a counter window, as the custom call: a priority moved to or from 0 changes `selectable`. The
-    // window closes even when the kernel throws (bad_alloc).
-    struct Window {
-      SharedTable& table;
-      const int slot = table.OpenWindow();
-      ~Window() { table.CloseWindow(slot); }
-    } window{table};
+    // In a counter window, as the custom call: a priority moved to or from 0 changes `selectable`.
+    CounterWindow window(table);
     status = ScatterPrioritiesCpu(table.view(), indices.data(), generations.data(), priorities.data(), n,
                                   &updated);
   }

@@ -19,21 +19,10 @@
 
 #include "kernels/gather.h"
 #include "kernels/sample.h"
+#include "xla_ffi/native_errors.h"
 #include "xla_ffi/open_table.h"
 
 namespace gear {
-
-// A kernel's refusal, raised in Python as the gear_jax exception `python_type` (gear_jax/errors.py):
-// "NotEnoughRowsError" (no selectable row; fewer than B for fifo, lifo, topk) or "InvalidArgumentError".
-class HostCallError : public std::runtime_error {
- public:
-  HostCallError(const char* python_type, const std::string& message)
-      : std::runtime_error(message), python_type_(python_type) {}
-  const char* python_type() const { return python_type_; }
-
- private:
-  const char* python_type_;
-};
 
 // Selects `batch_size` rows (the sample custom call's kernel) and, when `outputs` is not empty, gathers
 // them (sample_gather's): outputs holds the valid mask (bool[B, steps]) then one C-contiguous, writable

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -20,11 +21,13 @@
 
 #include "kernels/atomics.h"
 #include "kernels/sample.h"
+#include "xla_ffi/checkpoint_rows.h"
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/dead_tables.h"
 #include "xla_ffi/host_calls.h"
+#include "xla_ffi/native_errors.h"
 #include "xla_ffi/open_table.h"
-#include "xla_ffi/python_waits.h"
+#include "xla_ffi/rate_limiter_admission.h"
 #include "xla_ffi/row_writer.h"
 #include "xla_ffi/shared_table.h"
 #include "xla_ffi/table_pool.h"
@@ -57,17 +60,14 @@ py::dict PoolStats() {
 }
 
 // fields: one C-contiguous numpy array per field (any dtype: only its bytes are read). lengths and
-// priorities: int32[batch] and float32[batch], or None for `steps` and 1. Waits for the rate limiter
-// first (up to `timeout` seconds), before any row is claimed; with `admit` false, the rows count as they
-// are published, without a wait (the insert custom call's way, which tests drive through here).
+// priorities: int32[batch] and float32[batch], or None for `steps` and 1. The rate limiter's admission:
+// InsertAdmitted (rate_limiter_admission.h).
 py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& fields, int64_t batch,
                             int32_t steps,
                             const std::optional<py::array_t<int32_t, py::array::c_style>>& lengths,
                             const std::optional<py::array_t<float, py::array::c_style>>& priorities,
                             const std::optional<double>& timeout, bool admit) {
-  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
-  SharedTable& table = *held;
-  const TableView& view = table.view();
+  const TableView& view = self.table().view();
   if (static_cast<int32_t>(fields.size()) != view.num_fields) {
     throw std::invalid_argument("expected one array per field");
   }
@@ -90,51 +90,9 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& field
     data[f] = static_cast<const uint8_t*>(array.data());
   }
   py::array_t<int32_t> rows(static_cast<py::ssize_t>(batch));
-  int32_t* out = rows.mutable_data();
-  const int32_t* length_data = lengths ? lengths->data() : nullptr;
-  const float* priority_data = priorities ? priorities->data() : nullptr;
-  RateLimiter& limiter = table.rate_limiter();
-  std::optional<InsertReservation> reservation;  // gives back what a failed insert did not publish
-  if (limiter.enabled() && admit && batch > 0) {
-    AdmitFromPython(self, table, RateOp::kInsert, batch, timeout);
-    reservation.emplace(limiter, batch);
-  }
-  {
-    py::gil_scoped_release release;
-    table.Insert(data, batch, steps, length_data, priority_data, out, reservation ? &*reservation : nullptr);
-  }
+  InsertAdmitted(self, data, batch, steps, lengths ? lengths->data() : nullptr,
+                 priorities ? priorities->data() : nullptr, rows.mutable_data(), timeout, admit);
   return rows;
-}
-
-// Inserts Python code admits before it claims rows and commits them one by one (commit(reserved=True)),
-// giving back what it did not commit (return_inserts). Nothing is counted without a limiter.
-void ReserveInserts(OpenTable& self, int64_t n, const std::optional<double>& timeout) {
-  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
-  if (n < 1) throw std::invalid_argument("reserve_inserts needs n >= 1");
-  if (held->rate_limiter().enabled()) AdmitFromPython(self, *held, RateOp::kInsert, n, timeout);
-}
-
-// Publishes a row this process holds. `reserved`: the caller admitted it (reserve_inserts) and gives
-// back what it does not commit. Otherwise, on a table with a rate limiter, waits (up to `timeout`,
-// holding the row) until the limiter admits one insert: a timeout or a close leaves the row held.
-void Commit(OpenTable& self, int64_t row, int32_t length, float priority,
-            const std::optional<double>& timeout, bool reserved) {
-  RateLimiter& limiter = self.table().rate_limiter();
-  if (!limiter.enabled()) return self.Commit(row, length, priority);
-  if (!reserved) {
-    const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
-    AdmitFromPython(self, *held, RateOp::kInsert, 1, timeout);
-  }
-  InsertReservation reservation(limiter, 1);  // gives the insert back if the row is not published
-  if (reserved) reservation.Keep();           // the Python caller settles its own reservation
-  self.Commit(row, length, priority, &reservation);
-}
-
-// The learner's declaration of `n` samples: waits until the limiter admits them and counts them.
-void AwaitSamples(OpenTable& self, int64_t n, const std::optional<double>& timeout) {
-  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released
-  if (n < 1) throw std::invalid_argument("await_samples needs n >= 1");
-  AdmitFromPython(self, *held, RateOp::kSample, n, timeout);
 }
 
 // The limiter's settings (None for a table without one).
@@ -202,19 +160,10 @@ py::dict Record(const TableRecord& r, bool include_persistent, bool ignore_pid_n
   return out;
 }
 
-// Checkpoints (gear_jax/checkpoint.py). The row states [start, start + count), each loaded with acquire
-// after an acquire fence: a save reads states, copies the rows' fields, then reads the states again, and
-// the fence keeps the copy's loads before the second read (a seqlock reader's order).
+// Checkpoints (gear_jax/checkpoint.py): checkpoint_rows.h.
 py::array_t<uint64_t> ReadStates(OpenTable& self, int64_t start, int64_t count) {
-  const TableView& view = self.table().view();
-  if (start < 0 || count < 0 || start > view.capacity - count) {
-    throw std::out_of_range("rows [" + std::to_string(start) + ", " + std::to_string(start + count) +
-                            ") are outside the table");
-  }
-  py::array_t<uint64_t> out(static_cast<py::ssize_t>(count));
-  uint64_t* states = out.mutable_data();
-  FenceAcquire();
-  for (int64_t i = 0; i < count; ++i) states[i] = LoadAcquire(&view.state[start + i]);
+  py::array_t<uint64_t> out(static_cast<py::ssize_t>(std::max<int64_t>(count, 0)));
+  ReadRowStates(self.table().view(), start, count, out.mutable_data());
   return out;
 }
 
@@ -225,30 +174,6 @@ py::tuple Cursors(OpenTable& self) {
                         __atomic_load_n(&h->commit_seq, __ATOMIC_SEQ_CST));
 }
 
-// A checkpoint's load, after it wrote rows' fields and status: publishes their saved state words (even
-// generations) by compare-and-swap from the state of a new table's rows (0), so the fields are visible
-// before the state (release). A row a writer of another process took meanwhile keeps that writer's
-// state. Returns how many rows were not published for that reason.
-int64_t PublishRestoredRows(OpenTable& self, int64_t start,
-                            py::array_t<uint64_t, py::array::c_style | py::array::forcecast> states) {
-  const TableView& view = self.table().view();
-  const int64_t count = static_cast<int64_t>(states.size());
-  if (start < 0 || start > view.capacity - count)
-    throw std::out_of_range("restored rows are outside the table");
-  const uint64_t* saved = states.data();
-  int64_t taken = 0;
-  for (int64_t i = 0; i < count; ++i) {
-    uint64_t empty = 0;
-    if (!CompareExchange(&view.state[start + i], &empty, saved[i])) {
-      ++taken;
-    } else {
-      NoteRowChanged(view, start + i);
-      if (StateSelectable(saved[i])) RaiseMaxPriority(view, StatePriority(saved[i]));
-    }
-  }
-  return taken;
-}
-
 // The largest priority a row of the table was given so far (0 before any row had one above 0).
 float MaxPriority(OpenTable& self) {
   const uint32_t bits = __atomic_load_n(self.table().view().max_priority_bits, __ATOMIC_RELAXED);
@@ -257,24 +182,36 @@ float MaxPriority(OpenTable& self) {
   return priority;
 }
 
-// A checkpoint's load, after every row: sets the allocation cursor to the saved one and raises the
-// insert_seq counter to the saved one, then recounts size and selectable from the rows (marked off as
-// after a writer's death, so that a recount overlapped by another process's writes is tried again later).
-void RestoreCursors(OpenTable& self, uint64_t next_seq, uint64_t commit_seq) {
-  SharedTable& table = self.table();
-  TableHeader* h = table.header();
-  __atomic_store_n(&h->next_seq, next_seq, __ATOMIC_SEQ_CST);
-  uint64_t seen = __atomic_load_n(&h->commit_seq, __ATOMIC_SEQ_CST);
-  while (seen < commit_seq && !__atomic_compare_exchange_n(&h->commit_seq, &seen, commit_seq, false,
-                                                           __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
-  }
-  __atomic_fetch_add(&h->counts_dirty, uint64_t{1}, __ATOMIC_SEQ_CST);
-  table.CheckCounts(/*force=*/true);
-}
-
-// Raises the gear_jax exception `type` (gear_jax/errors.py): the rate limiter's waits raise those.
+// Raises the gear_jax exception `type` (gear_jax/errors.py).
 void RaiseAs(const char* type, const char* message) {
   py::set_error(py::module_::import("gear_jax.errors").attr(type), message);
+}
+
+// Every native exception Python sees as a type of its own (native_errors.h), and that type: a class of
+// this module (which gear_jax.Table re-raises as its own) or a gear_jax.errors class, raised directly.
+void RegisterNativeErrors(py::module_& m) {
+  static py::exception<NotFoundError> not_found(m, "TableNotFoundError", PyExc_FileNotFoundError);
+  static py::exception<FormatError> format(m, "TableFormatError", PyExc_ValueError);
+  static py::exception<OutOfSpaceError> no_space(m, "OutOfSpaceError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const NotFoundError& e) {
+      py::set_error(not_found, e.what());
+    } catch (const FormatError& e) {
+      py::set_error(format, e.what());
+    } catch (const OutOfSpaceError& e) {
+      py::set_error(no_space, e.what());
+    } catch (const RateLimiterTimeoutError& e) {
+      RaiseAs("RateLimiterTimeout", e.what());
+    } catch (const RateLimiterRefusal& e) {
+      RaiseAs("InvalidArgumentError", e.what());
+    } catch (const TableClosedError& e) {
+      RaiseAs("TableClosedError", e.what());
+    } catch (const HostCallError& e) {
+      RaiseAs(e.python_type(), e.what());
+    }
+  });
 }
 
 template <typename T>
@@ -290,28 +227,7 @@ PYBIND11_MODULE(_native, m) {
   using gear::SharedTable;
   m.doc() = "gear_jax native runtime: shared-memory tables and XLA FFI handlers";
 
-  static py::exception<gear::NotFoundError> not_found(m, "TableNotFoundError", PyExc_FileNotFoundError);
-  static py::exception<gear::FormatError> format(m, "TableFormatError", PyExc_ValueError);
-  static py::exception<gear::OutOfSpaceError> no_space(m, "OutOfSpaceError", PyExc_RuntimeError);
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const gear::NotFoundError& e) {
-      py::set_error(not_found, e.what());
-    } catch (const gear::FormatError& e) {
-      py::set_error(format, e.what());
-    } catch (const gear::OutOfSpaceError& e) {
-      py::set_error(no_space, e.what());
-    } catch (const gear::RateLimiterTimeoutError& e) {
-      gear::RaiseAs("RateLimiterTimeout", e.what());
-    } catch (const gear::RateLimiterRefusal& e) {
-      gear::RaiseAs("InvalidArgumentError", e.what());
-    } catch (const gear::TableClosedError& e) {
-      gear::RaiseAs("TableClosedError", e.what());
-    } catch (const gear::HostCallError& e) {
-      gear::RaiseAs(e.python_type(), e.what());
-    }
-  });
+  gear::RegisterNativeErrors(m);
 
   m.def("registrations", [] {
     py::dict cpu;
@@ -510,12 +426,24 @@ PYBIND11_MODULE(_native, m) {
       .def("read_states", &gear::ReadStates, py::arg("start"), py::arg("count"))
       .def("cursors", &gear::Cursors)
       .def("max_priority", &gear::MaxPriority)
-      .def("publish_restored_rows", &gear::PublishRestoredRows, py::arg("start"), py::arg("states"))
-      .def("restore_cursors", &gear::RestoreCursors, py::arg("next_seq"), py::arg("commit_seq"))
+      .def(
+          "publish_restored_rows",
+          [](OpenTable& self, int64_t start,
+             py::array_t<uint64_t, py::array::c_style | py::array::forcecast> states) {
+            return gear::PublishRestoredRows(self.table().view(), start, states.data(),
+                                             static_cast<int64_t>(states.size()));
+          },
+          py::arg("start"), py::arg("states"))
+      .def(
+          "restore_cursors",
+          [](OpenTable& self, uint64_t next_seq, uint64_t commit_seq) {
+            gear::RestoreCursors(self.table(), next_seq, commit_seq);
+          },
+          py::arg("next_seq"), py::arg("commit_seq"))
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
            py::arg("priorities"), py::arg("timeout") = py::none(), py::arg("admit") = true)
       .def("claim", &OpenTable::Claim)
-      .def("commit", &gear::Commit, py::arg("row"), py::arg("length"), py::arg("priority"),
+      .def("commit", &gear::CommitAdmitted, py::arg("row"), py::arg("length"), py::arg("priority"),
            py::arg("timeout") = py::none(), py::arg("reserved") = false)
       .def("reserve_inserts", &gear::ReserveInserts, py::arg("n"), py::arg("timeout") = py::none())
       .def(

@@ -45,7 +45,7 @@ class OpenTable {
   // (another thread) or by the table's creator (any process), stops the wait with TableClosedError
   // within a poll: the wait holds no lock, and `table` keeps the memory mapped (and out of the pool of
   // closed tables) until the caller lets go. `each_poll` runs before every poll and may throw to end
-  // the wait (python_waits.h runs Python's signal handlers there).
+  // the wait (rate_limiter_admission.h runs Python's signal handlers there).
   void AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s,
                       const std::function<void()>& each_poll) const;
 

@@ -26,8 +26,10 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
+
+#include "xla_ffi/clock.h"
+#include "xla_ffi/native_errors.h"
 
 namespace gear {
 
@@ -58,8 +60,6 @@ struct RateLimiterCounts {
 };
 
 enum class RateOp { kInsert, kSample };
-
-int64_t MonotonicNs();  // shared_table.h
 
 // What a table's limiter is checked against: its state and the table's `size` counter (both in the
 // header), and the table's name for messages.
@@ -125,19 +125,6 @@ class InsertReservation {
  private:
   RateLimiter limiter_;
   int64_t left_;
-};
-
-// A wait for the rate limiter ran out of time (gear_jax.RateLimiterTimeout in Python).
-struct RateLimiterTimeoutError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-// A request the limiter can never admit: a batch larger than its tolerance (InvalidArgumentError).
-struct RateLimiterRefusal : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
-// The table was closed while a call waited (gear_jax.TableClosedError).
-struct TableClosedError : std::runtime_error {
-  using std::runtime_error::runtime_error;
 };
 
 template <typename Closed>

@@ -1,6 +1,6 @@
 #include "xla_ffi/row_writer.h"
 
-#include "xla_ffi/python_waits.h"
+#include "xla_ffi/rate_limiter_admission.h"
 
 #include <cfloat>
 #include <cmath>

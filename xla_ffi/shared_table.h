@@ -1,178 +1,39 @@
-// A gear_jax table in a named POSIX shared-memory mapping: header, per-row status, one column per field.
+// A gear_jax table in a named POSIX shared-memory mapping: header, per-row status, one column per field
+// (table_layout.h places them).
 //
 // Any process on the host can attach by name and write rows; writers allocate rows without locks (a
 // shared FIFO cursor plus a compare-and-swap of the row's owner word, then of its generation), so the
 // ring overwrites the oldest rows when full. A row whose owner died (dead pid in its owner word) is
-// reclaimed by the next writer that reaches it. The counters `size` and `selectable` are changed only
-// inside "windows" that each writer process announces in a slot of the header; a process killed inside
-// one is found there, and the counters are recounted from the rows (shared_table.cc, "Ownership and
-// counters", has the argument for every instant a process can die).
+// reclaimed by the next writer that reaches it (row_protocol.cc, "Ownership"). The counters `size` and
+// `selectable` are changed only inside counter windows (counter_window.h); a process killed inside one
+// is found there, and the counters are recounted from the rows.
 //
 // The creator's close can hand the memory (still mapped, still registered with CUDA) to the pool of
 // closed tables (table_pool.h), so that the next table that fits reuses it: only when no other
-// process, and no other open of this process, has the table attached. Attaching processes sign in to a
-// slot of the header; the creator marks the table closed before it reads the slots, and an attach
-// reads the mark after it signs in, so one of the two always sees the other.
+// process, and no other open of this process, has the table attached (table_processes.h: attach slots
+// and forks).
+//
+// Files: table_layout.* (the header and where columns go), table_processes.* (pids, attach slots,
+// forks), table_mapping.* (the file, its mapping, huge pages, CUDA pinning), shared_table.cc (create,
+// reopen, attach, close), row_protocol.cc (claim, copy, publish), counter_window.* (windows, recounts).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/table_view.h"
+#include "xla_ffi/counter_window.h"
+#include "xla_ffi/native_errors.h"
 #include "xla_ffi/priority_indexes.h"
 #include "xla_ffi/rate_limiter.h"
+#include "xla_ffi/table_layout.h"
+#include "xla_ffi/table_mapping.h"
+#include "xla_ffi/table_processes.h"
 
 namespace gear {
-
-class CudaPinning;  // cuda_runtime.h; exists in CUDA builds only
-// Deletes a CudaPinning (never called in a CPU-only build, where none is made).
-struct CudaPinningDeleter {
-  void operator()(CudaPinning* pinning) const;
-};
-
-inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 6;  // 6: the largest priority and the rate limiter in the header
-inline constexpr size_t kSpecJsonCapacity = 16384;
-inline constexpr int kMaxAttachments = 256;
-inline constexpr int kMaxWriterSlots =
-    1024;  // processes writing a table at once (more: shared_table.cc, "Limits")
-
-struct FieldLayout {
-  uint64_t offset;     // from the start of the mapping; 4096-byte aligned
-  int64_t row_stride;  // bytes between rows
-  int64_t step_bytes;  // bytes of one step
-};
-
-// The first bytes of every table mapping. Counters sit on cache lines of their own.
-struct TableHeader {
-  char magic[8];
-  uint32_t format_version;
-  uint32_t spec_json_bytes;
-  uint64_t spec_hash;
-  uint64_t total_bytes;
-  int64_t capacity;
-  int32_t max_steps;
-  int32_t num_fields;
-  uint64_t state_offset, length_offset, insert_seq_offset, times_sampled_offset, writer_pid_offset;
-  uint64_t change_counts_offset;  // uint32[ChangeCounterCount(capacity)]
-  FieldLayout fields[kMaxFields];
-  alignas(64) uint64_t next_seq;    // allocation cursor (row = seq % capacity)
-  alignas(64) uint64_t commit_seq;  // last insert_seq handed out
-  alignas(64) int64_t size;         // rows holding a committed trajectory
-  alignas(64) int64_t selectable;   // rows with an even generation and priority > 0
-  // Counter windows (shared_table.cc): every process that changes size or selectable opens a window
-  // first (counted in its writer slot) and closes it after the counters are updated.
-  alignas(64) uint64_t windows_opened;  // windows ever opened, by every process: a recount's witness
-  int64_t unslotted_windows;            // windows open in processes that found no free writer slot
-  alignas(64) uint64_t counts_dirty;    // nonzero: a process died inside a window; recount size/selectable
-  int32_t writer_slots_used;            // writer slots [0, used) were ever taken
-  alignas(64) uint64_t writer_slots[kMaxWriterSlots];  // pid | windows open << 32 (0: free slot)
-  alignas(64) uint32_t closed;  // set by the creator's close: no process may attach any more
-  // Nonzero: the memory never goes to another table. Set when an attach found no free slot, and when a
-  // process forked while it had the table mapped (the child may write into it, unseen by the slots).
-  uint32_t never_reuse;
-  uint64_t reuses;  // tables this memory held before the current one (kept by reuse)
-  // Who made the table, for the sweep of tables whose processes are all gone (dead_tables.h): the
-  // creator's pid and PID namespace (the inode of its /proc/self/ns/pid; 0: unknown), and whether the
-  // table is to outlive its creator (Table.create(outlive_creator=True): never swept automatically).
-  int32_t creator_pid;
-  uint32_t persistent;
-  uint64_t creator_pid_namespace;
-  // Set (never cleared) by an attach from another PID namespace than the creator's: kill(pid, 0) then
-  // answers for no pid in the table, and every process takes every recorded pid for alive (PidMayBeAlive).
-  uint32_t mixed_pid_namespaces;
-  // The largest priority a row was published or updated with so far, as float32 bits (priorities are
-  // >= 0, whose bits order as their values): 0 until some row had a priority above 0. Only ever raised
-  // (RaiseMaxPriority in kernels/atomics.h), by inserts, commits, priority updates and restores.
-  alignas(64) uint32_t max_priority_bits;
-  alignas(64) RateLimiterState rate_limiter;           // rate_limiter.h
-  alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
-  alignas(64) char spec_json[kSpecJsonCapacity];
-};
-
-// Where each column of a table goes, for a capacity, a row length and field sizes.
-struct TablePlan {
-  TableHeader layout;    // offsets, capacity, max_steps, num_fields (persistent: the caller's); the rest zero
-  uint64_t total_bytes;  // bytes the table needs
-};
-// Throws std::invalid_argument for sizes out of range or too large to address.
-TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
-                    const std::string& spec_json);
-
-// This process's pid (cached; reset in a forked child).
-int32_t CurrentPid();
-// Whether process `pid` (> 0) exists in this process's PID namespace, by kill(pid, 0).
-bool ProcessAlive(int32_t pid);
-// This process's PID namespace: the inode of /proc/self/ns/pid (cached; reset in a forked child), 0
-// where it cannot be read.
-uint64_t PidNamespace();
-// Whether kill(pid, 0) answers for the pids recorded in table `h`: this process is in the creator's PID
-// namespace (known), and no process of another namespace attached (mixed_pid_namespaces).
-bool PidsComparable(const TableHeader* h);
-// Whether the process `pid` recorded in table `h` (an owner word, a writer or attach slot) may still
-// run: false only for pid <= 0 and for a pid kill(pid, 0) finds gone where PidsComparable(h). Containers
-// that share /dev/shm but not a PID namespace see each other's processes as gone (or as others): their
-// pids are unknown here, taken for alive, so nothing of theirs is reclaimed.
-bool PidMayBeAlive(const TableHeader* h, int32_t pid);
-// CLOCK_MONOTONIC in nanoseconds.
-int64_t MonotonicNs();
-// Where glibc keeps the object shm_open("/name") opens; renaming it there renames the object.
-std::string ShmFile(const std::string& name);
-
-// The memory of one table: a shared mapping, registered with CUDA when pinned. Unregistered and
-// unmapped when the last holder lets go (open tables, calls running on them, the pool).
-class TableMemory {
- public:
-  TableMemory(uint8_t* base, size_t bytes);
-  ~TableMemory();
-  TableMemory(const TableMemory&) = delete;
-  TableMemory& operator=(const TableMemory&) = delete;
-
-  uint8_t* base() const { return base_; }
-  size_t bytes() const { return bytes_; }
-  bool pinned() const;
-  // Registers the memory with CUDA when asked and not yet done (see CudaPinning::Pin).
-  void Pin(bool want);
-  // Waits until no kernel enqueued earlier still reads the memory and clears the kernels' error records.
-  void Quiesce();
-  // Waits until no kernel enqueued earlier still reads the memory (or an index of a table in it).
-  void WaitForKernels();
-  // The attach slot this mapping signed in to; signed out when the memory goes, after its kernels.
-  // A forked child signs in to a slot of its own for every mapping it inherits (shared_table.cc, "Forks").
-  void set_attach_slot(int slot) { attach_slot_ = slot; }
-  // The memory's CUDA registration; nullptr until Pin, and always in a CPU-only build.
-  CudaPinning* cuda() const { return cuda_.get(); }
-
- private:
-  uint8_t* base_;
-  size_t bytes_;
-  int attach_slot_ = -1;
-  int32_t mapped_by_pid_;
-  // The same member in every build, so that a CUDA build does not change the class's layout.
-  std::unique_ptr<CudaPinning, CudaPinningDeleter> cuda_;  // null until Pin
-};
-
-// Errors the Python module maps to exception types.
-struct NotFoundError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-struct FormatError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-struct OutOfSpaceError : std::runtime_error {  // /dev/shm cannot hold the table
-  using std::runtime_error::runtime_error;
-};
-struct PoolEntryLost : std::runtime_error {  // a pooled table's name vanished from /dev/shm
-  using std::runtime_error::runtime_error;
-};
-
-// Bytes between rows of a field: 16-byte multiples so that vector loads stay aligned, 128-byte
-// multiples for rows of 1 KiB and more so that GPU reads come in whole cache lines.
-int64_t RowStride(int64_t row_bytes);
 
 class SharedTable {
  public:
@@ -221,22 +82,18 @@ class SharedTable {
   int64_t Claim();
   void Commit(int64_t row, int32_t length, float priority, InsertReservation* reserved = nullptr);
   void Abandon(int64_t row);
-  // A counter window (shared_table.cc, "Ownership and counters"): opened before a change that moves a
-  // row in or out of `size` or `selectable` and closed once both counters have followed. Returns the
-  // writer slot the window is counted in (-1: none free, counted in unslotted_windows).
-  int OpenWindow();
-  void CloseWindow(int slot);
-  // Makes size and selectable exact again if a process died inside a window: finds such a process in
-  // the writer slots (marking counts_dirty), then recounts the rows. A recount that overlaps another
-  // process's window is thrown away and tried again later. Without `force`, runs at most every 10 ms in
-  // this open (backing off to 1 s while recounts keep being overlapped); cheap when nothing is off.
+  // Makes size and selectable exact again if a process died inside a counter window: finds such a
+  // process in the writer slots (marking counts_dirty), then recounts the rows. A recount that overlaps
+  // another process's window is thrown away and tried again later. Without `force`, runs at most every
+  // 10 ms in this open (backing off to 1 s while recounts keep being overlapped); cheap when nothing is
+  // off.
   void CheckCounts(bool force);
   // Throws std::out_of_range for a row id outside the table.
   void CheckRowInRange(int64_t row) const;
   // Claims, copies and commits `batch` rows, writing their ids to rows[0, batch). field_data[f] points
   // at [batch, steps, step_bytes[f]]. `lengths` (nullptr: every row `steps` long) and `priorities`
   // (nullptr: 1) hold one entry per row; a bad one throws std::invalid_argument before anything is
-  // claimed. Rows are claimed, copied and published a chunk at a time (shared_table.cc, "Inserts").
+  // claimed. Rows are claimed, copied and published a chunk at a time (row_protocol.cc, "Inserts").
   void Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
               const int32_t* lengths, const float* priorities, int32_t* rows,
               InsertReservation* reserved = nullptr);
@@ -252,7 +109,18 @@ class SharedTable {
   void Unlink();
 
  private:
+  friend class CounterWindow;
+  static constexpr int kPopulateShift = 21;  // Populate maps 2 MiB blocks
+
   SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator);
+  // Opens a counter window (counter_window.cc, "Counters") before a change that moves a row in or out
+  // of `size` or `selectable`; CloseWindow closes it once both counters have followed. Only
+  // CounterWindow calls them. OpenWindow returns the writer slot the window is counted in (-1: none
+  // free, counted in unslotted_windows).
+  int OpenWindow();
+  void CloseWindow(int slot);
+  // Frees this open's writer slot (the process may attach again, and slots are few).
+  void ReleaseWriterSlot();
   // The state of a row this process holds (odd generation, this pid); throws otherwise.
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;

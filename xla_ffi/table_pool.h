@@ -11,7 +11,7 @@
 // Only memory nobody else can reach goes to the pool: the creator's close renames the mapping to a
 // private name (`gear_jax_pool_<pid>_<n>_<random>`), and only when no other open of the table is
 // alive and no process forked while it had the table mapped (a child may write into it: see
-// shared_table.cc, "Forks").
+// table_processes.cc, "Forks").
 // Pooled memory stays in /dev/shm; the pool holds at most `max_tables` tables and `max_bytes` bytes
 // (oldest dropped first; by default 8 tables and 16 GiB, at most a quarter of /dev/shm), and a create
 // that finds /dev/shm full empties it and tries again. Names that a crashed process left in the pool

@@ -1,0 +1,99 @@
+// Where everything of a table lies in its mapping: the header (TableHeader), then one column per row
+// status (state, length, insert_seq, times_sampled, writer_pid), the change counters and one column per
+// field, each starting on a 4096-byte boundary. PlanTable is the one place that places them; an attach
+// accepts a header only where its columns are exactly where PlanTable puts them (HeaderProblem), since
+// any process may have written the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/table_view.h"
+#include "xla_ffi/rate_limiter.h"
+
+namespace gear {
+
+inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
+inline constexpr uint32_t kFormatVersion = 6;  // 6: the largest priority and the rate limiter in the header
+inline constexpr size_t kSpecJsonCapacity = 16384;
+inline constexpr int kMaxAttachments = 256;
+inline constexpr int kMaxWriterSlots =
+    1024;  // processes writing a table at once (more: counter_window.cc, "Limits")
+inline constexpr uint64_t kColumnAlign = 4096;
+
+struct FieldLayout {
+  uint64_t offset;     // from the start of the mapping; 4096-byte aligned
+  int64_t row_stride;  // bytes between rows
+  int64_t step_bytes;  // bytes of one step
+};
+
+// The first bytes of every table mapping. Counters sit on cache lines of their own.
+struct TableHeader {
+  char magic[8];
+  uint32_t format_version;
+  uint32_t spec_json_bytes;
+  uint64_t spec_hash;
+  uint64_t total_bytes;
+  int64_t capacity;
+  int32_t max_steps;
+  int32_t num_fields;
+  uint64_t state_offset, length_offset, insert_seq_offset, times_sampled_offset, writer_pid_offset;
+  uint64_t change_counts_offset;  // uint32[ChangeCounterCount(capacity)]
+  FieldLayout fields[kMaxFields];
+  alignas(64) uint64_t next_seq;    // allocation cursor (row = seq % capacity)
+  alignas(64) uint64_t commit_seq;  // last insert_seq handed out
+  alignas(64) int64_t size;         // rows holding a committed trajectory
+  alignas(64) int64_t selectable;   // rows with an even generation and priority > 0
+  // Counter windows (counter_window.h): every process that changes size or selectable opens a window
+  // first (counted in its writer slot) and closes it after the counters are updated.
+  alignas(64) uint64_t windows_opened;  // windows ever opened, by every process: a recount's witness
+  int64_t unslotted_windows;            // windows open in processes that found no free writer slot
+  alignas(64) uint64_t counts_dirty;    // nonzero: a process died inside a window; recount size/selectable
+  int32_t writer_slots_used;            // writer slots [0, used) were ever taken
+  alignas(64) uint64_t writer_slots[kMaxWriterSlots];  // pid | windows open << 32 (0: free slot)
+  alignas(64) uint32_t closed;  // set by the creator's close: no process may attach any more
+  // Nonzero: the memory never goes to another table. Set when an attach found no free slot, and when a
+  // process forked while it had the table mapped (the child may write into it, unseen by the slots).
+  uint32_t never_reuse;
+  uint64_t reuses;  // tables this memory held before the current one (kept by reuse)
+  // Who made the table, for the sweep of tables whose processes are all gone (dead_tables.h): the
+  // creator's pid and PID namespace (the inode of its /proc/self/ns/pid; 0: unknown), and whether the
+  // table is to outlive its creator (Table.create(outlive_creator=True): never swept automatically).
+  int32_t creator_pid;
+  uint32_t persistent;
+  uint64_t creator_pid_namespace;
+  // Set (never cleared) by an attach from another PID namespace than the creator's: kill(pid, 0) then
+  // answers for no pid in the table, and every process takes every recorded pid for alive (PidMayBeAlive).
+  uint32_t mixed_pid_namespaces;
+  // The largest priority a row was published or updated with so far, as float32 bits (priorities are
+  // >= 0, whose bits order as their values): 0 until some row had a priority above 0. Only ever raised
+  // (RaiseMaxPriority in kernels/atomics.h), by inserts, commits, priority updates and restores.
+  alignas(64) uint32_t max_priority_bits;
+  alignas(64) RateLimiterState rate_limiter;           // rate_limiter.h
+  alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
+  alignas(64) char spec_json[kSpecJsonCapacity];
+};
+
+// Where each column of a table goes, for a capacity, a row length and field sizes.
+struct TablePlan {
+  TableHeader layout;    // offsets, capacity, max_steps, num_fields (persistent: the caller's); the rest zero
+  uint64_t total_bytes;  // bytes the table needs
+};
+// Throws std::invalid_argument for sizes out of range or too large to address.
+TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
+                    const std::string& spec_json);
+
+// Bytes between rows of a field: 16-byte multiples so that vector loads stay aligned, 128-byte
+// multiples for rows of 1 KiB and more so that GPU reads come in whole cache lines.
+int64_t RowStride(int64_t row_bytes);
+
+// What keeps the header `h` of a mapping of `size` bytes from being read as a table of this format
+// (empty: nothing), in words that follow the file's name: no magic, another format version, a total
+// size or spec length the file cannot hold, sizes out of range, or columns not exactly where PlanTable
+// puts them for the header's capacity, max_steps and step sizes (then no two columns overlap, each is
+// aligned as the kernels assume, and every row of a field holds max_steps steps within its own stride).
+// The spec JSON is checked against this layout by gear_jax.Table.attach.
+std::string HeaderProblem(const TableHeader& h, uint64_t size);
+
+}  // namespace gear
