@@ -17,12 +17,11 @@ import jax
 from gear_jax import _native, _rows
 from gear_jax.casting import StepConverter, check_casting, to_numpy
 from gear_jax.errors import (
+    GearJaxError,
     InvalidArgumentError,
-    OutOfSpaceError,
     SpecError,
     TableClosedError,
     TableMismatchError,
-    TableNotFoundError,
 )
 from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts, check_count, check_timeout
 from gear_jax.spec import TableSpec
@@ -194,10 +193,10 @@ class Table:
                 outlive_creator=bool(outlive_creator),
                 rate_limiter=None if rate_limiter is None else rate_limiter._native(),
             )
+        except GearJaxError:  # raised as gear_jax's own by the native module (xla_ffi/module.cc)
+            raise
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from e
-        except _native.OutOfSpaceError as e:
-            raise OutOfSpaceError(f"Table.create: {e}") from e
         return cls(native, spec, casting)
 
     @classmethod
@@ -222,10 +221,8 @@ class Table:
         check_casting(casting)
         try:
             native = _native.NativeTable.attach(name, bool(pin))
-        except _native.TableNotFoundError as e:
-            raise TableNotFoundError(str(e)) from None
-        except _native.TableFormatError as e:
-            raise TableMismatchError(str(e)) from None
+        except GearJaxError:  # TableNotFoundError, TableMismatchError: raised by the native module
+            raise
         except RuntimeError as e:  # a directory, a symbolic link, a file that can not be mapped
             raise TableMismatchError(
                 f"Table.attach: '/dev/shm/{name}' can not be opened as a gear_jax table ({e}); "

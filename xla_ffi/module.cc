@@ -187,21 +187,18 @@ void RaiseAs(const char* type, const char* message) {
   py::set_error(py::module_::import("gear_jax.errors").attr(type), message);
 }
 
-// Every native exception Python sees as a type of its own (native_errors.h), and that type: a class of
-// this module (which gear_jax.Table re-raises as its own) or a gear_jax.errors class, raised directly.
-void RegisterNativeErrors(py::module_& m) {
-  static py::exception<NotFoundError> not_found(m, "TableNotFoundError", PyExc_FileNotFoundError);
-  static py::exception<FormatError> format(m, "TableFormatError", PyExc_ValueError);
-  static py::exception<OutOfSpaceError> no_space(m, "OutOfSpaceError", PyExc_RuntimeError);
+// The one place native exceptions (native_errors.h) become Python's: each is raised as its gear_jax.errors
+// class, so that no Python module maps them again. Anything else keeps pybind11's own translation.
+void RegisterNativeErrors() {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const NotFoundError& e) {
-      py::set_error(not_found, e.what());
+      RaiseAs("TableNotFoundError", e.what());
     } catch (const FormatError& e) {
-      py::set_error(format, e.what());
+      RaiseAs("TableMismatchError", e.what());
     } catch (const OutOfSpaceError& e) {
-      py::set_error(no_space, e.what());
+      RaiseAs("OutOfSpaceError", e.what());
     } catch (const RateLimiterTimeoutError& e) {
       RaiseAs("RateLimiterTimeout", e.what());
     } catch (const RateLimiterRefusal& e) {
@@ -227,7 +224,7 @@ PYBIND11_MODULE(_native, m) {
   using gear::SharedTable;
   m.doc() = "gear_jax native runtime: shared-memory tables and XLA FFI handlers";
 
-  gear::RegisterNativeErrors(m);
+  gear::RegisterNativeErrors();
 
   m.def("registrations", [] {
     py::dict cpu;

@@ -138,7 +138,7 @@ uint8_t* CreateTableFile(const std::string& name, uint64_t total) {
     if (err == ENOSPC) {
       close(fd);
       shm_unlink(path.c_str());
-      throw OutOfSpaceError("cannot reserve " + std::to_string(total) +
+      throw OutOfSpaceError("Table.create: cannot reserve " + std::to_string(total) +
                             " bytes of shared memory for table '" + name + "': " + std::strerror(err) +
                             " (free space in /dev/shm, or lower capacity)");
     }
