@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "anakin.py"
 COMPARISONS = ("gear_jax", "host_insert", "flashbax")
 

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart.py"
 
 

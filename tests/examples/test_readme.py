@@ -12,7 +12,7 @@ import pytest
 
 import gear_jax as gj
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def blocks_of(heading: str) -> list[str]:
@@ -54,7 +54,7 @@ def test_coming_from_other_buffers(namespace):
     exec(compile(first, "README.md", "exec"), namespace)
     table = namespace["table"]
     assert table.size == 1 and table.spec.fields["action"].dtype == np.int32
-    assert table._columns["action"][0, 0] == namespace["action"]
+    assert table.columns["action"][0, 0] == namespace["action"]
     for _ in range(3):
         table.add(
             {"obs": namespace["obs"], "action": 1, "reward": 1.0, "next_obs": namespace["obs"], "done": False}
@@ -85,7 +85,7 @@ def test_checkpoints(tmp_path):
         exec(compile(code, "README.md", "exec"), names)
         with names["restored"] as restored:
             assert restored.size == 5 and restored.name != table.name
-            np.testing.assert_array_equal(restored._columns["obs"], table._columns["obs"])
+            np.testing.assert_array_equal(restored.columns["obs"], table.columns["obs"])
             for key, value in table.row_status().items():
                 np.testing.assert_array_equal(restored.row_status()[key], value)
 

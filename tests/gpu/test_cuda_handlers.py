@@ -18,13 +18,8 @@ import pytest
 
 import gear_jax as gj
 from gear_jax.ops import ordered_candidates
-from conftest import (
-    assert_mass_in_tail,
-    assert_prioritized,
-    draw_counts,
-    prioritized_table,
-    transitions,
-)
+from tests.helpers.sampling import assert_mass_in_tail, assert_prioritized, draw_counts, prioritized_table
+from tests.helpers.tables import transitions
 from gear_jax import _native
 
 CPU = jax.devices("cpu")[0]
@@ -307,7 +302,7 @@ def test_update_priorities_matches_cpu(make_table, gpu, scatter_path):
     assert counts[0] == counts[1] == 6
     for key in ("priority", "generation"):
         np.testing.assert_array_equal(tables[0].row_status()[key], tables[1].row_status()[key], err_msg=key)
-    assert tables[0]._native.selectable == tables[1]._native.selectable
+    assert tables[0].native.selectable == tables[1].native.selectable
     assert tables[0].row_status()["priority"][1] == 3.0  # the later entry of row 1 wins
 
 
@@ -347,7 +342,7 @@ def test_update_priorities_of_a_large_batch_matches_cpu(make_table, gpu, scatter
     assert counts[0] == counts[1] == int((rows >= 50).sum())
     for key in ("priority", "generation"):
         np.testing.assert_array_equal(tables[0].row_status()[key], tables[1].row_status()[key], err_msg=key)
-    assert tables[0]._native.selectable == tables[1]._native.selectable
+    assert tables[0].native.selectable == tables[1].native.selectable
 
 
 @pytest.mark.gpu
@@ -545,7 +540,7 @@ def test_insert_inside_jit_on_gpu_matches_cpu(make_table, gpu):
         np.testing.assert_array_equal(gpu_status[column], cpu_status[column], err_msg=column)
     np.testing.assert_array_equal(gpu_status["priority"][2:8], 3.0)
     for name in fields:
-        got, expected = tables["gpu"]._columns[name][2:8], tables["cpu"]._columns[name][2:8]
+        got, expected = tables["gpu"].columns[name][2:8], tables["cpu"].columns[name][2:8]
         for i, n in enumerate(lengths):
             np.testing.assert_array_equal(got[i, :n].view(np.uint8), expected[i, :n].view(np.uint8))
     table = tables["gpu"]

@@ -1,4 +1,4 @@
-"""Writers SIGKILLed at random moments must not brick rows or leave the counters off (issue 12).
+"""Writers SIGKILLed at random moments must not brick rows or leave the counters off.
 
 A parent process attaches the table once and forks writers (cheap: no new interpreter), which insert
 batches, add single rows or write episodes in tight loops; the parent kills one of them at a moment
@@ -119,7 +119,7 @@ def scan(table):
 def counts(table):
     """The table's own counts: header size and selectable (each read repairs them if a writer died
     while changing them), and what uniform and prioritized samples report as selectable."""
-    size, selectable = int(table.size), int(table._native.selectable)
+    size, selectable = int(table.size), int(table.native.selectable)
     reported = []
     for method in ("uniform", "prioritized"):
         try:
@@ -243,7 +243,7 @@ def test_kill_storm_of_episode_writers_and_inserters(make_table):
     assert committed > 0, "no writer committed anything: the storm did not exercise the writers"
 
     status = table.row_status()
-    x, episode = table._columns["x"], table._columns["episode"]
+    x, episode = table.columns["x"], table.columns["episode"]
     for row in np.flatnonzero(status["length"] > 0):
         n = int(status["length"][row])
         ep = int(episode[row, 0])

@@ -1,5 +1,5 @@
 """Sharded tables over real processes: 1 process with 4 CPU devices, and 2 or 4 `jax.distributed`
-processes on 127.0.0.1 with 1 or 2 devices each (tests/sharded_worker.py is one process).
+processes on 127.0.0.1 with 1 or 2 devices each (tests/helpers/sharded_worker.py is one process).
 
 Every process is bounded by a timeout and all are killed when one fails: a process that skips a
 collective would leave the others waiting forever.
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import P_THRESHOLD
+from tests.helpers.sampling import P_THRESHOLD
 
 pytestmark = pytest.mark.multiprocess
-WORKER = pathlib.Path(__file__).with_name("sharded_worker.py")
+WORKER = pathlib.Path(__file__).resolve().parents[1] / "helpers" / "sharded_worker.py"
 TIMEOUT = 180
 LAYOUTS = [(1, 4), (2, 1), (2, 2), (4, 1)]  # (processes, CPU devices per process)
 

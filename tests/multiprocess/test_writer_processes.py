@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import start_uniform_writers
+from tests.helpers.processes import start_uniform_writers
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 120
@@ -36,11 +36,11 @@ def start_python(code: str) -> subprocess.Popen:
 def hold_a_row(table, then: str) -> str:
     """Code for a process that attaches, starts an episode of one step, prints its row, then runs `then`."""
     return f"""
-        import os, time, gear_jax as gj
+        import os, time, numpy as np, gear_jax as gj
         t = gj.Table.attach({table.name!r})
         w = t.writer()
         w.append({{"x": 1}})
-        print(w._row, flush=True)
+        print(int(np.flatnonzero(t.row_status()["generation"] % 2 == 1)[0]), flush=True)  # the row held
         {then}
     """
 

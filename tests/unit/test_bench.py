@@ -280,7 +280,7 @@ def test_cuda_copy_times_copies_of_a_pinned_table() -> None:
     table = gj.Table.create(gj.TableSpec({"x": gj.Field((1 << 20,), "uint8")}, capacity=64))
     try:
         assert table.pinned, "gear_jax did not register the table's memory with CUDA"
-        memory = np.frombuffer(table._native.mapping(), np.uint8)
+        memory = np.frombuffer(table.native.mapping(), np.uint8)
         seconds = cuda_copy.time_host_to_device_copies(memory[: 64 << 20], device=0, repeats=5)
         assert len(seconds) == 5 and all(s > 0 for s in seconds), seconds
         assert (64 << 20) / np.median(seconds) > 1e9, seconds  # bytes/s: any PCIe or NVLink link

@@ -31,7 +31,7 @@ ATARI = {
 
 
 def stored(table, row):
-    return {name: column[row, 0].copy() for name, column in table._columns.items()}
+    return {name: column[row, 0].copy() for name, column in table.columns.items()}
 
 
 def assert_unchanged(table, before):
@@ -74,7 +74,7 @@ def test_every_cartpole_dtype_combination_inserts(make_table, obs_t, action_t, r
     for got in (
         stored(table, one),
         stored(table, batch[0]),
-        {k: c[episode, 0] for k, c in writer_table._columns.items()},
+        {k: c[episode, 0] for k, c in writer_table.columns.items()},
     ):
         np.testing.assert_array_equal(got["obs"], obs.astype(np.float32))
         np.testing.assert_array_equal(got["next_obs"], next_obs.astype(np.float32))
@@ -267,8 +267,8 @@ def test_the_short_path_stores_and_refuses_what_the_general_path_does(data, dtyp
 def test_bfloat16_fields_take_the_general_path(make_table):
     table = make_table(fields={"x": gj.Field((2,), "bfloat16")}, capacity=4)
     row = table.add({"x": np.array([1.5, -2.0], np.float32)})
-    assert table._columns["x"][row, 0].astype(np.float32).tolist() == [1.5, -2.0]
-    assert table._columns["x"].dtype == np.dtype(ml_dtypes.bfloat16)
+    assert table.columns["x"][row, 0].astype(np.float32).tolist() == [1.5, -2.0]
+    assert table.columns["x"].dtype == np.dtype(ml_dtypes.bfloat16)
 
 
 def test_add_to_a_closed_table_and_bad_priorities(make_table):
@@ -299,7 +299,7 @@ def test_add_to_a_trajectory_table_writes_one_row_of_t_steps(make_table):
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4, max_steps=5)
     row = table.add({"x": np.arange(3, dtype=np.int64)}, priority=3.0)
     assert table.row_status()["length"][row] == 3
-    assert table._columns["x"][row, :3].tolist() == [0, 1, 2]
+    assert table.columns["x"][row, :3].tolist() == [0, 1, 2]
 
 
 def test_python_ints_never_wrap_in_64_bit_fields(make_table):
@@ -309,5 +309,5 @@ def test_python_ints_never_wrap_in_64_bit_fields(make_table):
             with pytest.raises(gj.InvalidArgumentError, match="range"):
                 call()
     row = table.add({"u": 2**64 - 1, "i": -(2**63)})
-    assert int(table._columns["u"][row, 0]) == 2**64 - 1 and int(table._columns["i"][row, 0]) == -(2**63)
+    assert int(table.columns["u"][row, 0]) == 2**64 - 1 and int(table.columns["i"][row, 0]) == -(2**63)
     assert table.size == 1

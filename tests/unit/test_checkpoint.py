@@ -26,6 +26,7 @@ import pytest
 
 import gear_jax as gj
 from gear_jax import checkpoint
+from tests.helpers.tables import held_row
 
 STATUS = ("generation", "priority", "length", "insert_seq", "times_sampled")
 
@@ -75,9 +76,9 @@ def assert_same_table(saved, loaded, held=()):
     for key in STATUS:
         np.testing.assert_array_equal(a[key][rows], b[key][rows], err_msg=key)
     for name in saved.spec.fields:
-        x, y = saved._columns[name], loaded._columns[name]
+        x, y = saved.columns[name], loaded.columns[name]
         assert x[rows].tobytes() == y[rows].tobytes(), name
-    assert saved._native.cursors() == loaded._native.cursors()
+    assert saved.native.cursors() == loaded.native.cursors()
     for row in held:  # empty, unselectable, at the generation its writer will publish
         assert b["length"][row] == 0 and b["priority"][row] == 0
         assert b["generation"][row] == a["generation"][row] + 1 and b["generation"][row] % 2 == 0
@@ -88,16 +89,16 @@ def test_round_trip_is_exact(tmp_path, tables):
     jax.jit(lambda k: gj.sample(saved, k, 8))(jax.random.key(3))  # some rows sampled: times_sampled > 0
     writer = saved.writer()
     writer.append({"obs": np.ones(5, np.float32), "action": 1, "done": True})  # a row held at save time
-    held = [writer._row]
+    held = [held_row(saved)]
     path = tmp_path / "ckpt"
     saved.save(path)
     loaded = tables(gj.Table.load(path))
     assert_same_table(saved, loaded, held)
     assert saved.row_status()["times_sampled"].sum() > 0
-    assert loaded.size == saved.size == 64 - 1 and loaded._native.selectable == saved._native.selectable
+    assert loaded.size == saved.size == 64 - 1 and loaded.native.selectable == saved.native.selectable
     manifest = json.loads((path / "current" / "manifest.json").read_text())
     assert manifest["rows_saved_empty"] == 1 and manifest["size"] == loaded.size
-    assert manifest["next_seq"] == saved._native.next_seq > saved.capacity
+    assert manifest["next_seq"] == saved.native.next_seq > saved.capacity
     writer.close()
     # The same key picks the same rows before and after, by every method; the cursors continue alike.
     for method in ("uniform", "prioritized", "fifo", "lifo", "topk"):
@@ -115,7 +116,7 @@ def test_round_trip_is_exact(tmp_path, tables):
         "done": np.ones(3, bool),
     }
     np.testing.assert_array_equal(saved.insert(more), loaded.insert(more))  # the next rows overwritten
-    assert saved._native.cursors() == loaded._native.cursors()
+    assert saved.native.cursors() == loaded.native.cursors()
 
 
 def test_trajectory_table_with_partial_lengths(tmp_path, tables):
@@ -201,7 +202,7 @@ def test_saves_racing_to_one_path_take_turns(tmp_path, tables):
     assert not errors
     loaded = tables(gj.Table.load(path))
     # The last save to finish is the checkpoint, whole (the two tables' obs differ everywhere).
-    assert_same_table(one if np.array_equal(loaded._columns["obs"], one._columns["obs"]) else two, loaded)
+    assert_same_table(one if np.array_equal(loaded.columns["obs"], one.columns["obs"]) else two, loaded)
     assert len([e for e in os.listdir(path) if e.startswith("data-")]) == 1
 
 
@@ -326,9 +327,9 @@ def test_save_while_another_process_writes_holds_only_committed_rows(tmp_path, t
         while table.size < 1000:
             time.sleep(0.01)
         for round in range(6):
-            before = table._native.cursors()[1]
+            before = table.native.cursors()[1]
             table.save(tmp_path / "ckpt")
-            assert table._native.cursors()[1] > before, "the writer wrote nothing during the save"
+            assert table.native.cursors()[1] > before, "the writer wrote nothing during the save"
             loaded = gj.Table.load(tmp_path / "ckpt")
             try:
                 status = loaded.row_status()
@@ -336,7 +337,7 @@ def test_save_while_another_process_writes_holds_only_committed_rows(tmp_path, t
                 assert loaded.size == rows.size and (status["generation"] % 2 == 0).all()
                 empty = status["length"] == 0
                 assert (status["priority"][empty] == 0).all()
-                v = loaded._columns["v"][rows]
+                v = loaded.columns["v"][rows]
                 k = np.arange(steps * width, dtype=np.uint64).reshape(steps, width)
                 expected = ((v[:, :1, None].astype(np.uint64) * 2654435761 + k * 40503) % 2**32).astype(
                     np.uint32
@@ -344,7 +345,7 @@ def test_save_while_another_process_writes_holds_only_committed_rows(tmp_path, t
                 lengths = status["length"][rows]
                 used = np.arange(steps)[None, :] < lengths[:, None]
                 assert (v == v[:, :1])[used].all(), "a row mixes steps of two episodes"
-                assert (loaded._columns["p"][rows] == expected).all(axis=2)[used].all(), (
+                assert (loaded.columns["p"][rows] == expected).all(axis=2)[used].all(), (
                     "a torn row was saved"
                 )
                 assert (

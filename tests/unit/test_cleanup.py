@@ -1,14 +1,15 @@
-"""Tables whose creator died, and processes in other PID namespaces (issue 12, defects 4 and 5).
+"""gear_jax.cleanup: tables whose creator died, and processes in other PID namespaces.
 
-Defect 4: a creator killed (SIGKILL, SIGTERM's default action) or gone by os._exit never closes its
-table, so its name stayed in /dev/shm for good. Now a process that creates a table removes every table
-whose creator and users (attached processes, processes with a writer slot) are all gone, unless it was
-created with `outlive_creator=True`; `python -m gear_jax.cleanup` lists the tables and removes dead ones.
+Dead creators: a creator killed (SIGKILL, SIGTERM's default action) or gone by os._exit never closes
+its table, so nothing else would ever remove its name from /dev/shm. A process that creates a table
+removes every table whose creator and users (attached processes, processes with a writer slot) are all
+gone, unless it was created with `outlive_creator=True`; `python -m gear_jax.cleanup` lists the tables
+and removes dead ones.
 
-Defect 5: kill(pid, 0) only answers for pids of this process's PID namespace. A table records its
-creator's namespace; where that is not this process's, or a process of another namespace attached,
-every pid recorded in the table counts as alive: no row, writer slot, attach slot or table is reclaimed
-on the word of kill(pid, 0), and the pool's orphan sweep leaves other namespaces' names alone.
+Other PID namespaces: kill(pid, 0) only answers for pids of this process's PID namespace. A table
+records its creator's namespace; where that is not this process's, or a process of another namespace
+attached, every pid recorded in the table counts as alive: no row, writer slot, attach slot or table is
+reclaimed on the word of kill(pid, 0), and the pool's orphan sweep leaves other namespaces' names alone.
 
 The processes here load the native module only (no JAX), so that each starts in a fraction of a second;
 the cleanup command is run as `python -m gear_jax.cleanup`.
@@ -332,7 +333,7 @@ PRIVATE_SHM = PRIVATE_SHM if _permitted(PRIVATE_SHM) else None
 def test_pids_of_another_namespace_are_never_taken_for_dead(forge):
     table = gj.Table.create(SPEC, reuse=False)
     try:
-        memory = np.frombuffer(table._native.mapping(), np.uint8)
+        memory = np.frombuffer(table.native.mapping(), np.uint8)
         ours = _native.pid_namespace()
         assert ours != 0 and header_field(memory, "creator_pid_namespace", np.uint64)[0] == ours
         # A writer claims a row and dies holding it.
@@ -438,7 +439,7 @@ def test_a_process_in_another_pid_namespace_keeps_its_rows_and_tables(names):
         for _ in range(3):
             table.insert({"x": np.arange(8)})
         assert table.row_status()["generation"][row] % 2 == 1  # the live writer's row is still its own
-        assert table._native.mixed_pid_namespaces
+        assert table.native.mixed_pid_namespaces
         # Its table stays, though its creator's pid looks dead from here; the cleanup lists it so.
         assert own not in _native.sweep_dead_tables() and exists(own)
         from gear_jax import cleanup as api

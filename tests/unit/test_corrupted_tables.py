@@ -1,5 +1,6 @@
-"""Tables whose shared file was damaged or forged (issue 12, defects 3 and 6): a value read from the file
-never drives a read or write outside its own row, and every refusal names the file and the reason.
+"""Tables whose shared file was damaged or forged (lengths, generations, the stored spec, the header
+layout): a value read from the file never drives a read or write outside its own row, and every refusal
+names the file and the reason.
 
 The file is changed the way another process (or a bit flip) would: by writing to /dev/shm/<name>.
 """
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
+from tests.helpers.tables import held_row
 
 # Byte offsets of the first header fields (xla_ffi/shared_table.h, TableHeader).
 SPEC_JSON_BYTES = 12  # uint32
@@ -76,7 +78,7 @@ def tables():
 
     def make(fields, capacity=4, max_steps=1):
         table = gj.Table.create(gj.TableSpec(fields, capacity=capacity, max_steps=max_steps))
-        table.native_layout = table._native.layout()
+        table.native_layout = table.native.layout()
         table.spec_json_at = spec_json_offset(table)
         made.append(table)
         return table
@@ -236,12 +238,13 @@ def test_update_priorities_never_makes_a_row_of_a_damaged_length_selectable(tabl
 
 
 def test_a_forged_generation_does_not_make_an_abandoned_row_selectable(tables):
-    """Defect 6: a hand-built Sample with an abandoned row's (even) generation."""
+    """A hand-built Sample with an abandoned row's (even) generation neither updates its priority nor
+    makes it selectable."""
     table = tables({"x": gj.Field((), "float32")}, capacity=4, max_steps=2)
     table.insert({"x": np.ones((1, 2), np.float32)})  # row 0
     with table.writer() as writer:
         writer.append({"x": 5.0})
-        abandoned = writer._row
+        abandoned = held_row(table)
     status = table.row_status()
     assert status["length"][abandoned] == 0 and status["generation"][abandoned] % 2 == 0
     assert int(table.update_priorities(hand_sample(table, [abandoned]), jnp.asarray([10.0]))) == 0
@@ -304,7 +307,7 @@ def test_a_forged_larger_shape_can_not_write_into_the_next_row(tables):
             for _ in range(2):
                 writer.append(types.MappingProxyType({"x": np.full(20, 200, np.uint8), "t": 0}))
             writer.end_episode()
-    np.testing.assert_array_equal(table._columns["x"][:, :, 0], [[1, 1], [2, 2], [3, 3], [4, 4]])
+    np.testing.assert_array_equal(table.columns["x"][:, :, 0], [[1, 1], [2, 2], [3, 3], [4, 4]])
 
 
 def test_a_spec_hash_that_does_not_match_is_refused_with_the_file(tables):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import transitions
+from tests.helpers.tables import transitions
 from gear_jax import _ffi
 
 

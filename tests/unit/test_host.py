@@ -9,13 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import (
-    P_THRESHOLD,
-    assert_prioritized,
-    prioritized_table,
-    start_uniform_writers,
-    transitions,
-)
+from tests.helpers.processes import start_uniform_writers
+from tests.helpers.sampling import P_THRESHOLD, assert_prioritized, prioritized_table
+from tests.helpers.tables import transitions
 from scipy import stats
 
 import gear_jax as gj
@@ -455,7 +451,7 @@ def test_a_bad_rng_and_results_too_large_for_memory_are_refused_by_name(make_tab
 def test_a_native_call_on_a_closed_table_raises_table_closed(make_table):
     table = make_table()
     table.insert(transitions(4))
-    native = table._native
+    native = table.native
     table.close()
     with pytest.raises(gj.TableClosedError, match="is closed"):
         native.host_sample(1, 2, 4, 0, 1.0, 0, [], 0, [])

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import transitions
+from tests.helpers.tables import held_row, transitions
 
 
 def test_gather_returns_the_sampled_rows(make_table):
@@ -83,7 +83,7 @@ def test_row_being_written_is_never_sampled_and_gathers_invalid(make_table):
     s = gj.sample(table, jax.random.key(0), 4, method="fifo")
     writer = table.writer()
     writer.append({"obs": np.zeros(3, np.float32), "action": 0})  # claims row 0: odd generation
-    held = writer._row
+    held = held_row(table)
     assert table.row_status()["generation"][held] % 2 == 1
     for method in gj.METHODS:
         picks = np.asarray(gj.sample(table, jax.random.key(1), 3, method=method).indices)
@@ -190,7 +190,7 @@ def test_malformed_samples_are_refused(make_table):
 
 def test_a_sample_of_another_table_is_refused(make_table):
     """Row ids of one table mean nothing in another: gather and update_priorities refuse such a sample,
-    eagerly and inside jit, and change nothing (issue 12, defect 6)."""
+    eagerly and inside jit, and change nothing."""
     first, second = make_table(capacity=8), make_table(capacity=8)
     first.insert(transitions(8))
     second.insert(transitions(8, start=100))
@@ -220,7 +220,7 @@ def test_a_sample_of_another_table_is_refused(make_table):
 @pytest.mark.parametrize("op", ["sample", "sample_batch", "ordered_candidates"])
 def test_batch_sizes_beyond_memory_are_refused_at_trace_time(make_table, op):
     """A batch whose results cannot fit fails with an error naming the operation and the sizes, before
-    anything is allocated (issue 12, defect 7). Traced with eval_shape: nothing would run either way."""
+    anything is allocated. Traced with eval_shape: nothing would run either way."""
     table = make_table(capacity=8)
     table.insert(transitions(8))
     key = jax.random.key(0)

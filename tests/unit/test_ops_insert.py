@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import start_uniform_writers, transitions
+from tests.helpers.processes import start_uniform_writers
+from tests.helpers.tables import transitions
 
 TIMEOUT = 120
 
@@ -35,7 +36,7 @@ def random_batch(rng, b, steps=None):
 
 def stored(table, name, rows):
     """The bytes of field `name` of `rows`, read from the table's memory."""
-    return np.asarray(table._columns[name][np.asarray(rows)])
+    return np.asarray(table.columns[name][np.asarray(rows)])
 
 
 def as_bytes(array):

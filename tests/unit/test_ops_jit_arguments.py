@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import transitions
+from tests.helpers.tables import transitions
 
 
 def test_a_table_is_a_jit_argument_and_reuses_the_compiled_function(make_table):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import transitions
+from tests.helpers.tables import transitions
 from gear_jax.ops import ordered_candidates
 
 NO_CANDIDATE = 2**64 - 1

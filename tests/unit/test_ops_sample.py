@@ -5,14 +5,8 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from conftest import (
-    P_THRESHOLD,
-    assert_mass_in_tail,
-    assert_prioritized,
-    draw_counts,
-    prioritized_table,
-    transitions,
-)
+from tests.helpers.sampling import P_THRESHOLD, assert_mass_in_tail, assert_prioritized, draw_counts, prioritized_table
+from tests.helpers.tables import transitions
 
 
 def test_uniform_matches_exact_distribution_and_skips_unselectable_rows(make_table):

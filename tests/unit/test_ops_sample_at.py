@@ -13,10 +13,11 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from conftest import P_THRESHOLD, transitions
+from tests.helpers.sampling import P_THRESHOLD
+from tests.helpers.tables import transitions
 from gear_jax.ops import sample_at, total_weight
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def reference_weights(table, exponent):
@@ -342,10 +343,10 @@ def test_works_inside_shard_map():
     if len(jax.devices("cpu")) >= 2:
         assert shard_map_check() == 7
         return
-    code = "import json, test_sample_at; print(json.dumps({'checks': test_sample_at.shard_map_check()}))"
+    code = "import json; from tests.unit import test_ops_sample_at as t; print(json.dumps({'checks': t.shard_map_check()}))"
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="2", JAX_PLATFORMS="cpu")
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=HERE, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"checks": 7}

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import transitions
+from tests.helpers.tables import transitions
 
 
 @pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "lifo", "topk"])

@@ -5,7 +5,7 @@ of a single thread: each pick's draws depend on its index alone, and each range 
 
 import jax
 import numpy as np
-from conftest import start_uniform_writers
+from tests.helpers.processes import start_uniform_writers
 
 import gear_jax as gj
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from conftest import transitions
+from tests.helpers.tables import transitions
 
 SPEC = gj.TableSpec({"obs": gj.Field((3,), "float32"), "action": gj.Field((), "int32")}, capacity=64)
 RUN_TIMEOUT_S = 120
@@ -440,7 +440,7 @@ def running(pid):
 
 def test_worker_forked_by_an_attacher_keeps_the_memory_out_of_the_pool():
     """An actor attaches, forks a worker and exits; the worker goes on inserting through the inherited
-    mapping. The creator's close must not hand that memory to a new table (issue 12, defect 2)."""
+    mapping. The creator's close must not hand that memory to a new table."""
     creator = gj.Table.create(SPEC)
     actor = subprocess.Popen(
         [

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from conftest import P_THRESHOLD, assert_prioritized, draw_counts
+from tests.helpers.sampling import P_THRESHOLD, assert_prioritized, draw_counts
 from gear_jax import ops
 
 X = {"x": gj.Field((), "int32")}
@@ -160,7 +160,7 @@ def test_rows_changed_behind_the_index_are_never_returned_as_seen(make_table):
     table = make_table(fields=X, capacity=64)
     table.insert({"x": np.arange(64, dtype=np.int32)}, priorities=np.ones(64, np.float32))
     gj.sample(table, jax.random.key(0), 8, method="prioritized")  # builds the index
-    layout = table._native.layout()
+    layout = table.native.layout()
     state = np.memmap(f"/dev/shm/{table.name}", np.uint64, "r+", layout["state"], (table.capacity,))
     before = state.copy()
     low, generation = before[:32] & np.uint64(0xFFFFFFFF), before[:32] >> np.uint64(32)

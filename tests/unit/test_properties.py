@@ -204,7 +204,7 @@ def check_gather(table, s, out, names):
         start, n = int(s.starts[i]), int(status["length"][row])
         for name in names:
             got = np.asarray(out[name][i])
-            stored = table._columns[name][row]
+            stored = table.columns[name][row]
             if table.spec.is_trajectory:
                 w = got.shape[0]
                 want = np.arange(w) + start < n

@@ -157,7 +157,7 @@ def test_publication_without_admission_counts_without_waiting(make_table):
     published, never waiting): the count may pass max_diff, and host inserts then wait."""
     table = limited(make_table, min_size_to_sample=1, samples_per_insert=1, error_buffer=2)  # max_diff 3
     for _ in range(5):
-        table._native.insert([rows(1)["x"]], 1, 1, None, None, admit=False)
+        table.native.insert([rows(1)["x"]], 1, 1, None, None, admit=False)
     assert table.rate_limiter_counts() == gj.RateLimiterCounts(inserts=5, samples=0, size=5, diff=5.0)
     with pytest.raises(gj.RateLimiterTimeout):
         table.insert(rows(1), timeout=0)

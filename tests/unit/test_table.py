@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gear_jax as gj
-from conftest import transitions
+from tests.helpers.tables import held_row, transitions
 
 
 def test_create_makes_private_shared_memory_with_unguessable_name(make_table):
@@ -25,7 +25,7 @@ def test_create_makes_private_shared_memory_with_unguessable_name(make_table):
 def test_columns_are_page_aligned(make_table):
     """Every column, status and fields alike, starts on a 4096-byte boundary (shared_table.h)."""
     table = make_table(fields={"a": gj.Field((3,), "uint8"), "b": gj.Field((5,), "float64")}, capacity=7)
-    columns = [*table._columns.values(), table._state, table._length, table._insert_seq, table._times_sampled]
+    columns = [*table.columns.values(), table.status_columns["state"], table.status_columns["length"], table.status_columns["insert_seq"], table.status_columns["times_sampled"]]
     assert len(columns) == 6
     for column in columns:
         assert column.ctypes.data % 4096 == 0, column.ctypes.data % 4096
@@ -36,7 +36,7 @@ HUGE_PAGE = 2 << 20
 
 def table_base(table):
     """The address this process maps the table at (its header)."""
-    return table._state.ctypes.data - table._native.layout()["state"]
+    return table.status_columns["state"].ctypes.data - table.native.layout()["state"]
 
 
 def pmd_mapped_kib(address):
@@ -131,7 +131,7 @@ def test_large_tables_are_backed_by_2_mib_pages(make_table, monkeypatch, setting
     else:
         assert whole_kib // 2 <= mapped_kib <= whole_kib
     with gj.Table.attach(table.name) as view:
-        np.testing.assert_array_equal(view._columns["x"][:, 0], data)  # reads every block
+        np.testing.assert_array_equal(view.columns["x"][:, 0], data)  # reads every block
         assert pmd_mapped_kib(table_base(view)) == mapped_kib
 
 
@@ -161,7 +161,7 @@ def test_a_table_larger_than_dev_shm_is_refused_and_leaves_nothing(make_table):
 def test_row_stride_rule(make_table, shape, steps, stride):
     """Rows are padded to 16-byte multiples, and to 128-byte multiples from 1 KiB on (RowStride)."""
     table = make_table(fields={"x": gj.Field(shape, "uint8")}, capacity=3, max_steps=steps)
-    column = table._columns["x"]
+    column = table.columns["x"]
     assert column.strides[:2] == (stride, shape[0])
     step = np.arange(np.prod(shape), dtype=np.uint8).reshape(shape) % 251
     rows = {
@@ -212,7 +212,7 @@ def test_insert_returns_row_ids_and_stores_data(make_table):
     np.testing.assert_array_equal(status["priority"][:5], np.arange(1, 6))
     np.testing.assert_array_equal(status["generation"][:5], empty[:5] + 2)
     np.testing.assert_array_equal(status["insert_seq"][:5], np.arange(1, 6))
-    np.testing.assert_array_equal(table._columns["obs"][:5, 0], transitions(5)["obs"])
+    np.testing.assert_array_equal(table.columns["obs"][:5, 0], transitions(5)["obs"])
     assert table.size == 5
 
 
@@ -222,14 +222,14 @@ def test_fifo_overwrite_order_when_full(make_table):
     table.insert(transitions(4))
     ids = table.insert(transitions(3, start=100))
     np.testing.assert_array_equal(ids, [0, 1, 2])  # the three oldest rows, in order
-    np.testing.assert_array_equal(table._columns["action"][:, 0], [100, 101, 102, 3])
+    np.testing.assert_array_equal(table.columns["action"][:, 0], [100, 101, 102, 3])
     status = table.row_status()
     np.testing.assert_array_equal(status["generation"] - empty, [4, 4, 4, 2])
     np.testing.assert_array_equal(status["insert_seq"], [5, 6, 7, 4])
     assert table.size == 4
     ids = table.insert(transitions(2, start=200))
     np.testing.assert_array_equal(ids, [3, 0])
-    np.testing.assert_array_equal(table._columns["action"][:, 0], [201, 101, 102, 200])
+    np.testing.assert_array_equal(table.columns["action"][:, 0], [201, 101, 102, 200])
 
 
 def test_insert_accepts_numpy_jax_and_torch(make_table):
@@ -237,8 +237,8 @@ def test_insert_accepts_numpy_jax_and_torch(make_table):
     table.insert({"x": np.ones((1, 2), ml_dtypes.bfloat16), "y": np.array([1])})
     table.insert({"x": jnp.full((1, 2), 2, jnp.bfloat16), "y": jnp.array([2], jnp.int32)})
     table.insert({"x": torch.full((1, 2), 3, dtype=torch.bfloat16), "y": torch.tensor([3])})
-    np.testing.assert_array_equal(table._columns["x"][:3, 0].astype(np.float32), [[1, 1], [2, 2], [3, 3]])
-    np.testing.assert_array_equal(table._columns["y"][:3, 0], [1, 2, 3])
+    np.testing.assert_array_equal(table.columns["x"][:3, 0].astype(np.float32), [[1, 1], [2, 2], [3, 3]])
+    np.testing.assert_array_equal(table.columns["y"][:3, 0], [1, 2, 3])
 
 
 def test_trajectory_insert_with_lengths(make_table):
@@ -247,7 +247,7 @@ def test_trajectory_insert_with_lengths(make_table):
     ids = table.insert({"x": data}, lengths=[2, 3])
     status = table.row_status()
     np.testing.assert_array_equal(status["length"][ids], [2, 3])
-    np.testing.assert_array_equal(table._columns["x"][ids[1], :3], [3, 4, 5])
+    np.testing.assert_array_equal(table.columns["x"][ids[1], :3], [3, 4, 5])
 
 
 @pytest.mark.parametrize(
@@ -290,8 +290,8 @@ def test_safe_casts_are_made(make_table):
     table = make_table()
     table.insert({"obs": np.ones((1, 3), np.float16), "action": np.ones(1, np.int8)})
     table.insert({"obs": [[1, 2, 3]], "action": [7]})  # Python values that fit
-    assert table._columns["obs"][1, 0].tolist() == [1.0, 2.0, 3.0]
-    assert table._columns["action"][1, 0] == 7
+    assert table.columns["obs"][1, 0].tolist() == [1.0, 2.0, 3.0]
+    assert table.columns["action"][1, 0] == 7
     with pytest.raises(gj.InvalidArgumentError, match="dtype"):
         table.insert({"obs": [[1, 2, 3]], "action": [1.5]})
     with pytest.raises(gj.InvalidArgumentError, match="range"):
@@ -305,7 +305,7 @@ def test_attach_reads_the_same_memory(make_table):
         assert other.spec == table.spec and other.name == table.name
         other.insert(transitions(2))
         assert table.size == 2
-        np.testing.assert_array_equal(table._columns["action"][:2, 0], [0, 1])
+        np.testing.assert_array_equal(table.columns["action"][:2, 0], [0, 1])
     finally:
         other.close()
     assert os.path.exists(f"/dev/shm/{table.name}")  # only the creator unlinks
@@ -339,15 +339,15 @@ def test_writer_writes_episodes_in_place(make_table):
     with table.writer() as writer:
         for t in range(3):
             writer.append({"x": np.full(2, t, np.float32), "t": t})
-            row = writer._row
+            row = held_row(table)
             assert table.row_status()["generation"][row] % 2 == 1  # held: odd
-            np.testing.assert_array_equal(table._columns["x"][row, t], [t, t])  # written in place
+            np.testing.assert_array_equal(table.columns["x"][row, t], [t, t])  # written in place
         assert writer.end_episode(priority=2.5) == row
         status = table.row_status()
         assert status["length"][row] == 3 and status["priority"][row] == 2.5
         assert status["generation"][row] % 2 == 0
         writer.append({"x": np.zeros(2, np.float32), "t": 9})
-        unfinished = writer._row
+        unfinished = held_row(table)
     # leaving the block abandons the unfinished episode: even generation, empty
     status = table.row_status()
     assert status["generation"][unfinished] % 2 == 0 and status["length"][unfinished] == 0
@@ -392,7 +392,7 @@ def test_dropped_writer_gives_its_row_back(make_table):
     table = make_table(fields={"x": gj.Field((), "float32")}, capacity=2, max_steps=2)
     writer = table.writer()
     writer.append({"x": 1.0})
-    row = writer._row
+    row = held_row(table)
     assert table.row_status()["generation"][row] % 2 == 1
     del writer
     gc.collect()
@@ -405,7 +405,7 @@ def test_writer_closed_after_its_table_still_gives_the_row_back(make_table):
     other = gj.Table.attach(table.name)
     writer = other.writer()
     writer.append({"x": 1.0})
-    row = writer._row
+    row = held_row(other)
     other.close()
     writer.close()
     assert table.row_status()["generation"][row] % 2 == 0

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 
 import gear_jax as gj
+from tests.helpers.tables import held_row
 
 
 def _spec(
@@ -36,12 +37,12 @@ def test_batch_larger_than_the_ring_keeps_the_last_rows_in_order():
         status = table.row_status()
         # The last 10 rows of the batch hold the ring, in batch order of insert_seq.
         for b in range(15, 25):
-            assert np.array_equal(table._columns["x"][ids[b], 0], x[b])
-            assert table._columns["r"][ids[b], 0] == b
+            assert np.array_equal(table.columns["x"][ids[b], 0], x[b])
+            assert table.columns["r"][ids[b], 0] == b
         order = np.argsort(status["insert_seq"])
-        assert list(table._columns["r"][order, 0]) == list(range(15, 25))
+        assert list(table.columns["r"][order, 0]) == list(range(15, 25))
         assert table.size == 10
-        assert (table.size, table._live().selectable) == _exact_counts(table)
+        assert (table.size, table.native.selectable) == _exact_counts(table)
 
 
 def test_chunks_of_a_small_ring_with_lengths_and_priorities():
@@ -63,11 +64,11 @@ def test_chunks_of_a_small_ring_with_lengths_and_priorities():
                 assert status["length"][row] == n
                 assert status["priority"][row] == priorities[b]
                 assert status["generation"][row] % 2 == 0
-                assert np.array_equal(table._columns["x"][row, :n], x[b, :n])
-                assert np.array_equal(table._columns["r"][row, :n], r[b, :n])
+                assert np.array_equal(table.columns["x"][row, :n], x[b, :n])
+                assert np.array_equal(table.columns["r"][row, :n], r[b, :n])
             seqs = status["insert_seq"][ids]
             assert np.all(np.diff(seqs.astype(np.int64)) == 1)  # one commit_seq per row, in batch order
-        assert (table.size, table._live().selectable) == _exact_counts(table)
+        assert (table.size, table.native.selectable) == _exact_counts(table)
 
 
 def test_rows_held_by_a_writer_are_skipped_and_kept():
@@ -75,16 +76,16 @@ def test_rows_held_by_a_writer_are_skipped_and_kept():
         table.insert({"x": np.zeros((32, 5), np.int32), "r": np.zeros(32, np.float32)})
         with table.writer() as w:
             w.append({"x": np.full(5, 7, np.int32), "r": np.float32(7)})
-            held = w._row
+            held = held_row(table)
             before = table.row_status()["generation"][held]
             assert before % 2 == 1
             ids = table.insert({"x": np.ones((100, 5), np.int32), "r": np.ones(100, np.float32)})
             assert held not in set(ids.tolist())
             assert table.row_status()["generation"][held] == before
-            assert np.array_equal(table._columns["x"][held, 0], np.full(5, 7, np.int32))
+            assert np.array_equal(table.columns["x"][held, 0], np.full(5, 7, np.int32))
             w.end_episode(priority=2.0)
         assert table.row_status()["priority"][held] == 2.0
-        assert (table.size, table._live().selectable) == _exact_counts(table)
+        assert (table.size, table.native.selectable) == _exact_counts(table)
 
 
 def test_views_fortran_order_and_bfloat16_are_stored_as_given():
@@ -97,12 +98,12 @@ def test_views_fortran_order_and_bfloat16_are_stored_as_given():
         a = base[:, :, ::2]  # not contiguous
         h = np.asfortranarray(rng.random((16, 6)).astype(ml_dtypes.bfloat16))
         ids = table.insert({"a": a, "h": h})
-        assert np.array_equal(table._columns["a"][ids, 0], a)
+        assert np.array_equal(table.columns["a"][ids, 0], a)
         assert np.array_equal(
-            table._columns["h"][ids, 0].view(np.uint16), np.ascontiguousarray(h).view(np.uint16)
+            table.columns["h"][ids, 0].view(np.uint16), np.ascontiguousarray(h).view(np.uint16)
         )
         ids = table.insert({"a": np.ascontiguousarray(a), "h": np.ascontiguousarray(h)})  # the in-place path
-        assert np.array_equal(table._columns["a"][ids, 0], a)
+        assert np.array_equal(table.columns["a"][ids, 0], a)
         assert np.array_equal(
-            table._columns["h"][ids, 0].view(np.uint16), np.ascontiguousarray(h).view(np.uint16)
+            table.columns["h"][ids, 0].view(np.uint16), np.ascontiguousarray(h).view(np.uint16)
         )

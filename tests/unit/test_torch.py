@@ -101,7 +101,7 @@ def test_insert_of_cpu_tensors_is_byte_exact(make_table):
     assert not tensors["float32"].is_contiguous()  # a strided view is handled, not refused
     rows = table.insert(tensors)
     for d, a in batch.items():
-        np.testing.assert_array_equal(table._columns[d][rows, 0].view(np.uint8), a.view(np.uint8))
+        np.testing.assert_array_equal(table.columns[d][rows, 0].view(np.uint8), a.view(np.uint8))
 
 
 @pytest.mark.parametrize("trajectory", [False, True])
@@ -123,7 +123,7 @@ def test_insert_tensors_copies_into_rows_across_the_ring(make_table, trajectory)
         n = lengths[i] if trajectory else 1
         assert status["length"][row] == n and status["priority"][row] == 2.0
         for d, a in batch.items():
-            got = table._columns[d][row, :n].view(np.uint8)
+            got = table.columns[d][row, :n].view(np.uint8)
             want = (a[i, :n] if trajectory else a[i : i + 1]).view(np.uint8)
             np.testing.assert_array_equal(got, want)
     s = gj.sample(table, jax.random.key(0), 16)
@@ -170,9 +170,9 @@ def test_episode_writer_takes_tensors(make_table):
             w.append({"x": torch.full((2,), i + 0.5, dtype=torch.bfloat16), "done": torch.tensor(i == 2)})
         row = w.end_episode(priority=1.0)
     np.testing.assert_array_equal(
-        table._columns["x"][row].astype(np.float32), [[0.5] * 2, [1.5] * 2, [2.5] * 2]
+        table.columns["x"][row].astype(np.float32), [[0.5] * 2, [1.5] * 2, [2.5] * 2]
     )
-    np.testing.assert_array_equal(table._columns["done"][row], [False, False, True])
+    np.testing.assert_array_equal(table.columns["done"][row], [False, False, True])
 
 
 def filled_table(make_table, rows=32, capacity=32):
@@ -270,7 +270,7 @@ def test_gpu_handoff_waits_for_the_producer(make_table):
             "id": torch.arange(3, dtype=torch.int32, device="cuda"),
         }
     )
-    np.testing.assert_array_equal(table._columns["obs"][rows, 0], 7.0)
+    np.testing.assert_array_equal(table.columns["obs"][rows, 0], 7.0)
     sampler = gjt.Sampler(table, 8, device="cuda")
     batch = next(sampler)
     assert batch["obs"].device.type == "cuda" and batch["valid"].all()

@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from conftest import P_THRESHOLD
+from tests.helpers.sampling import P_THRESHOLD
 from gear_jax.transitions import (
     TransitionWriter,
     nstep_transitions,
