@@ -8,25 +8,17 @@ in-jit insert and the host loop's insert made the same run.
 """
 
 import math
-import pathlib
 import re
-import subprocess
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "anakin.py"
+from tests.helpers import examples
+
 COMPARISONS = ("gear_jax", "host_insert", "flashbax")
 
 
 def run_example(*args: str) -> tuple[dict[str, float], str]:
     """Runs the example with `args`; returns the numbers of its summary line and its stdout."""
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, f"the example failed:\n{done.stdout}\n{done.stderr[-4000:]}"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, f"expected one summary line in:\n{done.stdout}"
-    return {k: float(v) for k, v in re.findall(r"(\w+)=(\S+)", lines[0])}, done.stdout
+    fields, done = examples.run_example("anakin.py", *args, timeout=300)
+    return examples.numbers(fields), done.stdout
 
 
 def test_smoke_run_compares_three_replays_that_all_learn(tmp_path):

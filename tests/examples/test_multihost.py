@@ -9,13 +9,10 @@ per test session), so the second run skips most of the first one's compilation.
 import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "multihost.py"
+from tests.helpers import examples
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +24,9 @@ def run_example(cache: pathlib.Path, *args: str, timeout: int) -> dict:
     """Runs the example with `args`; returns its summary line's fields (numbers as floats, the per-shard
     lists as lists of ints)."""
     env = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--num_processes=2", f"--timeout={timeout - 20}", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env},
+    fields, done = examples.run_example(
+        "multihost.py", "--num_processes=2", f"--timeout={timeout - 20}", *args, timeout=timeout, env=env
     )
-    assert done.returncode == 0, f"the example failed:\n{done.stdout}\n{done.stderr[-6000:]}"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, f"expected one summary line (from process 0) in:\n{done.stdout}"
-    fields = dict(re.findall(r"(\w+)=(\S+)", lines[0]))
     summary = {k: [int(x) for x in v.split(",")] if k.startswith("shard_") else float(v)
                for k, v in fields.items()}
     # Every process prefixes its log lines with its index.

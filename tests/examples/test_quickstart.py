@@ -1,25 +1,13 @@
 """The examples run end to end, and the quickstart's DQN actually learns."""
 
 import math
-import pathlib
-import re
-import subprocess
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-QUICKSTART = ROOT / "examples" / "quickstart.py"
+from tests.helpers import examples
 
 
 def run_quickstart(*args: str) -> dict[str, float]:
     """Runs examples/quickstart.py with `args`; returns the numbers of its summary line."""
-    result = subprocess.run(
-        [sys.executable, str(QUICKSTART), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, f"quickstart failed:\n{result.stdout}\n{result.stderr[-4000:]}"
-    lines = [line for line in result.stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, f"expected one summary line in:\n{result.stdout}"
-    return {k: float(v) for k, v in re.findall(r"(\w+)=(\S+)", lines[0])}
+    return examples.numbers(examples.run_example("quickstart.py", *args, timeout=300)[0])
 
 
 def test_quickstart_smoke_runs_and_reports(tmp_path):

@@ -1,5 +1,5 @@
 """The README's code runs as written: "Coming from SB3, flashbax or torchrl" on a real gymnasium CartPole,
-n-step transitions, and checkpoints."""
+n-step transitions, and checkpoints; and CI runs the README's test command."""
 
 import pathlib
 import re
@@ -12,7 +12,8 @@ import pytest
 
 import gear_jax as gj
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 
 
 def blocks_of(heading: str) -> list[str]:
@@ -22,6 +23,14 @@ def blocks_of(heading: str) -> list[str]:
     rest = text[start + len(heading) :]
     end = re.search(r"^#+ ", rest, re.MULTILINE)
     return re.findall(r"```python\n(.*?)```", rest[: end.start() if end else None], re.DOTALL)
+
+
+def test_ci_runs_the_readmes_test_command():
+    """.ci/run's last line is the README's "Install and run the tests" command, word for word."""
+    section = README.read_text().split("Install and run the tests", 1)[1]
+    command = re.search(r"```bash\n(.*?)\n```", section, re.DOTALL).group(1).strip()
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1].strip()
+    assert ci == command
 
 
 @pytest.fixture

@@ -1,25 +1,10 @@
 """examples/torch_learner.py runs end to end and its PyTorch policy learns from gear_jax batches."""
 
-import pathlib
-import re
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.helpers import examples
 
 
 def run_example(*args: str) -> dict[str, float]:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "torch_learner.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, done.stdout
-    return {k: float(v) for k, v in re.findall(r"(\w+)=(\S+)", lines[0])}
+    return examples.numbers(examples.run_example("torch_learner.py", *args, timeout=300)[0])
 
 
 def test_torch_learner_learns_cartpole():

@@ -7,24 +7,12 @@ balances CartPole from partial observations (cart position and pole angle only),
 trained on 1-step windows (no memory) cannot.
 """
 
-import pathlib
-import re
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "trajectories.py"
+from tests.helpers import examples
 
 
 def run_example(*args: str) -> dict[str, float]:
     """Runs the example with `args`; returns the numbers of its summary line."""
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), *args], cwd=ROOT, capture_output=True, text=True, timeout=240
-    )
-    assert done.returncode == 0, f"the example failed:\n{done.stdout}\n{done.stderr[-4000:]}"
-    lines = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
-    assert len(lines) == 1, f"expected one summary line in:\n{done.stdout}"
-    return {k: float(v) for k, v in re.findall(r"(\w+)=(\S+)", lines[0])}
+    return examples.numbers(examples.run_example("trajectories.py", *args, timeout=240)[0])
 
 
 def test_actors_write_episodes_and_the_recurrent_learner_needs_its_memory():

@@ -18,9 +18,9 @@ import pytest
 
 import gear_jax as gj
 from gear_jax.ops import ordered_candidates
+from gear_jax import _native
 from tests.helpers.sampling import assert_mass_in_tail, assert_prioritized, draw_counts, prioritized_table
 from tests.helpers.tables import transitions
-from gear_jax import _native
 
 CPU = jax.devices("cpu")[0]
 

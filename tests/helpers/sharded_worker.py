@@ -1,6 +1,6 @@
 """One process of a sharded-table test: `python tests/helpers/sharded_worker.py SCENARIO PROCESS_ID
-NUM_PROCESSES DEVICES_PER_PROCESS PORT`. Prints one line `RESULT <json>` that tests/multiprocess/test_sharded.py
-reads.
+NUM_PROCESSES DEVICES_PER_PROCESS PORT`. Prints one line `RESULT <json>` that
+tests/multiprocess/test_sharded.py reads.
 
 Each process starts JAX with DEVICES_PER_PROCESS CPU devices (and, with NUM_PROCESSES > 1,
 `jax.distributed` on 127.0.0.1:PORT), builds a 1-D mesh over every device, creates its shards of a

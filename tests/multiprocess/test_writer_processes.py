@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from tests.helpers.processes import start_uniform_writers
+from tests.helpers.processes import start_python, start_uniform_writers
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 120
@@ -22,15 +22,6 @@ def run_python(code: str, timeout: float = TIMEOUT) -> subprocess.CompletedProce
     )
     assert done.returncode == 0, done.stderr
     return done
-
-
-def start_python(code: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def hold_a_row(table, then: str) -> str:

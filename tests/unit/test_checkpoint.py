@@ -27,6 +27,7 @@ import pytest
 import gear_jax as gj
 from gear_jax import checkpoint
 from tests.helpers.tables import held_row
+from tests.helpers.waits import wait_until
 
 STATUS = ("generation", "priority", "length", "insert_seq", "times_sampled")
 
@@ -324,8 +325,7 @@ def test_save_while_another_process_writes_holds_only_committed_rows(tmp_path, t
     checked = 0
     try:
         assert writer.stdout.readline().strip() == "ready"
-        while table.size < 1000:
-            time.sleep(0.01)
+        wait_until(lambda: table.size >= 1000, 120, "the writer's first 1000 rows")
         for round in range(6):
             before = table.native.cursors()[1]
             table.save(tmp_path / "ckpt")

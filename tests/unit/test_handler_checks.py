@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from tests.helpers.tables import transitions
 from gear_jax import _ffi
+from tests.helpers.tables import transitions
 
 
 def platforms():

@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tests.helpers.processes import start_uniform_writers
-from tests.helpers.sampling import P_THRESHOLD, assert_prioritized, prioritized_table
-from tests.helpers.tables import transitions
 from scipy import stats
 
 import gear_jax as gj
+from tests.helpers.processes import start_uniform_writers
+from tests.helpers.sampling import P_THRESHOLD, assert_prioritized, prioritized_table
+from tests.helpers.tables import transitions
 
 CPU = jax.devices("cpu")[0]
 
@@ -52,20 +52,21 @@ def _child_succeeds(check, timeout_s, hung):
     return os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
 
 
-def _children_succeed_during(call, check, children, settle_s, hung):
+def _children_succeed_during(call, check, children, hung):
     """Calls `call()` over and over on a thread of this process while it forks `children` children in
-    turn (after `settle_s` seconds), each running `check` as `_child_succeeds` does; returns their
-    results once the thread stopped."""
-    stop = threading.Event()
+    turn (once the thread finished its first call), each running `check` as `_child_succeeds` does;
+    returns their results once the thread stopped."""
+    stop, looping = threading.Event(), threading.Event()
 
     def loop():
         while not stop.is_set():
             call()
+            looping.set()
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
-        time.sleep(settle_s)
+        assert looping.wait(60), "the calling thread did not finish its first call"
         return [_child_succeeds(check, 20, hung) for _ in range(children)]
     finally:
         stop.set()
@@ -415,7 +416,7 @@ def test_a_child_forked_during_a_prioritized_call_samples_without_hanging(make_t
         return (s.indices < 64).all() and int(s.selectable) == 64
 
     hung = "a child forked during a prioritized host call hung in its own call"
-    results = _children_succeed_during(call, picks_selectable_rows, 12, 0.2, hung)
+    results = _children_succeed_during(call, picks_selectable_rows, 12, hung)
     assert all(results), results
 
 
@@ -465,7 +466,7 @@ def test_a_child_forked_during_a_sampler_draw_can_draw_with_it(make_table):
     table.insert({"x": np.zeros((4096, 256), np.float32)})
     sampler = gj.host.Sampler(table, 2048, rng=0)
     hung = "a forked child hung drawing with the sampler"
-    results = _children_succeed_during(sampler, lambda: sampler()[1]["valid"].all(), 8, 0.1, hung)
+    results = _children_succeed_during(sampler, lambda: sampler()[1]["valid"].all(), 8, hung)
     assert all(results), results
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from tests.helpers.tables import transitions
 from gear_jax.ops import ordered_candidates
+from tests.helpers.tables import transitions
 
 NO_CANDIDATE = 2**64 - 1
 

@@ -5,7 +5,13 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from tests.helpers.sampling import P_THRESHOLD, assert_mass_in_tail, assert_prioritized, draw_counts, prioritized_table
+from tests.helpers.sampling import (
+    P_THRESHOLD,
+    assert_mass_in_tail,
+    assert_prioritized,
+    draw_counts,
+    prioritized_table,
+)
 from tests.helpers.tables import transitions
 
 

@@ -13,9 +13,9 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
+from gear_jax.ops import sample_at, total_weight
 from tests.helpers.sampling import P_THRESHOLD
 from tests.helpers.tables import transitions
-from gear_jax.ops import sample_at, total_weight
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -343,7 +343,10 @@ def test_works_inside_shard_map():
     if len(jax.devices("cpu")) >= 2:
         assert shard_map_check() == 7
         return
-    code = "import json; from tests.unit import test_ops_sample_at as t; print(json.dumps({'checks': t.shard_map_check()}))"
+    code = (
+        "import json; from tests.unit import test_ops_sample_at as t; "
+        "print(json.dumps({'checks': t.shard_map_check()}))"
+    )
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="2", JAX_PLATFORMS="cpu")
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300

@@ -5,9 +5,9 @@ of a single thread: each pick's draws depend on its index alone, and each range 
 
 import jax
 import numpy as np
-from tests.helpers.processes import start_uniform_writers
 
 import gear_jax as gj
+from tests.helpers.processes import start_uniform_writers
 
 TIMEOUT = 120  # seconds a writer process may take to finish
 

@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from tests.helpers.sampling import P_THRESHOLD, assert_prioritized, draw_counts
 from gear_jax import ops
+from tests.helpers.sampling import P_THRESHOLD, assert_prioritized, draw_counts
 
 X = {"x": gj.Field((), "int32")}
 

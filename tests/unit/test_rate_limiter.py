@@ -3,8 +3,6 @@ settings, counts, waits that end by admission, timeout or close, and the ratio k
 
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 import types
@@ -15,6 +13,8 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
+from tests.helpers.processes import start_python
+from tests.helpers.waits import SIGNAL_NATIVE_CALL, set_on_native_call
 
 TIMEOUT = 120  # seconds any process or wait of these tests may take at most
 FIELDS = {"x": gj.Field((), "int32")}
@@ -26,15 +26,6 @@ def limited(make_table, capacity=256, **settings):
 
 def rows(n, start=0):
     return {"x": np.arange(start, start + n, dtype=np.int32)}
-
-
-def start_python(code: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -315,17 +306,21 @@ def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
     waiting = table if closer == "same_open" else gj.Table.attach(table.name)
     writer = waiting.writer()
     writer.append({"x": 1})
-    calls = {
-        "await_samples": lambda: waiting.await_samples(2) or waiting.await_samples(1),  # the 2nd waits
-        "insert": lambda: waiting.insert(rows(1)),
-        "add": lambda: waiting.add({"x": 1}),
-        "end_episode": lambda: writer.end_episode(),
+    waiting.await_samples(2)  # samples wait from here on too
+    calls = {  # each op's call, and the native call in which it waits
+        "await_samples": (lambda: waiting.await_samples(1), "await_samples"),
+        "insert": (lambda: waiting.insert(rows(1)), "insert"),
+        "add": (lambda: waiting.add({"x": 1}), "add"),
+        "end_episode": (writer.end_episode, "commit"),
     }
+    call, native_call = calls[op]
     outcome = {}
+    entered = threading.Event()
 
     def wait():
+        set_on_native_call({native_call}, entered)
         try:
-            calls[op]()
+            call()
             outcome["returned"] = True
         except BaseException as e:  # reported to the test thread
             outcome["error"] = e
@@ -333,7 +328,7 @@ def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
 
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
-    time.sleep(0.3)
+    assert entered.wait(TIMEOUT), outcome
     assert thread.is_alive(), outcome  # still waiting
     closed_at = time.monotonic()
     table.close()
@@ -349,18 +344,20 @@ def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
 def test_the_creators_close_ends_a_wait_in_another_process(make_table):
     table = limited(make_table, min_size_to_sample=10)
     waiter = start_python(
-        f"""
-        import time, gear_jax as gj
-        t = gj.Table.attach({table.name!r})
-        print(t.rate_limiter, flush=True)
-        try:
-            t.await_samples(1)
-        except gj.TableClosedError:
-            print(time.monotonic(), flush=True)
-        """
+        SIGNAL_NATIVE_CALL
+        + f"""
+import time, gear_jax as gj
+t = gj.Table.attach({table.name!r})
+print(t.rate_limiter, flush=True)
+signal_native_call({{"await_samples"}}, "waiting")
+try:
+    t.await_samples(1)
+except gj.TableClosedError:
+    print(time.monotonic(), flush=True)
+"""
     )
     assert waiter.stdout.readline().strip() == repr(table.rate_limiter)
-    time.sleep(0.3)  # the waiter is in its wait now (it printed just before)
+    assert waiter.stdout.readline().strip() == "waiting"  # inside the native wait from now on
     closed_at = time.monotonic()
     table.close()
     woke_at = float(finish(waiter).strip())
@@ -371,18 +368,18 @@ def test_the_creators_close_ends_a_wait_in_another_process(make_table):
 def test_ctrl_c_ends_a_wait_without_a_timeout(make_table):
     table = limited(make_table, min_size_to_sample=10)
     waiter = start_python(
-        f"""
-        import time, gear_jax as gj
-        t = gj.Table.attach({table.name!r})
-        print("waiting", flush=True)
-        try:
-            t.await_samples(1)
-        except KeyboardInterrupt:
-            print(time.monotonic(), flush=True)
-        """
+        SIGNAL_NATIVE_CALL
+        + f"""
+import time, gear_jax as gj
+t = gj.Table.attach({table.name!r})
+signal_native_call({{"await_samples"}}, "waiting")
+try:
+    t.await_samples(1)
+except KeyboardInterrupt:
+    print(time.monotonic(), flush=True)
+"""
     )
-    assert waiter.stdout.readline().strip() == "waiting"
-    time.sleep(0.3)
+    assert waiter.stdout.readline().strip() == "waiting"  # inside the native wait from now on
     interrupted_at = time.monotonic()
     waiter.send_signal(signal.SIGINT)
     woke_at = float(finish(waiter).strip())

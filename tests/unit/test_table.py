@@ -25,7 +25,7 @@ def test_create_makes_private_shared_memory_with_unguessable_name(make_table):
 def test_columns_are_page_aligned(make_table):
     """Every column, status and fields alike, starts on a 4096-byte boundary (shared_table.h)."""
     table = make_table(fields={"a": gj.Field((3,), "uint8"), "b": gj.Field((5,), "float64")}, capacity=7)
-    columns = [*table.columns.values(), table.status_columns["state"], table.status_columns["length"], table.status_columns["insert_seq"], table.status_columns["times_sampled"]]
+    columns = [*table.columns.values(), *table.status_columns.values()]
     assert len(columns) == 6
     for column in columns:
         assert column.ctypes.data % 4096 == 0, column.ctypes.data % 4096

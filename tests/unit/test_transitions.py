@@ -13,8 +13,8 @@ import pytest
 from scipy import stats
 
 import gear_jax as gj
-from tests.helpers.sampling import P_THRESHOLD
 from gear_jax.transitions import (
+from tests.helpers.sampling import P_THRESHOLD
     TransitionWriter,
     nstep_transitions,
     sample_transitions,
