@@ -1,7 +1,6 @@
 """Waiting for what another thread or process does, instead of sleeping and assuming it happened."""
 
-import sys
-import threading
+import inspect
 import time
 
 
@@ -14,30 +13,23 @@ def wait_until(condition, timeout, what):
         time.sleep(0.001)
 
 
-# A profile function (sys.setprofile) sees a native method's name when the calling thread enters it
-# ("c_call"). A native call that blocks (a rate limiter's wait, say) has started once its name was seen:
-# from then on only native code runs until it returns. SIGNAL_NATIVE_CALL is the same function as code for
-# another process, which prints a line instead: `signal_native_call(names, line)`.
-SIGNAL_NATIVE_CALL = '''
-import sys as _sys
+def on_native_call(names, then):
+    """Calls `then()` once, as this thread enters a native method (a pybind11 function of
+    gear_jax._native) named in `names`.
 
-
-def signal_native_call(names, line):
-    def profile(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__name__", None) in names:
-            _sys.setprofile(None)
-            print(line, flush=True)
-
-    _sys.setprofile(profile)
-'''
-
-
-def set_on_native_call(names, entered: threading.Event) -> None:
-    """Sets `entered` when this thread next enters a native method named in `names` (once)."""
+    A profile function (sys.setprofile) sees each call of a C function as the thread enters it. A native
+    call that blocks (a rate limiter's wait, say) has started once it was seen: from then on only native
+    code runs in this thread until it returns or raises."""
+    import sys
 
     def profile(frame, event, arg):
-        if event == "c_call" and getattr(arg, "__name__", None) in names:
+        native = type(getattr(arg, "__self__", None)).__name__.startswith("pybind11")
+        if event == "c_call" and native and arg.__name__ in names:
             sys.setprofile(None)
-            entered.set()
+            then()
 
     sys.setprofile(profile)
+
+
+# on_native_call as code for another process (`python -c`): prepend it to the process's code.
+ON_NATIVE_CALL = inspect.getsource(on_native_call)

@@ -14,7 +14,7 @@ import pytest
 
 import gear_jax as gj
 from tests.helpers.processes import start_python
-from tests.helpers.waits import SIGNAL_NATIVE_CALL, set_on_native_call
+from tests.helpers.waits import ON_NATIVE_CALL, on_native_call
 
 TIMEOUT = 120  # seconds any process or wait of these tests may take at most
 FIELDS = {"x": gj.Field((), "int32")}
@@ -306,7 +306,8 @@ def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
     waiting = table if closer == "same_open" else gj.Table.attach(table.name)
     writer = waiting.writer()
     writer.append({"x": 1})
-    waiting.await_samples(2)  # samples wait from here on too
+    if op == "await_samples":
+        waiting.await_samples(2)  # the next sample waits
     calls = {  # each op's call, and the native call in which it waits
         "await_samples": (lambda: waiting.await_samples(1), "await_samples"),
         "insert": (lambda: waiting.insert(rows(1)), "insert"),
@@ -318,7 +319,7 @@ def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
     entered = threading.Event()
 
     def wait():
-        set_on_native_call({native_call}, entered)
+        on_native_call({native_call}, entered.set)
         try:
             call()
             outcome["returned"] = True
@@ -344,12 +345,12 @@ def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
 def test_the_creators_close_ends_a_wait_in_another_process(make_table):
     table = limited(make_table, min_size_to_sample=10)
     waiter = start_python(
-        SIGNAL_NATIVE_CALL
+        ON_NATIVE_CALL
         + f"""
 import time, gear_jax as gj
 t = gj.Table.attach({table.name!r})
 print(t.rate_limiter, flush=True)
-signal_native_call({{"await_samples"}}, "waiting")
+on_native_call({{"await_samples"}}, lambda: print("waiting", flush=True))
 try:
     t.await_samples(1)
 except gj.TableClosedError:
@@ -368,11 +369,11 @@ except gj.TableClosedError:
 def test_ctrl_c_ends_a_wait_without_a_timeout(make_table):
     table = limited(make_table, min_size_to_sample=10)
     waiter = start_python(
-        SIGNAL_NATIVE_CALL
+        ON_NATIVE_CALL
         + f"""
 import time, gear_jax as gj
 t = gj.Table.attach({table.name!r})
-signal_native_call({{"await_samples"}}, "waiting")
+on_native_call({{"await_samples"}}, lambda: print("waiting", flush=True))
 try:
     t.await_samples(1)
 except KeyboardInterrupt:

@@ -14,12 +14,12 @@ from scipy import stats
 
 import gear_jax as gj
 from gear_jax.transitions import (
-from tests.helpers.sampling import P_THRESHOLD
     TransitionWriter,
     nstep_transitions,
     sample_transitions,
     transition_table_spec,
 )
+from tests.helpers.sampling import P_THRESHOLD
 
 GAMMA = 0.9
 MAX_STEPS = 12
