@@ -109,7 +109,7 @@ def test_dead_writer_row_is_reclaimed(make_table):
 
 def test_live_writer_row_is_not_stolen(make_table):
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=2, max_steps=3)
-    holder = start_python(hold_a_row(table, then="time.sleep(30)"))
+    holder = start_python(hold_a_row(table, then=f"time.sleep({TIMEOUT})"))  # alive until killed below
     try:
         held = int(holder.stdout.readline())
         rows = table.insert({"x": np.zeros((6, 1), np.int32)})
