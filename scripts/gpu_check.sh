@@ -79,8 +79,8 @@ if ! python -c 'import gear_jax as gj, jax; print(gj.build_info(), jax.devices("
 fi
 
 if want tests; then
-  stage tests 180 30 "$OUT/tests.log" python -m pytest -m gpu tests/test_gpu.py tests/test_pool.py \
-    tests/test_handler_checks.py tests/test_torch.py tests/test_bench.py -v -rs
+  stage tests 180 30 "$OUT/tests.log" python -m pytest -m gpu tests/gpu tests/unit/test_pool.py \
+    tests/unit/test_handler_checks.py tests/unit/test_torch.py tests/unit/test_bench.py -v -rs
   status=$?
   tail -n 25 "$OUT/tests.log"
   [ "$status" -eq 0 ] || echo "gpu_check: the GPU tests failed with status $status (log: $OUT/tests.log)"
@@ -89,7 +89,7 @@ fi
 if want memcheck; then
   if command -v compute-sanitizer >/dev/null; then
     stage memcheck 300 60 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
-      --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/test_gpu.py -x -q \
+      --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/gpu -x -q \
       ${GPU_CHECK_SANITIZE_K:+-k "$GPU_CHECK_SANITIZE_K"}
     memcheck=$?
     tail -n 20 "$OUT/tests.log"
@@ -110,7 +110,7 @@ fi
 for tool in racecheck synccheck; do
   if want "$tool" && command -v compute-sanitizer >/dev/null; then
     stage "$tool" 300 30 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
-      --tool "$tool" --error-exitcode 3 python -m pytest -m gpu tests/test_gpu.py -x -q \
+      --tool "$tool" --error-exitcode 3 python -m pytest -m gpu tests/gpu -x -q \
       -k "selection or windows or prioritized or gather"
     rc=$?
     tail -n 8 "$OUT/tests.log"

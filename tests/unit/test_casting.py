@@ -1,0 +1,313 @@
+"""The casting policy of insert, add and episode writers (gear_jax.casting), and the short path of one-row
+writes (xla_ffi/row_writer.h), which must store and refuse exactly what the general path does."""
+
+import itertools
+import types
+
+import gymnasium
+import hypothesis.extra.numpy as hnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gear_jax as gj
+
+CARTPOLE = {
+    "obs": gj.Field((4,), "float32"),
+    "action": gj.Field((), "int32"),
+    "reward": gj.Field((), "float32"),
+    "next_obs": gj.Field((4,), "float32"),
+    "terminated": gj.Field((), "bool"),
+}
+ATARI = {
+    "obs": gj.Field((84, 84, 4), "uint8"),
+    "action": gj.Field((), "int32"),
+    "reward": gj.Field((), "float32"),
+    "terminated": gj.Field((), "bool"),
+    "truncated": gj.Field((), "bool"),
+}
+
+
+def stored(table, row):
+    return {name: column[row, 0].copy() for name, column in table.columns.items()}
+
+
+def assert_unchanged(table, before):
+    after = table.row_status()
+    for column in before:
+        np.testing.assert_array_equal(after[column], before[column], err_msg=column)
+
+
+# Every dtype a gymnasium CartPole loop hands out: observations float32 (or float64 from wrappers),
+# actions int64 from action_space.sample(), int32 / Python int from a greedy policy, rewards Python
+# float, numpy float64 or float32, flags Python bool or numpy bool_.
+OBS = [np.float32, np.float64]
+ACTIONS = [np.int64, np.int32, int]
+REWARDS = [float, np.float64, np.float32]
+FLAGS = [bool, np.bool_]
+
+
+@pytest.mark.parametrize(
+    "obs_t, action_t, reward_t, flag_t", list(itertools.product(OBS, ACTIONS, REWARDS, FLAGS))
+)
+def test_every_cartpole_dtype_combination_inserts(make_table, obs_t, action_t, reward_t, flag_t):
+    table = make_table(fields=CARTPOLE, capacity=8)
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    action = env.action_space.sample()
+    next_obs, reward, terminated, _, _ = env.step(action)
+    row = {
+        "obs": obs.astype(obs_t),
+        "action": action_t(action),
+        "reward": reward_t(reward),
+        "next_obs": next_obs.astype(obs_t),
+        "terminated": flag_t(terminated),
+    }
+    one = table.add(row)
+    batch = table.insert({k: np.asarray(v)[None] for k, v in row.items()})
+    writer_table = make_table(fields=CARTPOLE, capacity=2, max_steps=3)
+    with writer_table.writer() as writer:
+        writer.append(row)
+        episode = writer.end_episode()
+    for got in (
+        stored(table, one),
+        stored(table, batch[0]),
+        {k: c[episode, 0] for k, c in writer_table.columns.items()},
+    ):
+        np.testing.assert_array_equal(got["obs"], obs.astype(np.float32))
+        np.testing.assert_array_equal(got["next_obs"], next_obs.astype(np.float32))
+        assert got["action"] == action and got["action"].dtype == np.int32
+        assert got["reward"] == np.float32(reward) and got["terminated"] == terminated
+    env.close()
+
+
+@pytest.mark.parametrize("obs_t", [np.uint8, np.int64, np.int32])
+@pytest.mark.parametrize("action_t", [np.int64, int])
+def test_atari_like_observations_insert_when_they_fit(make_table, obs_t, action_t):
+    table = make_table(fields=ATARI, capacity=4)
+    space = gymnasium.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    space.seed(0)
+    frame = space.sample()
+    row = {
+        "obs": frame.astype(obs_t),
+        "action": action_t(17),
+        "reward": 1.0,
+        "terminated": False,
+        "truncated": True,
+    }
+    np.testing.assert_array_equal(stored(table, table.add(row))["obs"], frame)
+    np.testing.assert_array_equal(
+        stored(table, table.insert({k: np.asarray(v)[None] for k, v in row.items()})[0])["obs"], frame
+    )
+    too_bright = frame.astype(np.int64)
+    too_bright[3, 4, 1] = 256
+    before = table.row_status()
+    with pytest.raises(
+        gj.InvalidArgumentError, match=r"row\['obs'\] holds values in \[\d+, 256\], outside uint8"
+    ):
+        table.add({**row, "obs": too_bright})
+    assert_unchanged(table, before)
+
+
+def test_one_message_names_every_refused_field_and_nothing_is_written(make_table):
+    table = make_table(fields=CARTPOLE, capacity=8)
+    table.add({"obs": np.zeros(4), "action": 1, "reward": 0.5, "next_obs": np.zeros(4), "terminated": False})
+    bad = {
+        "obs": np.zeros(4, np.int64),  # integers into a float field: another kind
+        "action": 2.5,  # a float into an integer field
+        "reward": 1e300,  # overflows float32
+        "next_obs": np.zeros(3, np.float32),  # wrong shape
+        "terminated": 2,  # an integer into a bool field
+    }
+    before = table.row_status()
+    for call in (
+        lambda: table.add(bad),
+        lambda: table.add(types.MappingProxyType(bad)),  # not a dict: the general path only
+        lambda: table.insert({k: np.asarray(v)[None] for k, v in bad.items()}),
+    ):
+        with pytest.raises(gj.InvalidArgumentError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith("5 fields can not be stored (casting='fit')"), message
+        for name in bad:
+            assert f"['{name}']" in message
+        assert "floats are not stored as integers" in message and "beyond float32's range" in message
+        assert_unchanged(table, before)
+    assert table.size == 1
+
+
+def test_strict_casting_refuses_typed_values_that_change_dtype(make_table):
+    table = make_table(fields=CARTPOLE, capacity=8)
+    table.casting = "strict"
+    row = {
+        "obs": np.zeros(4, np.float32),
+        "action": np.int64(1),
+        "reward": np.float64(0.5),
+        "next_obs": np.zeros(4, np.float64),
+        "terminated": False,
+    }
+    before = table.row_status()
+    with pytest.raises(
+        gj.InvalidArgumentError, match="2 fields can not be stored \\(casting='strict'\\)"
+    ) as info:
+        table.add(row)
+    assert "row['action'] has dtype int64" in str(info.value) and "row['next_obs']" in str(info.value)
+    assert "row['reward']" not in str(info.value)  # np.float64 is a Python float: it carries no precision
+    assert_unchanged(table, before)
+    # Python scalars and safe casts are stored under strict too.
+    ok = table.add(
+        {
+            "obs": np.zeros(4, np.float16),
+            "action": 3,
+            "reward": 0.25,
+            "next_obs": [0, 1, 2, 3],
+            "terminated": True,
+        }
+    )
+    assert stored(table, ok)["action"] == 3 and stored(table, ok)["next_obs"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(gj.InvalidArgumentError, match="casting="):
+        table.casting = "unsafe"
+    table.casting = "fit"
+    assert stored(table, table.add(row))["action"] == 1
+    strict = gj.Table.attach(table.name, casting="strict")
+    try:
+        with pytest.raises(gj.InvalidArgumentError, match="casting='strict'"):
+            strict.insert({k: np.asarray(v)[None] for k, v in row.items()})
+    finally:
+        strict.close()
+
+
+def test_float_and_integer_edges(make_table):
+    table = make_table(fields={"f": gj.Field((), "float32"), "u": gj.Field((), "uint8")}, capacity=8)
+    for f, u in (
+        (np.inf, 0),
+        (-np.inf, 255),
+        (np.nan, np.int64(7)),
+        (2**24, np.uint64(200)),
+        (-3.4e38, True),
+    ):
+        got = stored(table, table.add({"f": f, "u": u}))
+        np.testing.assert_array_equal(got["f"], np.float32(f))
+        assert got["u"] == int(u)
+    for f, u, message in (
+        (2**24 + 1, 0, "does not represent exactly"),
+        (3.5e38, 0, "beyond float32's range"),
+        (0.0, 256, "outside uint8's range"),
+        (0.0, -1, "outside uint8's range"),
+        (0.0, np.int16(-1), "outside uint8's range"),
+        (0.0, 2**70, "outside uint8's range"),
+    ):
+        with pytest.raises(gj.InvalidArgumentError, match=message):
+            table.add({"f": f, "u": u})
+    assert table.size == 5
+
+
+# -- the short path and the general path store and refuse the same ----------------------------------
+
+FIELD_DTYPES = [
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+]
+VALUE_DTYPES = [np.dtype(d) for d in FIELD_DTYPES if d != "bfloat16"]
+
+
+def values(shape):
+    arrays = st.sampled_from(VALUE_DTYPES).flatmap(
+        lambda dtype: hnp.arrays(
+            dtype,
+            st.sampled_from([shape, (), (2,)]),
+            elements=hnp.from_dtype(dtype, allow_nan=True, allow_infinity=True),
+        )
+    )
+    python = st.one_of(
+        st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True)
+    )
+    scalars = arrays.map(lambda a: a.reshape(-1)[0] if a.size else a)  # numpy scalars
+    return st.one_of(
+        arrays,
+        scalars,
+        python if shape == () else st.nothing(),
+        st.lists(st.integers(-300, 300), min_size=2, max_size=2),
+    )
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    data=st.data(),
+    dtype=st.sampled_from(FIELD_DTYPES),
+    shape=st.sampled_from([(), (2,)]),
+    strict=st.booleans(),
+)
+def test_the_short_path_stores_and_refuses_what_the_general_path_does(data, dtype, shape, strict):
+    spec = gj.TableSpec(fields={"x": gj.Field(shape, dtype), "y": gj.Field((), "int32")}, capacity=4)
+    value = data.draw(values(shape))
+    with gj.Table.create(spec, casting="strict" if strict else "fit") as table:
+        outcomes = []
+        for row in ({"x": value, "y": 1}, types.MappingProxyType({"x": value, "y": 1})):
+            try:
+                outcomes.append(stored(table, table.add(row))["x"].tobytes())
+            except gj.InvalidArgumentError as e:
+                outcomes.append(f"refused: {e}")
+        assert outcomes[0] == outcomes[1], (value, outcomes)
+        assert table.size == (0 if isinstance(outcomes[0], str) else 2)
+
+
+def test_bfloat16_fields_take_the_general_path(make_table):
+    table = make_table(fields={"x": gj.Field((2,), "bfloat16")}, capacity=4)
+    row = table.add({"x": np.array([1.5, -2.0], np.float32)})
+    assert table.columns["x"][row, 0].astype(np.float32).tolist() == [1.5, -2.0]
+    assert table.columns["x"].dtype == np.dtype(ml_dtypes.bfloat16)
+
+
+def test_add_to_a_closed_table_and_bad_priorities(make_table):
+    table = make_table(fields=CARTPOLE, capacity=4)
+    row = {
+        "obs": np.zeros(4, np.float32),
+        "action": 0,
+        "reward": 0.0,
+        "next_obs": np.zeros(4, np.float32),
+        "terminated": False,
+    }
+    for priority in (-1.0, float("nan"), float("inf"), 1e39, "high"):
+        with pytest.raises(gj.InvalidArgumentError, match="priority"):
+            table.add(row, priority=priority)
+    assert table.size == 0
+    added = table.add(row, priority=2.5)
+    assert table.row_status()["priority"][added] == 2.5
+    with pytest.raises(gj.InvalidArgumentError, match="must map every field"):
+        table.add({**row, "extra": 1})
+    with pytest.raises(gj.InvalidArgumentError, match="must map field names"):
+        table.add([1, 2])
+    table.close()
+    with pytest.raises(gj.TableClosedError):
+        table.add(row)
+
+
+def test_add_to_a_trajectory_table_writes_one_row_of_t_steps(make_table):
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4, max_steps=5)
+    row = table.add({"x": np.arange(3, dtype=np.int64)}, priority=3.0)
+    assert table.row_status()["length"][row] == 3
+    assert table.columns["x"][row, :3].tolist() == [0, 1, 2]
+
+
+def test_python_ints_never_wrap_in_64_bit_fields(make_table):
+    table = make_table(fields={"u": gj.Field((), "uint64"), "i": gj.Field((), "int64")}, capacity=4)
+    for u, i in ((-1, 0), (0, 2**63), (2**64, 0), (0, -(2**63) - 1)):
+        for call in (lambda: table.add({"u": u, "i": i}), lambda: table.insert({"u": [u], "i": [i]})):
+            with pytest.raises(gj.InvalidArgumentError, match="range"):
+                call()
+    row = table.add({"u": 2**64 - 1, "i": -(2**63)})
+    assert int(table.columns["u"][row, 0]) == 2**64 - 1 and int(table.columns["i"][row, 0]) == -(2**63)
+    assert table.size == 1

@@ -1,0 +1,97 @@
+"""Large CPU calls shared out over XLA's intra-op threads (kernels/parallel.h): calls of four ranges or
+more, such as prioritized batches of 1,024 picks and more and gathers of 512 KiB and more (ranges of
+256 picks and of about 128 KiB). Whatever the split, the result must be the one
+of a single thread: each pick's draws depend on its index alone, and each range writes its own rows."""
+
+import jax
+import numpy as np
+
+import gear_jax as gj
+from tests.helpers.processes import start_uniform_writers
+
+TIMEOUT = 120  # seconds a writer process may take to finish
+
+
+def filled(make_table, rows, width):
+    """A table of `rows` rows whose field "v" (`width` int32) holds the row's number in every element,
+    with priorities that differ from row to row."""
+    table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=rows)
+    ids = np.arange(rows, dtype=np.int32)
+    table.insert(
+        {"v": np.repeat(ids[:, None], width, axis=1)}, priorities=(1.0 + ids % 97).astype(np.float32)
+    )
+    return table
+
+
+def test_a_large_prioritized_batch_makes_the_picks_of_a_small_one(make_table):
+    table = filled(make_table, 50_000, 4)
+    key = jax.random.key(11)
+    small = gj.sample(table, key, 256, method="prioritized", priority_exponent=0.6)  # one range
+    large = gj.sample(table, key, 4096, method="prioritized", priority_exponent=0.6)  # 16 ranges
+    for name in ("indices", "generations", "probabilities", "starts"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(large, name))[:256], np.asarray(getattr(small, name))
+        )
+    # The later ranges made picks of their own (not copies of the first range).
+    assert len(np.unique(np.asarray(large.indices))) > 3000
+    assert int(table.row_status()["times_sampled"].sum()) == 256 + 4096
+
+
+def test_sample_gather_of_a_large_batch_copies_every_pick(make_table):
+    table = filled(make_table, 20_000, 256)  # 1 KiB rows: 2,048 picks are 2 MiB, 16 ranges
+    for method in ("uniform", "prioritized"):
+        picks, batch = gj.sample_gather(table, jax.random.key(3), 2048, method=method)
+        rows = np.asarray(picks.indices)
+        v = np.asarray(batch["v"])
+        assert np.asarray(batch["valid"]).all()
+        np.testing.assert_array_equal(v, np.repeat(rows[:, None], 256, axis=1))
+        again = gj.gather(table, picks)
+        np.testing.assert_array_equal(np.asarray(again["v"]), v)
+
+
+def test_large_window_gathers_match_the_rows(make_table):
+    steps, width = 32, 16
+    table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=2000, max_steps=steps)
+    lengths = 1 + np.arange(2000) % steps
+    data = np.zeros((2000, steps, width), np.int32)
+    for row, n in enumerate(lengths):
+        data[row, :n] = row * 100 + np.arange(n)[:, None]
+    table.insert({"v": data}, lengths=lengths.astype(np.int32))
+    picks = gj.sample(table, jax.random.key(4), 1024, window=8)  # 1024 x 8 steps x 64 B: 512 KiB
+    batch = gj.gather(table, picks, window=8)
+    rows, starts = np.asarray(picks.indices), np.asarray(picks.starts)
+    valid = np.asarray(batch["valid"])
+    for i in range(1024):
+        row, start = rows[i], starts[i]
+        inside = np.arange(8) < lengths[row] - start
+        np.testing.assert_array_equal(valid[i], inside)
+        np.testing.assert_array_equal(np.asarray(batch["v"])[i][inside], data[row, start : start + 8][inside])
+        assert (np.asarray(batch["v"])[i][~inside] == 0).all()
+
+
+def test_a_large_gather_never_yields_torn_valid_rows_under_concurrent_writers(make_table):
+    """Two processes overwrite a 64-row ring while this one gathers all 64 rows of 16 KiB (1 MiB, 8
+    ranges over the threads): every row a writer commits holds one value, so a valid row that mixes
+    two writes would be a torn read."""
+    width = 4096
+    table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=64)
+    table.insert({"v": np.zeros((64, width), np.int32)})
+    writers = start_uniform_writers(table, width, seconds=3.0)
+    step = jax.jit(lambda k: gj.sample_gather(table, k, 64)[1])
+    valid_rows = invalid_rows = batches = 0
+    try:
+        while any(w.poll() is None for w in writers) and batches < 5_000 and invalid_rows < 200:
+            batch = step(jax.random.key(batches))
+            v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
+            assert (v == v[:, :1]).all(axis=1)[ok].all(), "a valid row mixes two writes"
+            assert (v[~ok] == 0).all(), "an invalid row was not zeroed"
+            valid_rows += int(ok.sum())
+            invalid_rows += int((~ok).sum())
+            batches += 1
+    finally:
+        for w in writers:
+            w.wait(timeout=TIMEOUT)
+    assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
+    print(f"{batches} batches, {valid_rows} valid rows, {invalid_rows} invalid rows")
+    assert valid_rows > 0
+    assert invalid_rows > 0, "no read overlapped a write: the test did not exercise the seqlock"
