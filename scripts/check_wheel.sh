@@ -14,18 +14,20 @@
 #   PYTHON=python3.12 scripts/check_wheel.sh     # another interpreter (a name or a path)
 #   SOURCE=worktree scripts/check_wheel.sh       # the working tree instead of the commit HEAD
 #   KEEP=1 scripts/check_wheel.sh                # keep the temporary folder (venvs, wheel, logs)
-#   TESTS="test_table.py test_gather.py" ...     # other test files of tests/ (conftest.py always comes)
+#   TESTS="unit/test_table.py unit/test_ops_gather.py" ...  # other test files under tests/ (conftest.py,
+#                                                # helpers/ and the packages' __init__.py always come)
 #
-# The tests run from copies in a temporary folder (pytest puts that folder on sys.path for their
-# `from conftest import ...`), so nothing of the checkout is on sys.path: `import gear_jax` can only find
-# the installed wheel.
+# The tests run from copies in a temporary folder, laid out as tests/ is (the package `tests` with its
+# conftest.py, helpers/ and the chosen files), so nothing of the checkout is on sys.path: `import gear_jax`
+# can only find the installed wheel.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3.11}"
 SOURCE="${SOURCE:-HEAD}"
-# Tests of the table, sampling, gathering and host calls: they import gear_jax and conftest only, and read
-# no file of the repository (examples, README, benchmarks, scripts).
-TESTS="${TESTS:-test_spec.py test_table.py test_sampling.py test_gather.py test_sample_gather.py test_host.py test_casting.py}"
+# Tests of the table, sampling, gathering and host calls: they import gear_jax and tests/helpers only, and
+# read no file of the repository (examples, README, benchmarks, scripts).
+TESTS="${TESTS:-unit/test_spec.py unit/test_table.py unit/test_ops_sample.py unit/test_ops_gather.py}"
+TESTS="$TESTS unit/test_ops_sample_gather.py unit/test_host.py unit/test_casting.py"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/gear_jax_wheel.XXXXXX")"
 if [[ -z "${KEEP:-}" ]]; then trap 'rm -rf "$TMP"' EXIT; else echo "keeping $TMP"; fi
@@ -39,16 +41,17 @@ fail() {
   exit 1
 }
 
-mkdir -p "$TMP/src" "$TMP/dist" "$TMP/tests"
+mkdir -p "$TMP/src" "$TMP/dist" "$TMP/run"
 if [[ "$SOURCE" == worktree ]]; then  # a deleted but still tracked file is skipped
   (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
     | tar --null -T - --ignore-failed-read -cf - 2>/dev/null) | tar -xf - -C "$TMP/src"
 else
   git -C "$ROOT" archive "$SOURCE" | tar -xf - -C "$TMP/src"
 fi
-for name in conftest.py $TESTS; do
-  [[ -f "$TMP/src/tests/$name" ]] || fail "tests/$name is not in $SOURCE (set TESTS to the files to run)"
-  cp "$TMP/src/tests/$name" "$TMP/tests/"
+for name in __init__.py conftest.py helpers unit/__init__.py $TESTS; do
+  [[ -e "$TMP/src/tests/$name" ]] || fail "tests/$name is not in $SOURCE (set TESTS to the files to run)"
+  mkdir -p "$(dirname "$TMP/run/tests/$name")"
+  cp -r "$TMP/src/tests/$name" "$TMP/run/tests/$name"
 done
 
 if [[ "${SDIST:-1}" == 0 ]]; then what=(--wheel); else what=(); fi  # none: sdist, then wheel from it
@@ -78,12 +81,12 @@ assert not sources, f"C++ sources in the wheel: {sources}"
 print(f"wheel: {len(names)} files")
 EOF
 
-echo "== install the wheel in a fresh venv, run ${TESTS// /, } from $TMP/tests"
+echo "== install the wheel in a fresh venv, run ${TESTS// /, } from $TMP/run/tests"
 "$PYTHON" -m venv "$TMP/venv" >>"$LOG" 2>&1 || fail "no venv for $PYTHON"
 # The test files' own imports (pytest, scipy, hypothesis, torch, gymnasium), pinned like the package's.
 "$TMP/venv/bin/pip" install "$wheel" pytest scipy hypothesis torch gymnasium -c "$ROOT/constraints.txt" \
   >>"$LOG" 2>&1 || fail "pip install of the wheel"
-cd "$TMP/tests" || fail "no $TMP/tests"
+cd "$TMP/run" || fail "no $TMP/run"
 "$TMP/venv/bin/python" - >>"$LOG" 2>&1 <<'EOF' || fail "gear_jax imported from outside site-packages"
 import pathlib, sysconfig
 import gear_jax, gear_jax.bench
@@ -94,8 +97,8 @@ for module in (gear_jax, gear_jax.bench, gear_jax._native):
 print("gear_jax", gear_jax.__version__, "from", pathlib.Path(gear_jax.__file__).parent, gear_jax.build_info())
 EOF
 grep '^gear_jax .* from ' "$LOG" | sed 's/^/   /'
-if ! "$TMP/venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$TMP/tests" \
-    $TESTS >>"$LOG" 2>&1; then
+if ! "$TMP/venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir "$TMP/run" \
+    $(printf 'tests/%s ' $TESTS) >>"$LOG" 2>&1; then
   fail "tests against the installed wheel"
 fi
 echo "PASS check_wheel in $((SECONDS - start)) s: $(grep -E '^[0-9]+ passed' "$LOG" | tail -1)"

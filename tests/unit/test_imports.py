@@ -1,6 +1,6 @@
 """The package's import graph: no module of gear_jax imports itself back, at import time or later.
 
-`python tests/test_imports.py [PACKAGE_DIR]` prints the graph (module -> the gear_jax modules it imports;
+`python tests/unit/test_imports.py [PACKAGE_DIR]` prints the graph (module -> the gear_jax modules it imports;
 deferred imports, made inside a function, marked with *), and the circles it finds.
 
 One kind of circle stays, written down here with its reason: `Table`'s methods are users' spellings of
@@ -17,7 +17,7 @@ import ast
 import pathlib
 import sys
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "gear_jax"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gear_jax"
 
 # (importer, imported) deferred imports allowed to close a circle, with the reason above.
 USERS_SPELLINGS = {
