@@ -1,6 +1,7 @@
 // Every exception of the native runtime that Python sees as a type of its own, in one place; module.cc
-// (RegisterNativeErrors) maps each to its Python type, in one table. Others take pybind11's mapping
-// (std::invalid_argument: ValueError, std::out_of_range: IndexError, std::bad_alloc: MemoryError, ...).
+// (RegisterNativeErrors) raises each as its gear_jax.errors class, in one table. Others take pybind11's
+// mapping (std::invalid_argument: ValueError, std::out_of_range: IndexError, std::bad_alloc: MemoryError,
+// ...).
 #pragma once
 
 #include <stdexcept>
@@ -8,15 +9,15 @@
 
 namespace gear {
 
-// No table of that name (or it was closed or removed): _native.TableNotFoundError.
+// No table of that name (or it was closed or removed): gear_jax.TableNotFoundError.
 struct NotFoundError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-// A file that is not a table of this format, or a damaged one: _native.TableFormatError.
+// A file that is not a table of this format, or a damaged one: gear_jax.TableMismatchError.
 struct FormatError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-// /dev/shm cannot hold the table: _native.OutOfSpaceError.
+// /dev/shm cannot hold the table: gear_jax.OutOfSpaceError.
 struct OutOfSpaceError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
