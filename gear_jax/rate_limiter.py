@@ -114,8 +114,9 @@ class RateLimiter:
             return None
         return self.samples_per_insert * self.min_size_to_sample + self.error_buffer
 
-    def _native(self) -> tuple[int, float, float]:
-        """(min_size_to_sample, samples_per_insert or 0, error_buffer or 0) for the native create."""
+    def native_settings(self) -> tuple[int, float, float]:
+        """(min_size_to_sample, samples_per_insert or 0, error_buffer or 0): what the table's shared
+        header stores (the native create takes it)."""
         return (self.min_size_to_sample, self.samples_per_insert or 0.0, self.error_buffer or 0.0)
 
 

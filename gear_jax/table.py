@@ -191,7 +191,7 @@ class Table:
                 bool(pin),
                 bool(reuse),
                 outlive_creator=bool(outlive_creator),
-                rate_limiter=None if rate_limiter is None else rate_limiter._native(),
+                rate_limiter=None if rate_limiter is None else rate_limiter.native_settings(),
             )
         except GearJaxError:  # raised as gear_jax's own by the native module (xla_ffi/module.cc)
             raise
