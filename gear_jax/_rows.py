@@ -68,10 +68,12 @@ def _priority_dtype_ok(dtype: Any) -> bool:
 
 
 def priorities(
-    value: Any, rows: int, what: str = "priorities", op: str = "", broadcast: bool = True
+    value: Any, rows: int, op: str = "", broadcast: bool = True, matched: str = "the batch"
 ) -> np.ndarray:
     """Host priorities as float32[rows]: None gives 1 each, a scalar is broadcast (with `broadcast`), and
-    every value must be finite and >= 0 (nothing is written otherwise)."""
+    every value must be finite and >= 0 (nothing is written otherwise). Messages name `op` and say the
+    rows are to match `matched`."""
+    what = "priorities"
     prefix = f"{op}: " if op else ""
     if value is None:
         return np.ones((rows,), np.float32)
@@ -90,8 +92,7 @@ def priorities(
         p = np.full((rows,), p)
     if p.shape != (rows,):
         raise InvalidArgumentError(
-            f"{prefix}{what} has shape {p.shape}, expected ({rows},) to match the "
-            + ("batch" if broadcast else "sample")
+            f"{prefix}{what} has shape {p.shape}, expected ({rows},) to match {matched}"
         )
     with np.errstate(over="ignore", invalid="ignore"):
         p = p.astype(np.float32)

@@ -338,7 +338,7 @@ def update_priorities(table: Table, sample: Sample, priorities: Any) -> int:
     op = "gear_jax.host.update_priorities"
     table = _args.check_table(table, op)
     b = _args.check_sample(sample, op, table)
-    values = _rows.priorities(priorities, b, op=op, broadcast=False)
+    values = _rows.priorities(priorities, b, op=op, broadcast=False, matched="the sample")
     return table.native.host_update_priorities(
         np.asarray(sample.indices, np.int32),
         np.asarray(sample.generations, np.uint32),
