@@ -182,15 +182,20 @@ class Batches:
             return f"{what} is missing fields {missing}; every insert writes all of {self.names}"
         return ""
 
-    def shape_problem(self, name: str, shape: tuple[int, ...], lead_shape: tuple[int, ...] | None) -> str:
+    def shape_problem(
+        self, name: str, shape: tuple[int, ...], lead_shape: tuple[int, ...] | None, layout: str = ""
+    ) -> str:
         """Why an array of `shape` is not field `name`'s part of a batch whose other fields have the
-        leading dimensions `lead_shape` (None: the first field) ("" when it is)."""
+        leading dimensions `lead_shape` (None: the first field) ("" when it is). `layout` names the
+        expected axes (default: this table's `[B, *shape]` or `[B, T, *shape]`)."""
         field = self.spec.fields[name]
+        expected = layout or self.layout
         if len(shape) != self.lead + len(field.shape) or shape[self.lead :] != field.shape:
-            return f"batch[{name!r}] has shape {shape}; expected {self.layout} with shape={field.shape}"
+            return f"batch[{name!r}] has shape {shape}; expected {expected} with shape={field.shape}"
         if lead_shape is not None and shape[: self.lead] != lead_shape:
+            axes = "rows" if self.lead == 1 else "steps, rows" if expected.startswith("[T") else "rows, steps"
             return (
-                f"batch[{name!r}] has leading dimensions {shape[: self.lead]} (rows, steps), but earlier "
+                f"batch[{name!r}] has leading dimensions {shape[: self.lead]} ({axes}), but earlier "
                 f"fields have {lead_shape}"
             )
         return ""
@@ -293,9 +298,9 @@ class Batches:
                 )
                 continue
             shape = tuple(value.shape)
-            problem = self.shape_problem(name, shape, lead_shape)
+            problem = self.shape_problem(name, shape, lead_shape, layout)
             if problem:
-                problems.append(problem.replace(self.layout, layout))
+                problems.append(problem)
                 continue
             lead_shape = lead_shape or shape[: self.lead]
             value = value.astype(field.dtype)

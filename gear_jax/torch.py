@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from gear_jax import _args, _rows, host, ops
-from gear_jax.casting import cast_rule, kind, refuse
+from gear_jax.casting import cast_rule, refuse
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.selection import Sample
 from gear_jax.table import Table
@@ -182,7 +182,7 @@ def _cast_tensor(t: torch.Tensor, dtype: np.dtype, casting: str) -> tuple[torch.
         if lo < info.min or hi > info.max:
             return None, f"holds values in [{lo}, {hi}], outside {dtype}'s range [{info.min}, {info.max}]"
     converted = t.to(target)
-    if check == "overflow" and kind(source) == "f":
+    if check == "overflow":  # floats narrowed
         overflow = torch.isinf(converted) & torch.isfinite(t)
         if bool(overflow.any()):
             return None, f"holds {t[overflow].flatten()[0].item()}, beyond {dtype}'s range"
