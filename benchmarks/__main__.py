@@ -13,6 +13,7 @@ from types import ModuleType
 
 from gear_jax.bench import (
     actor_learner,
+    episodes,
     gather,
     insert,
     pool,
@@ -35,6 +36,7 @@ SUITES: dict[str, ModuleType] = {
     "torch": torch_handoff,
     "pool": pool,
     "sharded": sharded,
+    "episodes": episodes,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
@@ -45,6 +47,7 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "torch": torch_handoff.SYSTEMS,
     "pool": pool.SYSTEMS,
     "sharded": sharded.SYSTEMS,
+    "episodes": episodes.SYSTEMS,
 }
 INTERLEAVED_SUITES = ("gather", "sample", "priorities")  # the suites that time through selection.measure
 BUSY_LOAD = 0.5
@@ -57,6 +60,7 @@ ITEM_UNITS = {
     "torch": "rows",
     "pool": "tables",
     "sharded": "rows",
+    "episodes": "windows",
 }
 
 
@@ -67,10 +71,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", help="picks per step (insert: rows per insert call), e.g. 32,64,1024")
     p.add_argument("--item_bytes", help="bytes per row (per step with --window), e.g. 1024,65536")
     p.add_argument("--table_rows", help="rows in the table, e.g. 10000,100000")
-    p.add_argument("--window", type=int, default=0, help="gather: steps per sampled window (0: whole rows)")
     p.add_argument(
-        "--max_steps", type=int, default=0, help="gather with --window: steps per row (default 4 x window)"
+        "--window",
+        type=int,
+        default=0,
+        help="gather, episodes: steps per sampled window (0: whole rows; episodes: 32)",
     )
+    p.add_argument(
+        "--max_steps",
+        type=int,
+        default=0,
+        help="gather with --window: steps per row (default 4 x window); episodes: the longest episode, "
+        "cartpole's time limit (default 500) or the lognormal's clip (default 1000, mean a tenth of it)",
+    )
+    p.add_argument("--lengths", help="episodes: episode length distributions, e.g. cartpole,lognormal")
+    p.add_argument(
+        "--steps", help="episodes: steps held by every system (a budget of whole episodes), e.g. 1000000"
+    )
+    p.add_argument("--step_bytes", help="episodes: bytes per step, e.g. 1024")
     p.add_argument(
         "--methods", default="uniform,prioritized,fifo,lifo,topk", help="sample, sharded: selection methods"
     )
@@ -135,6 +153,11 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
     if args.suite == "priorities":
         try:
             priorities.parse_workloads(args.workloads)
+        except ValueError as e:
+            p.error(str(e))
+    if args.suite == "episodes":
+        try:
+            episodes.check_lengths(args.lengths)
         except ValueError as e:
             p.error(str(e))
     if args.samples_per_insert:

@@ -1,0 +1,554 @@
+"""The `episodes` suite: variable-length episodes, host memory per stored step and window sample + gather.
+
+Every system holds the same episodes (`EpisodeData`: lengths drawn from `--lengths`, filled up to a
+budget of `--steps` steps of `--step_bytes` bytes each) and reports two things at each point:
+
+  * memory: what holding the episodes costs, as bytes per stored step and as a ratio to the steps' own
+    bytes (`memory` in every record; `measured_as` says how each system's bytes were counted);
+  * speed: one step of B windows of W steps (`--batch_size`, `--window`, default 32), sampled and
+    gathered (op `sample_gather`), timed as the other suites do.
+
+Systems: `gear_jax`, the step-ring trajectory table (steps of every episode back to back in one ring,
+an index of episodes; windows uniform over every valid start, episodes shorter than the window
+skipped); `gear_jax_padded`, today's padded trajectory table (one row of `max_steps` steps per
+episode; windows uniform in a uniformly picked row, short episodes padded); flashbax's trajectory
+buffer; torchrl's `ReplayBuffer(LazyTensorStorage, SliceSampler)`; Reverb (skipped with a note: its
+worker has no episode workload). A system this build or machine lacks is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from rich.table import Table as RichTable
+
+import gear_jax as gj
+from gear_jax.bench.common import GEAR, Unavailable, parse_ints, parse_names
+from gear_jax.bench.data import CHUNK_BYTES, POOL_ROWS
+from gear_jax.bench.display import console, progress
+from gear_jax.bench.selection import measure
+from gear_jax.bench.systems import Step, System, import_torchrl
+
+DEFAULTS = {"lengths": "cartpole,lognormal", "steps": "1000000", "step_bytes": "1024", "batch_size": "256"}
+PLOT = {"x": "batch_size", "y": "bytes_per_s", "label": "GB/s of windows gathered"}
+PADDED = "gear_jax_padded"
+SYSTEMS = (GEAR, PADDED, "flashbax", "torchrl", "reverb")
+OP = "sample_gather"
+DEFAULT_WINDOW = 32
+LENGTH_KINDS = ("cartpole", "lognormal")
+CARTPOLE_ENV = "CartPole-v1"
+CARTPOLE_LEAN_GAIN = 0.5  # the heuristic pushes toward the side of angle + 0.5 x angular velocity
+LOGNORMAL_MAX_STEPS = 1000
+LOGNORMAL_MEAN_FRACTION = 0.1  # mean / max of the lognormal lengths
+LOGNORMAL_SIGMA = 1.0
+FLASHBAX_ADD_STEPS = 65536  # steps per flashbax `add` call while filling (one compiled shape)
+
+
+def check_lengths(text: str) -> list[str]:
+    """The `--lengths` names; raises ValueError for an unknown one."""
+    kinds = parse_names(text)
+    unknown = [k for k in kinds if k not in LENGTH_KINDS]
+    if not kinds or unknown:
+        raise ValueError(f"--lengths {unknown or text!r}: choose from {list(LENGTH_KINDS)}")
+    return kinds
+
+
+def longest_episode(kind: str, max_steps: int) -> int:
+    """The longest episode a distribution can produce: what a padded table reserves per row.
+    `max_steps` (0: the default) is the time limit of CartPole (its own, 500) or the lognormal's clip."""
+    if max_steps:
+        return max_steps
+    if kind == "cartpole":
+        import gymnasium
+
+        return int(gymnasium.spec(CARTPOLE_ENV).max_episode_steps)
+    return LOGNORMAL_MAX_STEPS
+
+
+def clip_to_budget(lengths: np.ndarray, steps: int) -> np.ndarray:
+    """The first episodes of `lengths` holding `steps` steps in all, the last one cut short to fit."""
+    ends = np.cumsum(lengths)
+    count = int(np.searchsorted(ends, steps)) + 1
+    kept = lengths[:count].astype(np.int64)
+    kept[-1] -= int(ends[count - 1]) - steps
+    return kept
+
+
+@functools.lru_cache(maxsize=8)
+def cartpole_lengths(steps: int, max_steps: int, seed: int = 0) -> np.ndarray:
+    """int64 lengths of real gymnasium CartPole-v1 episodes, `steps` steps in all (the last cut short).
+
+    The policy pushes the cart toward the side the pole falls to (action 1 when angle + 0.5 x angular
+    velocity > 0) and acts at random with probability epsilon, drawn per episode uniformly in [0, 1]:
+    the episodes of a training run, from exploring to balancing until the time limit.
+    """
+    import gymnasium
+
+    env = gymnasium.make(CARTPOLE_ENV, max_episode_steps=max_steps)
+    rng = np.random.default_rng(seed)
+    lengths: list[int] = []
+    total = 0
+    with progress(steps, f"{CARTPOLE_ENV} episodes") as bar:
+        obs, _ = env.reset(seed=seed)
+        while total < steps:
+            epsilon, length, done = rng.uniform(), 0, False
+            while not done:
+                if rng.uniform() < epsilon:
+                    action = int(rng.integers(2))
+                else:
+                    action = int(obs[2] + CARTPOLE_LEAN_GAIN * obs[3] > 0)
+                obs, _, terminated, truncated, _ = env.step(action)
+                length += 1
+                done = terminated or truncated
+            lengths.append(length)
+            total += length
+            bar.update(length)
+            obs, _ = env.reset()
+    env.close()
+    return clip_to_budget(np.asarray(lengths), steps)
+
+
+def lognormal_lengths(steps: int, max_steps: int, seed: int = 0) -> np.ndarray:
+    """int64 lengths, lognormal with sigma 1 and mean a tenth of `max_steps`, rounded and clipped to
+    [1, max_steps], `steps` steps in all (the last cut short)."""
+    rng = np.random.default_rng(seed)
+    mean = LOGNORMAL_MEAN_FRACTION * max_steps
+    mu = np.log(mean) - LOGNORMAL_SIGMA**2 / 2
+    count = int(steps / mean * 1.5) + 16
+    lengths = np.clip(np.rint(rng.lognormal(mu, LOGNORMAL_SIGMA, count)), 1, max_steps).astype(np.int64)
+    while lengths.sum() < steps:
+        more = np.rint(rng.lognormal(mu, LOGNORMAL_SIGMA, count))
+        lengths = np.concatenate([lengths, np.clip(more, 1, max_steps).astype(np.int64)])
+    return clip_to_budget(lengths, steps)
+
+
+def episode_lengths(kind: str, steps: int, max_steps: int) -> np.ndarray:
+    """The lengths of the `kind` distribution, `steps` steps in all."""
+    if kind == "cartpole":
+        return cartpole_lengths(steps, max_steps)
+    return lognormal_lengths(steps, max_steps)
+
+
+class EpisodeData:
+    """Episodes of the given lengths, steps of `step_bytes` uint8 each, back to back in one stream.
+
+    Step g of the stream is random pool row g % 256 with, when it has 8 bytes, its episode id and its
+    step within the episode in its first 8 bytes (little endian uint32), so that a gathered step can be
+    checked. Steps are made chunk by chunk (about 64 MiB): no system needs a second full copy.
+    """
+
+    def __init__(self, lengths: np.ndarray, step_bytes: int, max_steps: int, seed: int = 0):
+        self.lengths = np.asarray(lengths, np.int64)
+        self.step_bytes = step_bytes
+        self.max_steps = max_steps
+        self.ends = np.cumsum(self.lengths)
+        self.starts = self.ends - self.lengths
+        rng = np.random.default_rng(seed)
+        self.pool = rng.integers(0, 256, (POOL_ROWS, step_bytes), dtype=np.uint8)
+
+    @property
+    def episodes(self) -> int:
+        """Episodes held."""
+        return len(self.lengths)
+
+    @property
+    def steps(self) -> int:
+        """Steps held, all episodes together."""
+        return int(self.ends[-1])
+
+    @property
+    def step_bytes_total(self) -> int:
+        """Bytes of the steps themselves."""
+        return self.steps * self.step_bytes
+
+    def episode_ids(self, first: int, stop: int) -> np.ndarray:
+        """int64[stop - first]: the episode of each step of the stream in [first, stop)."""
+        return np.searchsorted(self.ends, np.arange(first, stop), side="right")
+
+    def steps_between(self, first: int, stop: int) -> np.ndarray:
+        """uint8[stop - first, step_bytes]: steps [first, stop) of the stream."""
+        out = self.pool[np.arange(first, stop) % len(self.pool)]
+        if self.step_bytes >= 8:
+            episode = self.episode_ids(first, stop)
+            stamp = np.stack([episode, np.arange(first, stop) - self.starts[episode]], axis=1)
+            out[:, :8] = stamp.astype("<u4").view(np.uint8)
+        return out
+
+    def step_blocks(self, block_steps: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yields (uint8[n, step_bytes] steps, int64[n] episode ids) covering the stream in order, n =
+        `block_steps` except in the last block."""
+        for first in range(0, self.steps, block_steps):
+            stop = min(self.steps, first + block_steps)
+            yield self.steps_between(first, stop), self.episode_ids(first, stop)
+
+    def padded_chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yields (uint8[n, max_steps, step_bytes] episodes zero-padded to max_steps, int64[n] lengths)
+        covering every episode in order, about 64 MiB of padded steps each."""
+        per_chunk = max(1, CHUNK_BYTES // (self.max_steps * self.step_bytes))
+        for e in range(0, self.episodes, per_chunk):
+            lengths = self.lengths[e : e + per_chunk]
+            out = np.zeros((len(lengths), self.max_steps, self.step_bytes), np.uint8)
+            out[np.arange(self.max_steps) < lengths[:, None]] = self.steps_between(
+                int(self.starts[e]), int(self.ends[e + len(lengths) - 1])
+            )
+            yield out, lengths
+
+
+class EpisodeWorkload:
+    """What each step does: B windows of `window` steps from the episodes of `data`."""
+
+    def __init__(self, data: EpisodeData, window: int):
+        self.data = data
+        self.window = window
+
+    def bytes_per_step(self, batch_size: int) -> int:
+        """Bytes of the windows one step of `batch_size` returns."""
+        return batch_size * self.window * self.data.step_bytes
+
+
+class EpisodeSystem(System):
+    """A system holding the episodes; subclasses fill themselves and say what they hold in `nbytes`."""
+
+    work: EpisodeWorkload
+    memory_measured_as = ""
+
+    def work_per_step(self, batch_size: int) -> tuple[int, int]:
+        return batch_size, self.work.bytes_per_step(batch_size)
+
+    def nbytes(self) -> int:
+        """Bytes of host memory the system holds the episodes in (`memory_measured_as` says how)."""
+        raise NotImplementedError
+
+
+def index_bytes(episodes: int) -> int:
+    """Bytes of gear_jax's episode index for `episodes` episodes: the mapping of a table of that many
+    rows of one 1-byte step, less those bytes (each row's state, length, insert order and times
+    sampled, the header and page rounding)."""
+    spec = gj.TableSpec({"x": gj.Field((1,), "uint8")}, capacity=episodes)
+    with gj.Table.create(spec, reuse=False) as table:
+        return table.nbytes - episodes
+
+
+class PaddedTableSystem(EpisodeSystem):
+    """gear_jax's padded trajectory table: one row of `max_steps` steps per episode (`lengths` at
+    insert); one jitted `gj.sample_gather(..., window=W)`: rows uniform, a window start uniform in
+    each, windows of short episodes padded (`valid` False past the episode's end)."""
+
+    name = PADDED
+    memory_measured_as = "Table.nbytes: the table's shared-memory mapping (rows of max_steps steps, header)"
+    sample_options: dict[str, Any] = {}
+
+    def __init__(self, work: EpisodeWorkload):
+        super().__init__(work)
+        data = work.data
+        self.table = gj.Table.create(self.spec(data))
+        try:
+            with progress(data.steps, f"{self.name} fill") as bar:
+                for episodes, lengths in data.padded_chunks():
+                    self.table.insert({"x": episodes}, lengths=lengths)
+                    bar.update(int(lengths.sum()))
+            if self.table.size != data.episodes:
+                raise RuntimeError(f"{self.name} holds {self.table.size} of {data.episodes} episodes")
+        except BaseException:
+            self.table.close()
+            raise
+
+    def spec(self, data: EpisodeData) -> gj.TableSpec:
+        """The table's spec for `data`."""
+        fields = {"x": gj.Field((data.step_bytes,), "uint8")}
+        return gj.TableSpec(fields, capacity=data.episodes, max_steps=data.max_steps)
+
+    def nbytes(self) -> int:
+        return self.table.nbytes
+
+    def make_step(self, batch_size: int) -> Step:
+        table, window, options = self.table, self.work.window, self.sample_options
+
+        @jax.jit
+        def run(i: jax.Array) -> Any:
+            key = jax.random.fold_in(jax.random.key(0), i)
+            return gj.sample_gather(table, key, batch_size, window=window, fields=("x",), **options)[1]
+
+        return lambda i: jax.block_until_ready(run(i))
+
+    def describe(self) -> str:
+        data = self.work.data
+        return (
+            f"{self.name} holds {data.episodes} episodes in rows of {data.max_steps} steps: "
+            f"{self.table.nbytes / 2**20:.1f} MiB mapped for {data.step_bytes_total / 2**20:.1f} MiB of steps"
+        )
+
+    def close(self) -> None:
+        self.table.close()
+
+
+class StepRingSystem(PaddedTableSystem):
+    """gear_jax's step-ring trajectory table: `step_capacity` = the steps held, episodes back to back,
+    one index row per episode; `gj.sample_gather(..., window=W, short_episodes="skip")`: windows
+    uniform over every valid start, episodes shorter than W never picked."""
+
+    name = GEAR
+    memory_measured_as = "Table.nbytes: the table's shared-memory mapping (step ring, episode index, header)"
+    sample_options = {"short_episodes": "skip"}
+
+    def spec(self, data: EpisodeData) -> gj.TableSpec:
+        fields = {"x": gj.Field((data.step_bytes,), "uint8")}
+        try:
+            spec = gj.TableSpec(
+                fields, capacity=data.episodes, step_capacity=data.steps, max_steps=data.max_steps
+            )
+        except TypeError as e:
+            raise Unavailable(f"this gear_jax has no step-ring tables (TableSpec(step_capacity=...): {e})")
+        if not getattr(spec, "step_ring", False):
+            raise Unavailable("this gear_jax has no step-ring tables (TableSpec.step_ring is not True)")
+        return spec
+
+    def describe(self) -> str:
+        data = self.work.data
+        return (
+            f"{self.name} holds {data.episodes} episodes in a ring of {data.steps} steps: "
+            f"{self.table.nbytes / 2**20:.1f} MiB mapped for {data.step_bytes_total / 2**20:.1f} MiB of steps"
+        )
+
+
+class FlashbaxEpisodeSystem(EpisodeSystem):
+    """flashbax's trajectory buffer with one lane of exactly the steps held (`max_length_time_axis`),
+    the episodes added back to back with an int32 episode id per step (what a learner masks windows
+    with); jitted `sample`: window starts uniform over the lane (period 1). Its windows cross episode
+    boundaries: the buffer knows no episodes."""
+
+    name = "flashbax"
+    memory_measured_as = "nbytes of the buffer state's arrays (steps, int32 episode ids, indices)"
+
+    def __init__(self, work: EpisodeWorkload):
+        super().__init__(work)
+        try:
+            import flashbax as fbx
+        except ImportError as e:
+            raise Unavailable(f"flashbax is not installed ({e})") from None
+        self.fbx = fbx
+        data = work.data
+        if data.steps < work.window:
+            raise Unavailable(f"flashbax needs at least a window of steps ({data.steps} < {work.window})")
+        buffer = self._buffer(1)
+        example = {"x": jnp.zeros((data.step_bytes,), jnp.uint8), "episode": jnp.zeros((), jnp.int32)}
+        self.state = buffer.init(example)
+        add = jax.jit(buffer.add, donate_argnums=0)
+        with progress(data.steps, f"{self.name} fill") as bar:
+            for steps, episodes in data.step_blocks(min(FLASHBAX_ADD_STEPS, data.steps)):
+                batch = {"x": steps[None], "episode": episodes[None].astype(np.int32)}
+                self.state = add(self.state, batch)
+                bar.update(len(steps))
+        jax.block_until_ready(self.state)
+
+    def _buffer(self, batch_size: int) -> Any:
+        work = self.work
+        return self.fbx.make_trajectory_buffer(
+            add_batch_size=1,
+            sample_batch_size=batch_size,
+            sample_sequence_length=work.window,
+            period=1,
+            min_length_time_axis=work.window,
+            max_length_time_axis=work.data.steps,
+        )
+
+    def nbytes(self) -> int:
+        return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(self.state))
+
+    def make_step(self, batch_size: int) -> Step:
+        sample = jax.jit(self._buffer(batch_size).sample)
+        key = jax.random.key(0)
+        return lambda i: jax.block_until_ready(sample(self.state, jax.random.fold_in(key, i)))
+
+    def close(self) -> None:
+        jax.tree_util.tree_map(lambda x: x.delete(), self.state)
+
+
+class TorchrlEpisodeSystem(EpisodeSystem):
+    """torchrl: `ReplayBuffer(LazyTensorStorage(steps), SliceSampler(slice_len=W, traj_key="episode",
+    strict_length=True))`, the steps with an int64 episode id each; `rb.sample(batch_size=B * W)`:
+    episodes of at least W steps uniform, then a window start uniform in each."""
+
+    name = "torchrl"
+    memory_measured_as = "nbytes of the LazyTensorStorage's tensors (steps, int64 episode ids)"
+
+    def __init__(self, work: EpisodeWorkload):
+        super().__init__(work)
+        torch, rl = import_torchrl()
+        from tensordict import TensorDict
+
+        data = work.data
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sampler = rl.SliceSampler(
+                    slice_len=work.window, traj_key="episode", cache_values=True, strict_length=True
+                )
+        except Exception as e:  # noqa: BLE001 - e.g. its C++ extension does not load with this torch
+            raise Unavailable(f"torchrl SliceSampler failed: {type(e).__name__}: {e}") from None
+        self.storage = rl.LazyTensorStorage(data.steps)
+        self.buffer = rl.ReplayBuffer(storage=self.storage, sampler=sampler)
+        block = max(1, CHUNK_BYTES // data.step_bytes)
+        with progress(data.steps, f"{self.name} fill") as bar:
+            for steps, episodes in data.step_blocks(block):
+                columns = {"x": torch.from_numpy(steps), "episode": torch.from_numpy(episodes)}
+                self.buffer.extend(TensorDict(columns, batch_size=[len(steps)]))
+                bar.update(len(steps))
+
+    def nbytes(self) -> int:
+        stored = self.storage._storage  # the TensorDict of preallocated columns
+        return sum(t.numel() * t.element_size() for t in stored.values(include_nested=True, leaves_only=True))
+
+    def make_step(self, batch_size: int) -> Step:
+        picks = batch_size * self.work.window
+        return lambda i: self.buffer.sample(batch_size=picks)
+
+    def close(self) -> None:
+        del self.buffer, self.storage
+
+
+def reverb_unavailable(args: argparse.Namespace) -> Unavailable:
+    """Why Reverb is skipped: its worker (benchmarks/reverb_worker.py) writes fixed-length rows of a
+    `Dataset`, not variable-length episodes in chunks, and has no episode workload yet."""
+    where = f"--reverb_python={args.reverb_python}" if args.reverb_python else "no --reverb_python given"
+    return Unavailable(
+        "the Reverb worker has no episode workload yet (it writes fixed-length rows, not variable-length "
+        f"episodes in chunks), so neither its memory nor its windows are measured ({where})"
+    )
+
+
+EPISODE_SYSTEMS: dict[str, type[EpisodeSystem]] = {
+    GEAR: StepRingSystem,
+    PADDED: PaddedTableSystem,
+    "flashbax": FlashbaxEpisodeSystem,
+    "torchrl": TorchrlEpisodeSystem,
+}
+
+
+def memory_figures(system: EpisodeSystem, index: int) -> dict[str, Any]:
+    """The `memory` of a record: bytes held, per stored step, and as ratios to the steps' own bytes
+    and to those plus gear_jax's episode index (`index` bytes)."""
+    data = system.work.data
+    held = system.nbytes()
+    return {
+        "bytes": held,
+        "bytes_per_step": held / data.steps,
+        "ratio_to_step_bytes": held / data.step_bytes_total,
+        "ratio_to_steps_and_index": held / (data.step_bytes_total + index),
+        "step_bytes_total": data.step_bytes_total,
+        "index_bytes": index,
+        "measured_as": system.memory_measured_as,
+    }
+
+
+def cap_steps(requested: int, lengths: np.ndarray, data_kwargs: dict[str, int], budget_gib: float) -> int:
+    """The largest step budget <= `requested` whose padded table (the largest system: one row of
+    max_steps steps per episode) fits twice in `budget_gib`, as `data.cap_rows` caps tables."""
+    padded = len(lengths) * data_kwargs["max_steps"] * data_kwargs["step_bytes"]
+    limit = int(budget_gib * 2**30) // 2
+    if padded <= limit:
+        return requested
+    return max(1, int(requested * limit / padded))
+
+
+def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Records for every length distribution x step budget x step size x batch size x system.
+
+    Each record carries `memory` (see `memory_figures`). Step budgets are capped so that two copies of
+    the padded table fit in `--mem_budget_gib` (a note says so).
+    """
+    window = args.window or DEFAULT_WINDOW
+    batch_sizes = parse_ints(args.batch_size)
+    records = []
+    for kind in check_lengths(args.lengths):
+        max_steps = longest_episode(kind, args.max_steps)
+        if window > max_steps:
+            raise ValueError(f"--window={window} is longer than the longest {kind} episode ({max_steps})")
+        for requested in parse_ints(args.steps):
+            for step_bytes in parse_ints(args.step_bytes):
+                lengths = episode_lengths(kind, requested, max_steps)
+                shape = {"max_steps": max_steps, "step_bytes": step_bytes}
+                steps = cap_steps(requested, lengths, shape, args.mem_budget_gib)
+                if steps < requested:
+                    note(
+                        f"lengths={kind} step_bytes={step_bytes}: steps capped from {requested} to {steps} "
+                        f"(--mem_budget_gib={args.mem_budget_gib} must hold two copies of the padded table)"
+                    )
+                    lengths = clip_to_budget(lengths, steps)
+                data = EpisodeData(lengths, step_bytes, max_steps)
+                note(describe_lengths(kind, data, window))
+                point = {"lengths": kind, "steps": requested, "step_bytes": step_bytes, "window": window}
+                records += measure_point(EpisodeWorkload(data, window), point, batch_sizes, args, note)
+    print_memory(records)
+    return records
+
+
+def describe_lengths(kind: str, data: EpisodeData, window: int) -> str:
+    """One line about the episodes of a point."""
+    lengths = data.lengths
+    short = lengths < window
+    return (
+        f"lengths={kind}: {data.episodes} episodes, {data.steps} steps of {data.step_bytes} B, length mean "
+        f"{lengths.mean():.1f}, median {np.median(lengths):.0f}, max {lengths.max()} (rows reserve "
+        f"{data.max_steps}: mean / max {lengths.mean() / data.max_steps:.3f}); "
+        f"{short.mean():.1%} of the episodes, {lengths[short].sum() / data.steps:.1%} "
+        f"of the steps, are in episodes shorter than the window ({window})"
+    )
+
+
+def measure_point(
+    work: EpisodeWorkload,
+    point: dict[str, Any],
+    batch_sizes: list[int],
+    args: argparse.Namespace,
+    note: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """The records of every system at `point`, each with the memory the system held the episodes in."""
+    index = index_bytes(work.data.episodes)
+    memory: dict[str, dict[str, Any]] = {}
+
+    def make(name: str) -> System:
+        if name == "reverb":
+            raise reverb_unavailable(args)
+        system = EPISODE_SYSTEMS[name](work)
+        try:
+            memory[name] = memory_figures(system, index)
+        except BaseException:
+            system.close()
+            raise
+        return system
+
+    records = measure(work, point, OP, batch_sizes, args, note, make=make)
+    for r in records:
+        r["memory"] = memory[r["system"]]
+    return records
+
+
+def print_memory(records: list[dict[str, Any]]) -> None:
+    """Prints the memory of each system at each point (one line per point and system)."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in records:
+        key = (" ".join(f"{k}={v}" for k, v in r["point"].items() if k != "batch_size"), r["system"])
+        seen.setdefault(key, r["memory"])
+    if not seen:
+        return
+    table = RichTable(title="host memory per stored step")
+    for name in ("point", "system", "bytes", "B/step", "x step bytes", "x steps + index"):
+        table.add_column(name, justify="left" if name in ("point", "system") else "right")
+    for (point, system), m in seen.items():
+        table.add_row(
+            point,
+            system,
+            f"{m['bytes'] / 2**20:.1f} MiB",
+            f"{m['bytes_per_step']:.1f}",
+            f"{m['ratio_to_step_bytes']:.3f}",
+            f"{m['ratio_to_steps_and_index']:.3f}",
+        )
+    console.print(table)
