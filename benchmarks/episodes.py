@@ -552,3 +552,48 @@ def print_memory(records: list[dict[str, Any]]) -> None:
             f"{m['ratio_to_steps_and_index']:.3f}",
         )
     console.print(table)
+
+
+def plot_report(report: dict[str, Any], path: str) -> bool:
+    """Writes the suite's PNG to `path`: per length distribution (and step budget, step size, window),
+    host bytes per stored step of each system against the step's own bytes, and the p50 latency of
+    each system's sample + gather of B windows with a whisker to its p95. False (nothing written) for a
+    report without records."""
+    from gear_jax.bench.plot import plt
+
+    records = report["records"]
+    if not records:
+        return False
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        title = ", ".join(f"{k}={v}" for k, v in r["point"].items() if k != "batch_size")
+        groups.setdefault(title, []).append(r)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(13, 0.6 + 2.6 * len(groups)), squeeze=False)
+    for (memory_ax, speed_ax), (title, group) in zip(axes, groups.items()):
+        memory = {r["system"]: r["memory"] for r in group}
+        names = list(memory)
+        memory_ax.barh(names, [memory[n]["bytes_per_step"] for n in names], color="C0")
+        memory_ax.axvline(group[0]["point"]["step_bytes"], color="k", linestyle="--", label="step bytes")
+        for y, n in enumerate(names):
+            memory_ax.text(
+                memory[n]["bytes_per_step"], y, f" {memory[n]['ratio_to_step_bytes']:.2f}x", va="center"
+            )
+        memory_ax.set_xlim(0, 1.2 * max(m["bytes_per_step"] for m in memory.values()))
+        memory_ax.set_xlabel("host bytes per stored step")
+        memory_ax.set_title(title, fontsize=9)
+        memory_ax.legend(fontsize=7, loc="lower right")
+        labels = [f"{r['system']} B={r['point']['batch_size']}" for r in group]
+        p50 = np.array([r["latency_s"]["p50"] for r in group]) * 1e3
+        p95 = np.array([r["latency_s"]["p95"] for r in group]) * 1e3
+        speed_ax.barh(labels, p50, xerr=[np.zeros_like(p50), p95 - p50], color="C1", capsize=3)
+        speed_ax.set_xscale("log")
+        speed_ax.set_xlabel("sample + gather of B windows: p50 (whisker: p95), ms")
+        speed_ax.grid(True, axis="x", which="both", alpha=0.3)
+    machine = report["machine"]
+    fig.suptitle(
+        f"gear_jax.bench {report['suite']} - {machine['cpu']}, {machine['cpu_count']} cores", fontsize=10
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True

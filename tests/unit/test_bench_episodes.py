@@ -1,0 +1,79 @@
+"""Tests of the `episodes` benchmark suite (`benchmarks/episodes.py`), not of speed.
+
+The suite runs once in a tiny configuration, as a subprocess of `python -m gear_jax.bench`; its report
+must cover the requested point with every system that can run here, and its memory figures must agree
+with each other. The episode lengths and the steps every system is filled with are checked in process.
+Without the step-ring table (`gear_jax`) or a baseline, the suite skips it with a note, and so do these
+tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gear_jax.bench import episodes
+from gear_jax.bench.episodes import PADDED, EpisodeData
+from tests.unit.test_bench import PNG_MAGIC, check_report, grid, run_bench
+
+STEP_BYTES = 64
+
+
+def test_episodes_report_memory_and_plot(tmp_path: Path) -> None:
+    steps, window = 3000, 4
+    report = run_bench(
+        tmp_path,
+        "episodes",
+        "--lengths=lognormal",
+        f"--steps={steps}",
+        f"--step_bytes={STEP_BYTES}",
+        "--batch_size=8",
+        f"--window={window}",
+    )
+    points = grid(
+        lengths=["lognormal"], steps=[steps], step_bytes=[STEP_BYTES], window=[window], batch_size=[8]
+    )
+    check_report(report, "episodes", points, always=[PADDED])
+    assert any(n.startswith("skipped reverb") for n in report["notes"]), report["notes"]
+    memory = {r["system"]: r["memory"] for r in report["records"]}
+    for system, m in memory.items():
+        assert m["step_bytes_total"] == steps * STEP_BYTES and m["index_bytes"] > 0, system
+        assert m["bytes_per_step"] == pytest.approx(m["bytes"] / steps), system
+        assert m["ratio_to_step_bytes"] == pytest.approx(m["bytes"] / m["step_bytes_total"]), system
+        assert m["bytes_per_step"] >= STEP_BYTES and m["measured_as"], system
+    # Rows of 1,000 steps for episodes a tenth as long: the padded table is the largest by far.
+    assert all(memory[PADDED]["bytes"] > 4 * m["bytes"] for s, m in memory.items() if s != PADDED), memory
+    gear = [r for r in report["records"] if r["system"] == "gear_jax"]
+    for r in gear:  # the step ring, where this build has it
+        assert memory[PADDED]["bytes_per_step"] >= memory["gear_jax"]["bytes_per_step"]
+        assert r[f"speedup_vs_{PADDED}"] > 0
+    if not gear:
+        assert any(n.startswith("skipped gear_jax at") for n in report["notes"]), report["notes"]
+    assert (tmp_path / "episodes.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_episode_lengths_fill_the_step_budget() -> None:
+    cartpole = episodes.episode_lengths("cartpole", 3000, 500)
+    lognormal = episodes.episode_lengths("lognormal", 200_000, 1000)
+    for lengths, budget, longest in ((cartpole, 3000, 500), (lognormal, 200_000, 1000)):
+        assert lengths.sum() == budget and lengths.min() >= 1 and lengths.max() <= longest
+    assert 0.08 < lognormal.mean() / 1000 < 0.11
+    assert episodes.clip_to_budget(np.array([5, 5, 5]), 7).tolist() == [5, 2]
+
+
+def test_episode_data_is_one_stream_of_stamped_steps() -> None:
+    data = EpisodeData(np.array([3, 1, 6, 2]), step_bytes=16, max_steps=6)
+    stream = data.steps_between(0, data.steps)
+    stamps = stream[:, :8].copy().view("<u4")
+    assert stamps[:, 0].tolist() == [0, 0, 0, 1, 2, 2, 2, 2, 2, 2, 3, 3]
+    assert stamps[:, 1].tolist() == [0, 1, 2, 0, 0, 1, 2, 3, 4, 5, 0, 1]
+    blocks = list(data.step_blocks(5))
+    assert [len(ids) for _, ids in blocks] == [5, 5, 2]
+    np.testing.assert_array_equal(np.concatenate([b for b, _ in blocks]), stream)
+    padded, lengths = zip(*data.padded_chunks())
+    padded, lengths = np.concatenate(padded), np.concatenate(lengths)
+    assert padded.shape == (4, 6, 16) and lengths.tolist() == [3, 1, 6, 2]
+    np.testing.assert_array_equal(padded[np.arange(6) < lengths[:, None]], stream)
+    assert not padded[np.arange(6) >= lengths[:, None]].any()
