@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gear_jax import _native
 from gear_jax.errors import InvalidArgumentError, TableClosedError
 from gear_jax.selection import METHODS, Sample
 from gear_jax.spec import TableSpec
@@ -48,6 +49,30 @@ def check_method(method: Any, op: str, methods: Sequence[str] = tuple(METHODS)) 
     if not isinstance(method, str) or method not in methods:
         raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(methods)}")
     return method
+
+
+SHORT_EPISODES = ("pad", "skip")
+
+
+def method_word(table: Table, method: str, window: int, short_episodes: Any, op: str) -> int:
+    """The `method` word of a selection call: the method's number and the window law's flags
+    (kernels/sample.h). With a window, episodes shorter than it are padded and masked ("pad") or never
+    picked ("skip"); in a step ring, uniform windows are uniform over every valid window start."""
+    if short_episodes not in SHORT_EPISODES:
+        raise InvalidArgumentError(
+            f"{op}: short_episodes={short_episodes!r} is not one of {list(SHORT_EPISODES)}"
+        )
+    word = METHODS[method]
+    if window > 0 and short_episodes == "skip":
+        if method == "prioritized":
+            raise InvalidArgumentError(
+                f'{op}: short_episodes="skip" is not available for prioritized windows; give episodes '
+                'shorter than the window priority 0 (they are then never picked), or use short_episodes="pad"'
+            )
+        word |= _native.SKIP_SHORT_FLAG
+    if window > 0 and method == "uniform" and table.spec.step_ring:
+        word |= _native.UNIFORM_STARTS_FLAG
+    return word
 
 
 def check_exponent(priority_exponent: Any, op: str) -> float:

@@ -33,7 +33,7 @@ import numpy as np
 
 from gear_jax import _args, _native, _rows
 from gear_jax.errors import InvalidArgumentError
-from gear_jax.selection import METHODS, PICK_BYTES, Sample
+from gear_jax.selection import PICK_BYTES, Sample
 from gear_jax.table import Table
 
 __all__ = ["Sampler", "gather", "sample", "sample_gather", "update_priorities"]
@@ -72,9 +72,7 @@ _PLANS: dict[tuple[Any, ...], _Plan] = {}
 _MAX_PLANS = 256
 
 
-def _plan(
-    table: Table, batch: int, fields: tuple[str, ...], window: int | None, sample_window: int
-) -> _Plan:
+def _plan(table: Table, batch: int, fields: tuple[str, ...], window: int | None, sample_window: int) -> _Plan:
     key = (table.handle, table.native.spec_hash, batch, fields, window, sample_window)
     plan = _PLANS.get(key)
     if plan is None:
@@ -165,8 +163,10 @@ def _checked_selection(
     fields: Any,
     gathers: bool,
     op: str,
+    short_episodes: Any = "pad",
 ) -> tuple[int, int, float, int, _Plan | None]:
     key: tuple[Any, ...] | None = (
+        short_episodes,
         table.handle,
         table.native.spec_hash,
         type(batch_size),
@@ -185,7 +185,8 @@ def _checked_selection(
         pass
     except TypeError:  # unhashable arguments: checked at every call
         key = None
-    b, method_id, exponent, win = _selection(table, batch_size, method, priority_exponent, window, op)
+    b, method, exponent, win = _selection(table, batch_size, method, priority_exponent, window, op)
+    method_id = _args.method_word(table, method, win, short_episodes, op)
     plan = _plan(table, b, _args.check_fields(table.spec, fields, op), None, win) if gathers else None
     checked = (b, method_id, exponent, win, plan)
     if key is not None:
@@ -197,12 +198,12 @@ def _checked_selection(
 
 def _selection(
     table: Table, batch_size: Any, method: Any, priority_exponent: Any, window: Any, op: str
-) -> tuple[int, int, float, int]:
+) -> tuple[int, str, float, int]:
     b = _args.check_batch_size(batch_size, op)
     _args.check_fits(op, b * PICK_BYTES, f"the row ids, generations and probabilities of {b} picks", True)
     return (
         b,
-        METHODS[_args.check_method(method, op)],
+        _args.check_method(method, op),
         _args.check_exponent(priority_exponent, op),
         _args.check_window(window, table.max_steps, op),
     )
@@ -215,6 +216,7 @@ def sample(
     method: str = "uniform",
     priority_exponent: float = 1.0,
     window: int | None = None,
+    short_episodes: str = "pad",
 ) -> Sample:
     """Selects `batch_size` rows of `table` now, on this thread: `gear_jax.sample` outside jit.
 
@@ -225,6 +227,7 @@ def sample(
       method: as for `gear_jax.sample`.
       priority_exponent: as for `gear_jax.sample`.
       window: as for `gear_jax.sample`.
+      short_episodes: as for `gear_jax.sample`.
 
     Returns:
       A `gear_jax.Sample` of numpy arrays (`selectable` a numpy int32).
@@ -237,7 +240,7 @@ def sample(
     op = "gear_jax.host.sample"
     table = _args.check_table(table, op)
     b, method_id, exponent, win, _ = _checked_selection(
-        table, batch_size, method, priority_exponent, window, None, False, op
+        table, batch_size, method, priority_exponent, window, None, False, op, short_episodes
     )
     seed0, seed1 = _seed_words(rng, op)
     picks = table.native.host_sample(seed0, seed1, b, method_id, exponent, win, [], 0, [])
@@ -290,6 +293,7 @@ def sample_gather(
     priority_exponent: float = 1.0,
     window: int | None = None,
     out: Mapping[str, np.ndarray] | None = None,
+    short_episodes: str = "pad",
 ) -> tuple[Sample, dict[str, np.ndarray]]:
     """`sample` then `gather` of its picks in one native call: `gear_jax.sample_gather` outside jit.
 
@@ -302,6 +306,7 @@ def sample_gather(
       window: as for `sample`.
       fields: as for `gather` (its window is the sample's; max_steps without one).
       out: as for `gather` (its window is the sample's; max_steps without one).
+      short_episodes: as for `sample`.
 
     Returns:
       (Sample, batch), both of numpy arrays.
@@ -309,7 +314,7 @@ def sample_gather(
     op = "gear_jax.host.sample_gather"
     table = _args.check_table(table, op)
     b, method_id, exponent, win, plan = _checked_selection(
-        table, batch_size, method, priority_exponent, window, fields, True, op
+        table, batch_size, method, priority_exponent, window, fields, True, op, short_episodes
     )
     arrays = _outputs(plan, out, op)
     seed0, seed1 = _seed_words(rng, op)

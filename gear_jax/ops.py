@@ -79,6 +79,7 @@ def sample(
     window: int | None = None,
     after: Any = None,
     priority_update: tuple[Sample, Any] | None = None,
+    short_episodes: str = "pad",
 ) -> Sample:
     """Selects `batch_size` rows of `table`.
 
@@ -93,8 +94,12 @@ def sample(
         p_i^a / sum_j p_j^a, with replacement), "fifo" / "lifo" (the B oldest / newest rows),
         "topk" (the B highest priorities).
       priority_exponent: a >= 0 for "prioritized" (static).
-      window: for trajectory tables, the length of a time window placed uniformly inside each row
-        (`starts`); None for whole rows.
+      window: for trajectory tables, the length of a time window placed inside each row (`starts`),
+        never across the end of its episode; None for whole rows. Uniform picks of a table of padded
+        rows draw a row, then a start uniform among its windows; in a step ring every valid window of
+        the table is equally likely (every step equally likely to start one, as a slice sampler over
+        steps), so long episodes are picked in proportion to their windows. Other methods pick the row
+        by their rule, then a uniform start.
       after: any array (e.g. the result of `update_priorities`) this sample must run after.
       priority_update: (previous, priorities): first set the priorities of the rows of `previous` (a
         `Sample` of this table, typically the previous learner step's) to `priorities` (float[B']),
@@ -114,7 +119,7 @@ def sample(
     """
     table = _args.check_table(table, "sample")
     args, attrs, b, win = _sample_call(
-        table, key, batch_size, method, priority_exponent, window, after, "sample"
+        table, key, batch_size, method, priority_exponent, window, after, "sample", short_episodes
     )
     update = _check_priority_update(table, priority_update, "sample")
     _args.check_fits("sample", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
@@ -133,6 +138,7 @@ def _sample_call(
     window: Any,
     after: Any,
     op: str,
+    short_episodes: Any = "pad",
 ) -> tuple[tuple[jax.Array, jax.Array], dict[str, Any], int, int]:
     """The checked arguments and attributes of a sample custom call, the batch size and the window."""
     _args.check_batch_size(batch_size, op)
@@ -140,7 +146,7 @@ def _sample_call(
     exponent = _args.check_exponent(priority_exponent, op)
     win = _args.check_window(window, table.max_steps, op)
     attrs = {
-        "method": np.int32(METHODS[method]),
+        "method": np.int32(_args.method_word(table, method, win, short_episodes, op)),
         "priority_exponent": np.float32(exponent),
         "window": np.int32(win),
         **_attrs(table),
@@ -235,6 +241,7 @@ def sample_gather(
     window: int | None = None,
     after: Any = None,
     priority_update: tuple[Sample, Any] | None = None,
+    short_episodes: str = "pad",
 ) -> tuple[Sample, dict[str, jax.Array]]:
     """`sample` then `gather` of the picks, in one custom call on the CPU: the common learner step.
 
@@ -252,6 +259,7 @@ def sample_gather(
       window: as for `sample`.
       after: as for `sample`.
       priority_update: as for `sample`.
+      short_episodes: as for `sample`.
       fields: as for `gather`; the gather's window is the sample's (max_steps without one).
 
     Returns:
@@ -263,7 +271,7 @@ def sample_gather(
     """
     table = _args.check_table(table, "sample_gather")
     args, attrs, b, win = _sample_call(
-        table, key, batch_size, method, priority_exponent, window, after, "sample_gather"
+        table, key, batch_size, method, priority_exponent, window, after, "sample_gather", short_episodes
     )
     update = _check_priority_update(table, priority_update, "sample_gather")
     _args.check_fits("sample_gather", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)

@@ -114,8 +114,15 @@ class ShardedTable:
     shards). It is static in jitted code (hashable by identity), like `Table`.
     """
 
-    def __init__(self, spec: TableSpec, mesh: Mesh, axis: str, name: str, devices: Sequence[Any],
-                 shards: dict[int, Table]):
+    def __init__(
+        self,
+        spec: TableSpec,
+        mesh: Mesh,
+        axis: str,
+        name: str,
+        devices: Sequence[Any],
+        shards: dict[int, Table],
+    ):
         self.spec = spec
         self.mesh = mesh
         self.axis = axis
@@ -127,8 +134,15 @@ class ShardedTable:
     # -- creating and closing ---------------------------------------------------------------------
 
     @classmethod
-    def create(cls, spec: TableSpec, mesh: Mesh, axis: str = "replay", name: str | None = None,
-               pin: bool = True, reuse: bool = True) -> ShardedTable:
+    def create(
+        cls,
+        spec: TableSpec,
+        mesh: Mesh,
+        axis: str = "replay",
+        name: str | None = None,
+        pin: bool = True,
+        reuse: bool = True,
+    ) -> ShardedTable:
         """Creates this process's shards; call it on every process with the same spec and mesh.
 
         Args:
@@ -145,11 +159,13 @@ class ShardedTable:
             row ids would not fit in int32, or the spec or name differ across processes.
         """
         if not isinstance(spec, TableSpec):
-            raise InvalidArgumentError(f"ShardedTable.create: spec must be a gear_jax.TableSpec, got "
-                                       f"{type(spec).__name__}")
+            raise InvalidArgumentError(
+                f"ShardedTable.create: spec must be a gear_jax.TableSpec, got {type(spec).__name__}"
+            )
         if not isinstance(mesh, Mesh):
-            raise InvalidArgumentError(f"ShardedTable.create: mesh must be a jax.sharding.Mesh, got "
-                                       f"{type(mesh).__name__}")
+            raise InvalidArgumentError(
+                f"ShardedTable.create: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}"
+            )
         if axis not in mesh.axis_names:
             raise InvalidArgumentError(
                 f"ShardedTable.create: axis={axis!r} is not an axis of the mesh (its axes: "
@@ -369,8 +385,12 @@ def sample(
     if mode not in MODES:
         raise InvalidArgumentError(f"sharded.sample: mode={mode!r} is not one of {MODES}")
     num_shards = st.num_shards
-    if (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1
-            or batch_size % num_shards):
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, (int, np.integer))
+        or batch_size < 1
+        or batch_size % num_shards
+    ):
         raise InvalidArgumentError(
             f"sharded.sample: batch_size={batch_size!r} must be a positive multiple of the {num_shards} "
             f"shards (each device consumes batch_size / {num_shards} picks)"
@@ -384,13 +404,23 @@ def sample(
     # alone, which exponent 0 gives without a power per row.
     needs_total = mode == "global" and method in ("uniform", "prioritized")
     total, count = st._on_my_shard(
-        lambda t: ops.total_weight(t, exponent if needs_total else 0.0, after=after))
+        lambda t: ops.total_weight(t, exponent if needs_total else 0.0, after=after)
+    )
     selectable = lax.psum(count, st.axis)
 
     if mode == "local":
         shard_key = jax.random.fold_in(select_key, me)
-        smp = st._on_my_shard(lambda t: ops.sample(t, shard_key, per_device, method=method,
-                                                   priority_exponent=exponent, window=window, after=after))
+        smp = st._on_my_shard(
+            lambda t: ops.sample(
+                t,
+                shard_key,
+                per_device,
+                method=method,
+                priority_exponent=exponent,
+                window=window,
+                after=after,
+            )
+        )
         batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))
         result = ShardedSample(
             me * st.capacity + smp.indices,
@@ -405,8 +435,9 @@ def sample(
     if method in ORDERED_METHODS:
         owner, smp = _merge_ordered(st, window_key, int(batch_size), method, window, selectable, after)
     else:
-        owner, smp = _draw_global(st, select_key, window_key, int(batch_size), exponent, total, method,
-                                  window, after)
+        owner, smp = _draw_global(
+            st, select_key, window_key, int(batch_size), exponent, total, method, window, after
+        )
     mine = owner == me
     batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))
 
@@ -432,8 +463,9 @@ def sample(
     return result, {name: moved[f"field:{name}"] for name in batch}
 
 
-def _route(arrays: dict[str, jax.Array], my_owners: jax.Array, axis: str, num_shards: int,
-           per_device: int) -> dict[str, jax.Array]:
+def _route(
+    arrays: dict[str, jax.Array], my_owners: jax.Array, axis: str, num_shards: int, per_device: int
+) -> dict[str, jax.Array]:
     """Moves pick j of every array (leading axis B = S x per_device) to device j // per_device, taking
     it from shard my_owners[j] there: every array's bytes packed into one uint8 [B, bytes] buffer, so
     that one all_to_all moves them all (a collective costs milliseconds between processes)."""
@@ -453,7 +485,7 @@ def _route(arrays: dict[str, jax.Array], my_owners: jax.Array, axis: str, num_sh
     mine = blocks[my_owners, jnp.arange(per_device)]  # [per_device, bytes]
     out, offset = {}, 0
     for name, shape, dtype, width in layout:
-        raw = mine[:, offset:offset + width]
+        raw = mine[:, offset : offset + width]
         offset += width
         if dtype == jnp.bool_:
             value = raw != 0
@@ -465,9 +497,17 @@ def _route(arrays: dict[str, jax.Array], my_owners: jax.Array, axis: str, num_sh
     return out
 
 
-def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array, batch_size: int,
-                 exponent: float, total: jax.Array, method: str, window: int | None,
-                 after: Any) -> tuple[jax.Array, Sample]:
+def _draw_global(
+    st: ShardedTable,
+    select_key: jax.Array,
+    window_key: jax.Array,
+    batch_size: int,
+    exponent: float,
+    total: jax.Array,
+    method: str,
+    window: int | None,
+    after: Any,
+) -> tuple[jax.Array, Sample]:
     """Uniform and prioritized picks over every shard: (owner shard of each of the B picks, this
     shard's Sample of B slots, the failed-pick marker where another shard owns the pick). Probabilities
     are p_i^a / W over every shard."""
@@ -484,13 +524,15 @@ def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array,
     local_targets = jnp.where(mine, jnp.maximum(targets - starts_of_shards[me], 0.0), -1.0)
 
     def draw(t: Table) -> Sample:
-        return ops.sample_at(t, window_key, local_targets, priority_exponent=exponent, window=window,
-                             after=after)
+        return ops.sample_at(
+            t, window_key, local_targets, priority_exponent=exponent, window=window, after=after
+        )
 
     def every_shard_empty(t: Table) -> Sample:
         # Raises at run time with the single-table error: no shard holds a selectable row.
-        smp = ops.sample(t, window_key, batch_size, method=method, priority_exponent=exponent,
-                         window=window, after=after)
+        smp = ops.sample(
+            t, window_key, batch_size, method=method, priority_exponent=exponent, window=window, after=after
+        )
         return dataclasses.replace(smp, selectable=None)
 
     smp = lax.cond(whole > 0, lambda: st._on_my_shard(draw), lambda: st._on_my_shard(every_shard_empty))
@@ -498,8 +540,15 @@ def _draw_global(st: ShardedTable, select_key: jax.Array, window_key: jax.Array,
     return owner, dataclasses.replace(smp, probabilities=smp.probabilities * scale)
 
 
-def _merge_ordered(st: ShardedTable, window_key: jax.Array, batch_size: int, method: str,
-                   window: int | None, selectable: jax.Array, after: Any) -> tuple[jax.Array, Sample]:
+def _merge_ordered(
+    st: ShardedTable,
+    window_key: jax.Array,
+    batch_size: int,
+    method: str,
+    window: int | None,
+    selectable: jax.Array,
+    after: Any,
+) -> tuple[jax.Array, Sample]:
     """fifo, lifo and topk over every shard, decentralized: each shard's B best rows are its candidates;
     their order keys (8 bytes each) are all-gathered, and every device sorts the S x B keys the same way
     and keeps the B best. (owner shard of each pick, this shard's Sample of B slots as in _draw_global;
@@ -520,8 +569,9 @@ def _merge_ordered(st: ShardedTable, window_key: jax.Array, batch_size: int, met
         smp = ops.sample(t, window_key, batch_size, method=method, window=window, after=after)
         return dataclasses.replace(smp, selectable=None), jnp.full((batch_size, 2), 0xFFFFFFFF, jnp.uint32)
 
-    local, keys = lax.cond(selectable >= batch_size, lambda: st._on_my_shard(candidates),
-                           lambda: st._on_my_shard(too_few))
+    local, keys = lax.cond(
+        selectable >= batch_size, lambda: st._on_my_shard(candidates), lambda: st._on_my_shard(too_few)
+    )
     every = lax.all_gather(keys, st.axis)  # [S, B, 2]: low and high words, the same on every device
     low, high = every[..., 0].reshape(-1), every[..., 1].reshape(-1)
     shard = jnp.repeat(jnp.arange(num_shards, dtype=jnp.uint32), batch_size)
@@ -545,8 +595,9 @@ def _merge_ordered(st: ShardedTable, window_key: jax.Array, batch_size: int, met
     return owner, smp
 
 
-def update_priorities(table: ShardedTable, sample: ShardedSample, priorities: jax.Array,
-                      after: Any = None) -> jax.Array:
+def update_priorities(
+    table: ShardedTable, sample: ShardedSample, priorities: jax.Array, after: Any = None
+) -> jax.Array:
     """Inside `jax.shard_map` over `table.axis`: each device's B / S priorities reach the shards that
     own the rows. Stale updates (rows overwritten since the sample) are ignored, as on one table.
 
@@ -588,6 +639,7 @@ def importance_weights(table: ShardedTable, sample: ShardedSample, beta: float) 
     st = _check(table, "sharded.importance_weights")
     n = sample.selectable.astype(jnp.float32)
     held = sample.probabilities > 0
-    raw = jnp.where(held, (n * jnp.where(held, sample.probabilities, 1.0)) ** -jnp.asarray(beta, jnp.float32),
-                    0.0)
+    raw = jnp.where(
+        held, (n * jnp.where(held, sample.probabilities, 1.0)) ** -jnp.asarray(beta, jnp.float32), 0.0
+    )
     return raw / jnp.maximum(lax.pmax(jnp.max(raw), st.axis), jnp.finfo(jnp.float32).tiny)

@@ -138,11 +138,21 @@ class Field:
 class TableSpec:
     """The layout of a table: named fields, rows and steps per row.
 
+    Two kinds of trajectory table share one API. A table of padded rows reserves `max_steps` steps for
+    every row. A step ring (`step_capacity=N`) keeps the steps of every episode back to back in one
+    ring of N steps per field, with an index of `capacity` episodes: an episode holds exactly the steps
+    it has, and windows never cross from one episode into the next. When either the ring or the index
+    is full, the oldest episodes make room.
+
     Args:
       fields: mapping of field name to `Field`, in the order the columns are laid out.
-      capacity: rows in the table; when full, inserts overwrite the oldest rows.
-      max_steps: steps per row. 1 makes a transition table (one step per row, arrays `[B, *shape]`);
-        more makes a trajectory table (rows of up to `max_steps` steps, arrays `[B, T, *shape]`).
+      capacity: rows in the table (a step ring: episodes in its index); when full, inserts overwrite
+        the oldest rows.
+      max_steps: steps per row. 1 (the default without `step_capacity`) makes a transition table (one
+        step per row, arrays `[B, *shape]`); more makes a trajectory table (rows of up to `max_steps`
+        steps, arrays `[B, T, *shape]`). In a step ring: the longest episode it takes (default and at
+        most `step_capacity`).
+      step_capacity: None for padded rows; an int makes a step ring of that many steps per field.
 
     Raises:
       SpecError: for an empty or reserved field name, a bad shape or dtype, or a bad size.
@@ -150,7 +160,8 @@ class TableSpec:
 
     fields: Mapping[str, Field]
     capacity: int
-    max_steps: int = 1
+    max_steps: int | None = None
+    step_capacity: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.fields, Mapping) or not self.fields:
@@ -164,7 +175,15 @@ class TableSpec:
                 raise SpecError(f"field name {name!r} is reserved (gather returns the `valid` mask under it)")
             if not isinstance(field, Field):
                 raise SpecError(f"field {name!r} must be a gear_jax.Field, got {type(field).__name__}")
-        for attr, low, high in (("capacity", 1, 2**31 - 1), ("max_steps", 1, 2**31 - 1)):
+        checked = [("capacity", 1, 2**31 - 1)]
+        if self.step_capacity is not None:
+            checked.append(("step_capacity", 2, 2**48))
+            if self.max_steps is None:
+                object.__setattr__(self, "max_steps", min(int(self.step_capacity), 2**31 - 1))
+        elif self.max_steps is None:
+            object.__setattr__(self, "max_steps", 1)
+        checked.append(("max_steps", 1, 2**31 - 1))
+        for attr, low, high in checked:
             value = getattr(self, attr)
             if (
                 isinstance(value, bool)
@@ -172,25 +191,37 @@ class TableSpec:
                 or not low <= value <= high
             ):
                 raise SpecError(f"TableSpec {attr}={value!r} must be an int in [{low}, {high}]")
-        row_bytes = self.max_steps * sum(f.step_bytes for f in self.fields.values())
-        if int(self.capacity) * row_bytes > MAX_TABLE_BYTES:
+        step_bytes = sum(f.step_bytes for f in self.fields.values())
+        if self.step_capacity is not None:
+            if self.max_steps > self.step_capacity:
+                raise SpecError(
+                    f"TableSpec max_steps={self.max_steps} (the longest episode of a step ring) must be at "
+                    f"most step_capacity={self.step_capacity}; raise step_capacity or lower max_steps"
+                )
+            total, what = int(self.step_capacity) * step_bytes, "step_capacity"
+        else:
+            total, what = int(self.capacity) * self.max_steps * step_bytes, "capacity, max_steps"
+        if total > MAX_TABLE_BYTES:
             raise SpecError(
-                f"TableSpec of {int(self.capacity) * row_bytes} bytes is larger than gear_jax addresses "
-                f"({MAX_TABLE_BYTES} bytes); lower capacity, max_steps or the fields' sizes"
+                f"TableSpec of {total} bytes is larger than gear_jax addresses "
+                f"({MAX_TABLE_BYTES} bytes); lower {what} or the fields' sizes"
             )
         object.__setattr__(self, "fields", dict(self.fields))
         object.__setattr__(self, "capacity", int(self.capacity))
         object.__setattr__(self, "max_steps", int(self.max_steps))
+        if self.step_capacity is not None:
+            object.__setattr__(self, "step_capacity", int(self.step_capacity))
 
     @classmethod
     def from_example(
         cls,
         example: Mapping[str, Any],
         capacity: int,
-        max_steps: int = 1,
+        max_steps: int | None = None,
         *,
         batched: bool = False,
         narrow: bool = True,
+        step_capacity: int | None = None,
     ) -> TableSpec:
         """The spec whose fields have the shapes and dtypes of one example step.
 
@@ -209,6 +240,7 @@ class TableSpec:
           narrow: read 64-bit dtypes as 32-bit (float64 -> float32, int64 -> int32, uint64 -> uint32):
             gymnasium hands out int64 actions and float64 values, and JAX computes in 32 bits unless
             x64 is enabled. `narrow=False` keeps them.
+          step_capacity: steps of a step ring (see `TableSpec`); None for padded rows.
 
         Raises:
           SpecError: for a nested mapping, a string, object or otherwise unsupported value, a value
@@ -228,11 +260,17 @@ class TableSpec:
                     f"batched example has batch axes of different sizes ({sizes}); every value needs "
                     "the same leading batch axis, or pass one unbatched step with batched=False"
                 )
-        return cls(fields=fields, capacity=capacity, max_steps=max_steps)
+        return cls(fields=fields, capacity=capacity, max_steps=max_steps, step_capacity=step_capacity)
 
     @classmethod
     def from_spaces(
-        cls, spaces: Mapping[str, Any], capacity: int, max_steps: int = 1, *, narrow: bool = True
+        cls,
+        spaces: Mapping[str, Any],
+        capacity: int,
+        max_steps: int | None = None,
+        *,
+        narrow: bool = True,
+        step_capacity: int | None = None,
     ) -> TableSpec:
         """The spec of one field per gymnasium or gymnax space (see `Field.from_space`).
 
@@ -244,6 +282,7 @@ class TableSpec:
           spaces: mapping of field name to a space or a `Field` (kept as is), in column order.
           capacity: rows in the table.
           max_steps: steps per row (see `TableSpec`).
+          step_capacity: steps of a step ring (see `TableSpec`); None for padded rows.
           narrow: read 64-bit dtypes as 32-bit (gymnasium's Discrete is int64); `narrow=False` keeps them.
 
         Raises:
@@ -255,24 +294,29 @@ class TableSpec:
                 f"{type(spaces).__name__}"
             )
         fields = {name: _field_from_space(space, narrow, name) for name, space in spaces.items()}
-        return cls(fields=fields, capacity=capacity, max_steps=max_steps)
+        return cls(fields=fields, capacity=capacity, max_steps=max_steps, step_capacity=step_capacity)
 
     @property
     def is_trajectory(self) -> bool:
-        """True when rows hold more than one step (arrays carry a time axis)."""
-        return self.max_steps > 1
+        """True when rows hold more than one step (arrays carry a time axis); always for a step ring."""
+        return self.max_steps > 1 or self.step_ring
+
+    @property
+    def step_ring(self) -> bool:
+        """True for a step ring (`step_capacity` set): episodes back to back, no padding."""
+        return self.step_capacity is not None
 
     def to_json(self) -> str:
         """Canonical JSON of the spec; equal specs give equal strings."""
-        return json.dumps(
-            {
-                "format": SPEC_FORMAT,
-                "capacity": self.capacity,
-                "max_steps": self.max_steps,
-                "fields": [[n, list(f.shape), f.dtype.name] for n, f in self.fields.items()],
-            },
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "format": SPEC_FORMAT,
+            "capacity": self.capacity,
+            "max_steps": self.max_steps,
+            "fields": [[n, list(f.shape), f.dtype.name] for n, f in self.fields.items()],
+        }
+        if self.step_ring:  # only then: padded tables keep the JSON (and spec hash) they always had
+            data["step_capacity"] = self.step_capacity
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> TableSpec:
@@ -305,7 +349,12 @@ class TableSpec:
                     "expected a list of dimensions and a dtype name"
                 )
             fields[name] = _named(f"field {_clip(name)}", Field, tuple(shape), dtype)
-        return cls(fields=fields, capacity=data["capacity"], max_steps=data["max_steps"])
+        return cls(
+            fields=fields,
+            capacity=data["capacity"],
+            max_steps=data["max_steps"],
+            step_capacity=data.get("step_capacity"),
+        )
 
     @property
     def spec_hash(self) -> int:
@@ -318,7 +367,6 @@ class TableSpec:
 
     def __hash__(self) -> int:
         return self.spec_hash
-
 
 
 # Python values (bool, int, float and lists of them) give these dtypes whatever `narrow` says, by the

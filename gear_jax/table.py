@@ -107,9 +107,14 @@ class Table:
         self._columns: dict[str, np.ndarray] = {}
         for (name, field), (offset, row_stride, step_bytes) in zip(spec.fields.items(), layout["fields"]):
             inner = tuple(int(s) for s in np.empty(field.shape, field.dtype).strides)
-            self._columns[name] = column(
-                offset, field.dtype, (capacity, steps, *field.shape), (row_stride, step_bytes, *inner)
-            )
+            if spec.step_ring:  # the ring: [step_capacity, *shape]
+                shape, strides = (spec.step_capacity, *field.shape), (step_bytes, *inner)
+            else:
+                shape, strides = (capacity, steps, *field.shape), (row_stride, step_bytes, *inner)
+            self._columns[name] = column(offset, field.dtype, shape, strides)
+        self._first_step = (
+            column(layout["first_step"], np.uint64, (capacity,), (8,)) if spec.step_ring else None
+        )
         self._state = column(layout["state"], np.uint64, (capacity,), (8,))
         self._length = column(layout["length"], np.int32, (capacity,), (4,))
         self._insert_seq = column(layout["insert_seq"], np.uint64, (capacity,), (8,))
@@ -192,6 +197,7 @@ class Table:
                 bool(reuse),
                 outlive_creator=bool(outlive_creator),
                 rate_limiter=None if rate_limiter is None else rate_limiter.native_settings(),
+                step_capacity=spec.step_capacity or 0,
             )
         except GearJaxError:  # raised as gear_jax's own by the native module (xla_ffi/module.cc)
             raise
@@ -252,7 +258,7 @@ class Table:
         # drops its own so that a closed table lets go of its memory as soon as the caller's are gone.
         self._columns = {}
         self._row_writer = None
-        self._state = self._length = self._insert_seq = self._times_sampled = None
+        self._state = self._length = self._insert_seq = self._times_sampled = self._first_step = None
 
     def __enter__(self) -> Table:
         return self
@@ -352,7 +358,9 @@ class Table:
 
     @property
     def columns(self) -> Mapping[str, np.ndarray]:
-        """Live views of every field's column in shared memory, `[capacity, max_steps, *shape]` each.
+        """Live views of every field's column in shared memory, `[capacity, max_steps, *shape]` each (a
+        step ring: the ring, `[step_capacity, *shape]`; an episode's steps are at its `first_step`
+        modulo step_capacity).
 
         Reading them bypasses the row protocol (a row may be half written); writing them bypasses the
         seqlock. For inspection, checkpoints and tests; a learner reads through `gather`."""
@@ -362,15 +370,18 @@ class Table:
     @property
     def status_columns(self) -> Mapping[str, np.ndarray]:
         """Live views of the per-row status columns: `state` (uint64: generation << 32 | priority bits),
-        `length` (int32), `insert_seq` (uint64), `times_sampled` (uint32), each `[capacity]`. Same caveats
-        as `columns`; `row_status()` gives a decoded snapshot."""
+        `length` (int32), `insert_seq` (uint64), `times_sampled` (uint32), each `[capacity]`, and in a step
+        ring `first_step` (uint64: the sequence number of each episode's first step). Same caveats as
+        `columns`; `row_status()` gives a decoded snapshot."""
         self._live()
+        ring = {} if self._first_step is None else {"first_step": self._first_step}
         return types.MappingProxyType(
             {
                 "state": self._state,
                 "length": self._length,
                 "insert_seq": self._insert_seq,
                 "times_sampled": self._times_sampled,
+                **ring,
             }
         )
 
@@ -441,15 +452,18 @@ class Table:
         return self._native
 
     def row_status(self) -> dict[str, np.ndarray]:
-        """A snapshot of every row's status: generation, priority, length, insert_seq, times_sampled."""
+        """A snapshot of every row's status: generation, priority, length, insert_seq, times_sampled (and
+        first_step in a step ring)."""
         self._live()
         state = self._state.copy()
+        ring = {} if self._first_step is None else {"first_step": self._first_step.copy()}
         return {
             "generation": state_generation(state).astype(np.uint32),
             "priority": state_priority(state),
             "length": self._length.copy(),
             "insert_seq": self._insert_seq.copy(),
             "times_sampled": self._times_sampled.copy(),
+            **ring,
         }
 
     # -- writing --------------------------------------------------------------------------------
@@ -497,6 +511,9 @@ class Table:
         checked = self._batches.ready(batch)
         if checked is None:
             if isinstance(batch, Mapping) and _rows.holds_device_tensor(batch.values()):
+                if self._spec.step_ring:  # the ring's steps are claimed in native code, from host memory
+                    batch = {n: v.cpu() if _rows.is_device_tensor(v) else v for n, v in batch.items()}
+                    return self.insert(batch, priorities, lengths, timeout)
                 from gear_jax.torch import insert_tensors  # from the device straight into the rows
 
                 return insert_tensors(self, batch, priorities, lengths, timeout)
@@ -554,9 +571,7 @@ class Table:
             name: value[None] if _rows.is_device_tensor(value) else to_numpy(value, f"row[{name!r}]")[None]
             for name, value in row.items()
         }
-        return int(
-            self.insert(batch, priorities=[_rows.priority(priority)], timeout=timeout)[0]
-        )
+        return int(self.insert(batch, priorities=[_rows.priority(priority)], timeout=timeout)[0])
 
     def writer(self) -> EpisodeWriter:
         """A step-by-step writer of episodes into rows of this table (use as a context manager)."""

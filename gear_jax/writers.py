@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from gear_jax import _native, _rows
 from gear_jax.casting import StepConverter
 from gear_jax.errors import InvalidArgumentError, TableClosedError
@@ -44,6 +46,11 @@ class EpisodeWriter:
     The first `append` claims a row (odd generation: it is never sampled while being written); each
     step's arrays are copied straight into the table's memory; `end_episode` publishes the row with its
     length and priority. Leaving the `with` block (or `close()`) abandons an unfinished episode.
+
+    In a step ring the episode's steps are staged in native memory of this writer (no Python
+    accumulation) and `end_episode` claims exactly as many steps of the ring as the episode has, copies
+    them there and publishes the episode: nothing is in the table before, so a writer killed mid-episode
+    leaves nothing behind.
     """
 
     def __init__(self, table: Table):
@@ -69,6 +76,25 @@ class EpisodeWriter:
         """Steps appended to the current episode."""
         return self._steps
 
+    def _stage(self, step: Mapping[str, Any]) -> None:
+        """A step ring's `append`: the step is staged in the writer's native memory."""
+        table = self._table
+        if self._packer is None:
+            self._packer = row_writer(table.native, table.spec)
+        if type(step) is dict and self._packer.pack(step, table.casting == "strict"):
+            self._packer.stage_packed()
+        else:
+            spec = table.spec
+            host = {
+                n: v.cpu() if _rows.is_device_tensor(v) else v for n, v in step.items()
+            }  # device tensors: one copy to the host, checked and cast as host values
+            converted = self._convert(host, table.casting)
+            fields = spec.fields.values()
+            self._packer.stage_step(
+                [np.ascontiguousarray(np.asarray(v, f.dtype)) for v, f in zip(converted, fields)]
+            )
+        self._steps += 1
+
     def append(self, step: Mapping[str, Any]) -> None:
         """Appends one step: a mapping of every field name to a value of the field's shape, cast by the
         table's `casting` policy (`gear_jax.casting`), as `insert` casts.
@@ -87,6 +113,8 @@ class EpisodeWriter:
             raise InvalidArgumentError(
                 f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
             )
+        if spec.step_ring:
+            return self._stage(step)
         if type(step) is dict:  # the short path: checked and copied in one native call each
             if self._packer is None:
                 self._packer = row_writer(native, spec)
@@ -133,6 +161,15 @@ class EpisodeWriter:
             end_episode again, or close() to abandon it).
         """
         p = _rows.priority(priority)
+        if self._table.spec.step_ring:
+            if self._steps == 0:
+                raise InvalidArgumentError("end_episode() needs at least one append() first")
+            if timeout is not None:
+                timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
+            _live(self._table)
+            row = int(self._packer.commit_staged(p, timeout))  # a throw keeps the episode staged
+            self._steps = 0
+            return row
         if self._row is None:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
         if timeout is not None:
@@ -155,6 +192,8 @@ class EpisodeWriter:
         """Abandons an unfinished episode (the row becomes empty again), even after the table's
         close(): other processes may still be using the table."""
         _abandon_held(self._table.native, self._held)
+        if self._packer is not None and self._table.spec.step_ring:
+            self._packer.drop_staged()
         self._steps = 0
 
     def __enter__(self) -> EpisodeWriter:
@@ -202,5 +241,3 @@ def _abandon_held(native: Any, held: list[int | None]) -> None:
     row, held[0] = held[0], None
     if row is not None:
         native.abandon(row)
-
-

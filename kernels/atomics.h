@@ -78,4 +78,13 @@ inline void RaiseMaxPriority(const TableView& t, float priority) {
   }
 }
 
+// Raises the table's longest published row so far to `length` if it is longer (as RaiseMaxPriority).
+inline void RaiseLongest(const TableView& t, int32_t length) {
+  if (t.longest == nullptr) return;
+  int32_t current = __atomic_load_n(t.longest, __ATOMIC_RELAXED);
+  while (length > current &&
+         !__atomic_compare_exchange_n(t.longest, &current, length, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
 }  // namespace gear

@@ -24,21 +24,29 @@ constexpr int64_t kMinPrefetchRows = 4;
 constexpr int64_t kMaxPrefetchRows = 16;
 constexpr int64_t kPrefetchBytes = 2048;  // per field and row; the hardware prefetcher streams the rest
 
-const uint8_t* RowStart(const FieldView& field, int64_t row, int64_t start) {
-  return field.data + row * field.row_stride + start * field.step_bytes;
+// Where the window of `row` from step `start` begins in `field` (a step ring: as the row's first step
+// reads now, a guess good enough for a prefetch).
+const uint8_t* RowStart(const TableView& t, const FieldView& field, int64_t row, int64_t start) {
+  int64_t head = 0;
+  const uint64_t first = t.step_capacity > 0 ? LoadRelaxed(&t.first_step[row]) : 0;
+  return StepSource(t, field, row, first, start, 1, &head);
 }
 
 void PrefetchFirstLines(const TableView& t, const GatherRequest& r, int64_t row, int64_t start) {
   __builtin_prefetch(&t.state[row]);
   __builtin_prefetch(&t.length[row]);
+  if (t.step_capacity > 0) {  // the ring's steps wait on the row's first step: fetched in PrefetchRest
+    __builtin_prefetch(&t.first_step[row]);
+    return;
+  }
   for (int32_t f = 0; f < r.num_fields; ++f)
-    __builtin_prefetch(RowStart(t.fields[r.field_ids[f]], row, start));
+    __builtin_prefetch(RowStart(t, t.fields[r.field_ids[f]], row, start));
 }
 
 void PrefetchRest(const TableView& t, const GatherRequest& r, int64_t row, int64_t start) {
   for (int32_t f = 0; f < r.num_fields; ++f) {
     const FieldView& field = t.fields[r.field_ids[f]];
-    const uint8_t* src = RowStart(field, row, start);
+    const uint8_t* src = RowStart(t, field, row, start);
     const int64_t bytes = std::min<int64_t>(r.window * field.step_bytes, kPrefetchBytes);
     for (int64_t offset = 64; offset < bytes; offset += 64) __builtin_prefetch(src + offset);
   }
@@ -84,17 +92,23 @@ void GatherRange(const TableView& t, const int32_t* indices, const uint32_t* gen
     const uint64_t before = LoadAcquire(&t.state[row]);
     bool ok = StateGeneration(before) == generation && (generation & 1u) == 0;
     int64_t steps = 0;
+    uint64_t first_step = 0;
     if (ok) {
       const int32_t length = LoadRelaxed(&t.length[row]);
       ok = LengthInRange(length, t.max_steps);  // else a damaged file: the row is invalid, nothing read
       steps = ok ? std::clamp<int64_t>(length - starts[i], 0, window) : 0;
+      if (t.step_capacity > 0) first_step = LoadRelaxed(&t.first_step[row]);
     }
     for (int32_t f = 0; f < r.num_fields; ++f) {
       const FieldView& field = t.fields[r.field_ids[f]];
       uint8_t* dst = out.fields[f] + i * window * field.step_bytes;
-      const uint8_t* src = RowStart(field, row, starts[i]);
+      int64_t head = 0;
+      const uint8_t* src = StepSource(t, field, row, first_step, starts[i], steps, &head);
       const int64_t copied = steps * field.step_bytes;
-      if (copied > 0) std::memcpy(dst, src, static_cast<size_t>(copied));
+      if (head > 0) std::memcpy(dst, src, static_cast<size_t>(head * field.step_bytes));
+      if (steps > head) {  // the window wraps the ring's end
+        std::memcpy(dst + head * field.step_bytes, field.data, static_cast<size_t>((steps - head) * field.step_bytes));
+      }
       std::memset(dst + copied, 0, static_cast<size_t>(window * field.step_bytes - copied));
     }
     FenceAcquire();

@@ -15,15 +15,24 @@ namespace {
 
 KernelStatus Empty() { return KernelError(ErrorSite::kSampleEmpty); }
 
+// `start`: the window's start where the caller drew it (uniform picks), -1 to draw it here.
 void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
-            uint64_t state, float probability) {
+            uint64_t state, float probability, int32_t start = -1) {
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = StateGeneration(state);
   out.probabilities[pick] = probability;
-  out.starts[pick] = r.window > 0 ? WindowStart(LoadRelaxed(&t.length[row]), r.window, r.seed0, r.seed1,
-                                                static_cast<uint32_t>(pick))
-                                  : 0;
+  if (start < 0) {
+    start = r.window > 0 ? WindowStart(LoadRelaxed(&t.length[row]), r.window, r.seed0, r.seed1,
+                                       static_cast<uint32_t>(pick))
+                         : 0;
+  }
+  out.starts[pick] = start;
   FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
+}
+
+// Whether a row is long enough for the request (skip_short: at least its window).
+bool LongEnough(const TableView& t, const SampleRequest& r, int64_t row) {
+  return !r.skip_short || LoadRelaxed(&t.length[row]) >= r.window;
 }
 
 // Uniform picks of a large batch are shared out over the threads in ranges of this many picks. A pick
@@ -36,6 +45,9 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
                            const ParallelFor& parallel) {
   const int64_t claimed = ClaimedRows(t);
   if (claimed == 0) return Empty();
+  const bool windowed = r.window > 0 && (r.skip_short || r.uniform_starts);
+  // The longest row bounds every row's count of windows (a view without the word: max_steps does).
+  const int32_t longest = t.longest != nullptr ? LoadRelaxed(t.longest) : t.max_steps;
   auto candidate = [&](uint32_t pick, int attempt) {
     double u = UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
     return std::min<int64_t>(static_cast<int64_t>(u * claimed), claimed - 1);
@@ -57,29 +69,56 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
       for (int attempt = 0; attempt < kUniformAttempts; ++attempt) {
         const int64_t c = attempt == 0 ? first[i - begin] : candidate(static_cast<uint32_t>(i), attempt);
         const uint64_t s = LoadAcquire(&t.state[c]);
-        if (StateSelectable(s) && LengthUsable(t, c)) {
+        if (!StateSelectable(s) || !LengthUsable(t, c)) continue;
+        if (!windowed) {
           Record(t, r, out, i, c, s, 0.0f);
+          break;
+        }
+        int32_t start = 0;
+        if (KeepWindow(LoadRelaxed(&t.length[c]), r.window, r.skip_short, r.uniform_starts, longest, r.seed0,
+                       r.seed1, static_cast<uint32_t>(i), static_cast<uint32_t>(attempt), &start)) {
+          Record(t, r, out, i, c, s, 0.0f, start);
           break;
         }
       }
     }
   });
-  // The exact fallback for the picks rejection did not place: one scan of the selectable rows.
-  std::vector<std::pair<int64_t, uint64_t>> selectable;
+  // The exact fallback for the picks rejection did not place: one scan of the selectable rows, each
+  // weighed by its count of windows (1 without a window, or without uniform_starts where it has any).
+  struct Weighed {
+    int64_t row;
+    uint64_t state;
+    int64_t before;  // the weights of the rows before it
+  };
+  std::vector<Weighed> selectable;
+  int64_t total = 0;
   bool scanned = false;
   for (int64_t i = 0; i < r.batch_size; ++i) {
     if (out.indices[i] >= 0) continue;
     if (!scanned) {
       for (int64_t k = 0; k < claimed; ++k) {
         uint64_t s = LoadAcquire(&t.state[k]);
-        if (StateSelectable(s) && LengthUsable(t, k)) selectable.emplace_back(k, s);
+        if (!StateSelectable(s) || !LengthUsable(t, k)) continue;
+        int64_t weight = 1;
+        if (windowed) {
+          weight = WindowCount(LoadRelaxed(&t.length[k]), r.window, r.skip_short);
+          if (weight == 0) continue;
+          if (!r.uniform_starts) weight = 1;
+        }
+        selectable.push_back({k, s, total});
+        total += weight;
       }
       scanned = true;
     }
     if (selectable.empty()) return Empty();
     double u = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kFallback);
-    size_t k = std::min(static_cast<size_t>(u * selectable.size()), selectable.size() - 1);
-    Record(t, r, out, i, selectable[k].first, selectable[k].second, 0.0f);
+    const int64_t rank = std::min(static_cast<int64_t>(u * static_cast<double>(total)), total - 1);
+    // The last row whose weights begin at or before the rank.
+    const auto it = std::upper_bound(selectable.begin(), selectable.end(), rank,
+                                     [](int64_t value, const Weighed& w) { return value < w.before; });
+    const Weighed& chosen = *(it - 1);
+    Record(t, r, out, i, chosen.row, chosen.state, 0.0f,
+           windowed && r.uniform_starts ? static_cast<int32_t>(rank - chosen.before) : -1);
   }
   int64_t count = scanned ? static_cast<int64_t>(selectable.size()) : LoadRelaxed(t.selectable);
   float probability = 1.0f / static_cast<float>(std::max<int64_t>(count, 1));
@@ -121,10 +160,10 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
     // Behind the threshold, `best` already holds batch_size rows: the count (which only decides the
     // errors) needs no length. A row that would enter `best` must have a length in range.
     if (have_threshold && !better(c, threshold)) {
-      ++count;
+      count += LongEnough(t, r, k);
       continue;
     }
-    if (!LengthUsable(t, k)) continue;
+    if (!LengthUsable(t, k) || !LongEnough(t, r, k)) continue;
     ++count;
     best.push_back(c);
     if (best.size() == 4 * keep) prune();
@@ -156,6 +195,7 @@ KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request,
   if (out.selectable != nullptr) *out.selectable = SelectableCount(LoadRelaxed(table.selectable));
   switch (request.method) {
     case SampleMethod::kPrioritized:
+      if (request.skip_short && request.window > 0) break;  // refused (gear_jax.sample says why)
       if (tree != nullptr) return SampleIndexedCpu(table, *tree, request, out, parallel);
       break;
     case SampleMethod::kFifo:

@@ -16,7 +16,9 @@
 // Where `order_keys` is given, each pick's OrderKey (selection.h) is written there, kNoCandidate for a
 // failed pick: the sharded layer merges the shards' candidates by these keys.
 // `window` > 0 places a window of that many steps inside each picked row, its start uniform over the
-// max(length - window, 0) + 1 possible starts.
+// max(length - window, 0) + 1 possible starts. `skip_short` leaves rows shorter than the window out of
+// every method (prioritized: refused); `uniform_starts` makes uniform picks uniform over every valid
+// (row, start) pair (KeepWindow in selection.h; the fallback scan weighs rows by WindowCount).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,12 @@ inline constexpr SampleMethodName kSampleMethods[] = {{SampleMethod::kUniform, "
                                                       {SampleMethod::kTopK, "topk"}};
 bool IsSampleMethod(int32_t method);
 
+// The `method` word of the selection calls: the SampleMethod in its low byte, and the window law's
+// flags (SampleRequest::skip_short, uniform_starts) above it. Python learns them from the native module.
+inline constexpr int32_t kMethodMask = 0xff;
+inline constexpr int32_t kSkipShortFlag = 1 << 8;
+inline constexpr int32_t kUniformStartsFlag = 1 << 9;
+
 // Rows [0, ClaimedRows(table)) had been claimed by a writer at the time of the call: the range every
 // selection looks at (rows claimed later hold no committed data yet).
 int64_t ClaimedRows(const TableView& table);
@@ -52,6 +60,11 @@ struct SampleRequest {
   uint32_t seed0 = 0, seed1 = 0;
   int64_t batch_size = 0;
   bool partial = false;  // fifo/lifo/topk: markers for the picks past the selectable rows, no error
+  // With a window: rows shorter than it are never picked (else they are, padded); and uniform picks
+  // take every valid window of the table with the same probability (rows weighted by their count of
+  // window starts, WindowCount in selection.h) rather than every row. Step rings sample this way.
+  bool skip_short = false;
+  bool uniform_starts = false;
   // CPU, uniform: where not null, the first line of each first candidate's row in this field is fetched
   // with the candidate's status, so that a gather of the picks that follows finds its rows coming
   // (sample_gather of rows without windows).

@@ -64,4 +64,36 @@ GEAR_HD int32_t WindowStart(int32_t length, int32_t window, uint32_t seed0, uint
   return static_cast<int32_t>(start < choices - 1 ? start : choices - 1);
 }
 
+// Windows of step-ring tables (and of any trajectory table under short_episodes="skip"): how many
+// windows of `window` steps a row of `length` steps offers. Rows shorter than the window offer none
+// when they are skipped, one (padded and masked) otherwise.
+GEAR_HD int64_t WindowCount(int32_t length, int32_t window, bool skip_short) {
+  if (window <= 0) return 1;
+  const int64_t starts = int64_t{length} - window + 1;
+  return starts > 0 ? starts : (skip_short ? 0 : 1);
+}
+
+// Rejection step of uniform picks with a window: whether candidate draw `attempt` of pick `pick`, a
+// selectable row of `length` steps, is kept, and its window's start. With `uniform_starts` (every valid
+// window of the table equally likely, rows weighted by WindowCount) the start is drawn uniform in
+// [0, longest) and kept when it is a valid start of the row: for `longest` >= every row's count, each
+// (row, start) pair is kept with the same probability. Otherwise the row is kept when it offers a window
+// and the start is WindowStart's.
+GEAR_HD bool KeepWindow(int32_t length, int32_t window, bool skip_short, bool uniform_starts, int32_t longest,
+                        uint32_t seed0, uint32_t seed1, uint32_t pick, uint32_t attempt, int32_t* start) {
+  const int64_t count = WindowCount(length, window, skip_short);
+  if (count == 0) return false;
+  if (!uniform_starts || window <= 0) {
+    *start = WindowStart(length, window, seed0, seed1, pick);
+    return true;
+  }
+  const int64_t bound = longest > count ? longest : count;
+  const double u = UniformDouble(seed0, seed1, pick, attempt, Draw::kWindowStart);
+  int64_t drawn = static_cast<int64_t>(u * static_cast<double>(bound));
+  if (drawn > bound - 1) drawn = bound - 1;
+  if (drawn >= count) return false;
+  *start = static_cast<int32_t>(drawn);
+  return true;
+}
+
 }  // namespace gear

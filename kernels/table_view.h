@@ -30,8 +30,8 @@ inline constexpr int kMaxFields = 64;
 enum class SampleMethod : int32_t { kUniform = 0, kPrioritized = 1, kFifo = 2, kLifo = 3, kTopK = 4 };
 
 struct FieldView {
-  uint8_t* data;       // first byte of row 0, step 0
-  int64_t row_stride;  // bytes between rows (>= max_steps * step_bytes, 16-byte multiple)
+  uint8_t* data;       // first byte of row 0, step 0 (a step ring: of ring slot 0)
+  int64_t row_stride;  // bytes between rows (>= max_steps * step_bytes, 16-byte multiple); 0 in a step ring
   int64_t step_bytes;  // bytes of one step of this field
 };
 
@@ -52,8 +52,31 @@ struct TableView {
   // on a device with native host atomics; false for pinned host memory over PCIe, where a GPU atomic is
   // not atomic against the CPU's and compute-sanitizer reports it as an invalid system-scoped atomic.
   bool read_modify_write_atomics = true;
+  // Step-ring tables (step_capacity > 0): the steps of every episode lie back to back in one ring of
+  // step_capacity steps per field, and a row is an episode of the index: first_step[row] is the 64-bit
+  // sequence number of its first step, whose slot in the ring is the number modulo step_capacity (so an
+  // episode may wrap the ring's end). 0 and null for tables of padded rows.
+  int64_t step_capacity = 0;
+  uint64_t* first_step = nullptr;        // [capacity]
+  int32_t* longest = nullptr;  // the longest row (episode) published so far (only raised: RaiseLongest)
   FieldView fields[kMaxFields];
 };
+
+// Where `steps` steps of a field start at step `start` of `row` (first_step: the row's first step, read
+// inside the row's seqlock; ignored for padded rows): the first `*first_steps` of them at `*first`, the
+// rest at the start of the ring (a window that wraps the ring's end comes in two pieces).
+GEAR_HD const uint8_t* StepSource(const TableView& t, const FieldView& field, int64_t row, uint64_t first_step,
+                                  int64_t start, int64_t steps, int64_t* first_steps) {
+  if (t.step_capacity == 0) {
+    *first_steps = steps;
+    return field.data + row * field.row_stride + start * field.step_bytes;
+  }
+  const uint64_t ring = static_cast<uint64_t>(t.step_capacity);
+  const int64_t slot = static_cast<int64_t>((first_step + static_cast<uint64_t>(start)) % ring);
+  const int64_t to_end = t.step_capacity - slot;
+  *first_steps = steps < to_end ? steps : to_end;
+  return field.data + slot * field.step_bytes;
+}
 
 // Change counters: which rows' state words changed, for the processes that keep an index over the
 // priorities (priority_index.h) and must find what changed since they last looked without reading every

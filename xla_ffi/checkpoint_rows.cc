@@ -27,6 +27,7 @@ int64_t PublishRestoredRows(const TableView& view, int64_t start, const uint64_t
     } else {
       NoteRowChanged(view, start + i);
       if (StateSelectable(states[i])) RaiseMaxPriority(view, StatePriority(states[i]));
+      RaiseLongest(view, LoadRelaxed(&view.length[start + i]));
     }
   }
   return taken;

@@ -56,13 +56,21 @@ ffi::Error CheckSeedExponentWindow(const char* op, size_t seed_words, float prio
 
 ffi::Error CheckSelection(const char* op, int32_t method, float priority_exponent, int32_t window,
                           SampleRequest* request) {
-  if (!IsSampleMethod(method)) {
+  const int32_t flags = method & ~kMethodMask;
+  if (!IsSampleMethod(method & kMethodMask) || (flags & ~(kSkipShortFlag | kUniformStartsFlag)) != 0) {
     return OpError(ffi::ErrorCode::kInvalidArgument, op, "unknown sampling method " + std::to_string(method));
   }
   if (ffi::Error error = CheckSeedExponentWindow(op, 2, priority_exponent, window); error.failure()) {
     return error;
   }
-  request->method = static_cast<SampleMethod>(method);
+  request->method = static_cast<SampleMethod>(method & kMethodMask);
+  request->skip_short = (flags & kSkipShortFlag) != 0;
+  request->uniform_starts = (flags & kUniformStartsFlag) != 0;
+  if (request->skip_short && window > 0 && request->method == SampleMethod::kPrioritized) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, op,
+                   "prioritized windows pad short episodes (give episodes shorter than the window priority 0 "
+                   "to leave them out)");
+  }
   request->priority_exponent = priority_exponent;
   request->window = window;
   return ffi::Error::Success();

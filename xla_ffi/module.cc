@@ -132,6 +132,8 @@ py::dict Layout(OpenTable& self) {
   layout["times_sampled"] = h->times_sampled_offset;
   layout["writer_pid"] = h->writer_pid_offset;
   layout["change_counts"] = h->change_counts_offset;
+  layout["step_capacity"] = h->step_capacity;
+  layout["first_step"] = h->first_step_offset;
   py::list fields;
   for (int f = 0; f < h->num_fields; ++f) {
     fields.append(py::make_tuple(h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes));
@@ -252,6 +254,9 @@ PYBIND11_MODULE(_native, m) {
     return out;
   });
   m.attr("with_cuda") = py::bool_(GEAR_JAX_WITH_CUDA);
+  // The window law's flags in the selection calls' method word (kernels/sample.h).
+  m.attr("SKIP_SHORT_FLAG") = gear::kSkipShortFlag;
+  m.attr("UNIFORM_STARTS_FLAG") = gear::kUniformStartsFlag;
   m.def(
       "sample_methods",
       [] {
@@ -370,19 +375,20 @@ PYBIND11_MODULE(_native, m) {
           [](const std::string& name, int64_t capacity, int32_t max_steps,
              const std::vector<int64_t>& step_bytes, const std::string& spec_json, uint64_t spec_hash,
              bool pin, bool reuse, bool outlive_creator,
-             const std::optional<std::tuple<int64_t, double, double>>& rate_limiter) {
+             const std::optional<std::tuple<int64_t, double, double>>& rate_limiter, int64_t step_capacity) {
             gear::RateLimiterState limiter{};  // disabled
             if (rate_limiter) {
               const auto& [min_size_to_sample, samples_per_insert, error_buffer] = *rate_limiter;
               limiter = gear::MakeRateLimiter(min_size_to_sample, samples_per_insert, error_buffer, capacity);
             }
             return gear::CreateTable(name, capacity, max_steps, step_bytes, spec_json, spec_hash, pin, reuse,
-                                     outlive_creator, limiter);
+                                     outlive_creator, limiter, step_capacity);
           },
           py::arg("name"), py::arg("capacity"), py::arg("max_steps"), py::arg("step_bytes"),
           py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"), py::arg("reuse"),
-          py::arg("outlive_creator") = false, py::arg("rate_limiter") = py::none(),
-          "rate_limiter: (min_size_to_sample, samples_per_insert or 0, error_buffer), or None for none")
+          py::arg("outlive_creator") = false, py::arg("rate_limiter") = py::none(), py::arg("step_capacity") = 0,
+          "rate_limiter: (min_size_to_sample, samples_per_insert or 0, error_buffer), or None for none; "
+          "step_capacity > 0: a step ring of that many steps (max_steps: the longest episode)")
       .def_static("attach", &gear::AttachTable, py::arg("name"), py::arg("pin"))
       .def(
           "mapping", [](OpenTable& self) { return TableMapping{self.ref()}; },
@@ -489,5 +495,10 @@ PYBIND11_MODULE(_native, m) {
       .def("pack", &gear::RowWriter::Pack, py::arg("step"), py::arg("strict"))
       .def("write_packed", &gear::RowWriter::WritePacked, py::arg("row"), py::arg("step"))
       .def("add", &gear::RowWriter::Add, py::arg("row"), py::arg("strict"), py::arg("priority"),
-           py::arg("timeout") = py::none());
+           py::arg("timeout") = py::none())
+      .def("stage_packed", &gear::RowWriter::StagePacked)
+      .def("stage_step", &gear::RowWriter::StageStep, py::arg("values"))
+      .def_property_readonly("staged_steps", &gear::RowWriter::staged_steps)
+      .def("commit_staged", &gear::RowWriter::CommitStaged, py::arg("priority"), py::arg("timeout") = py::none())
+      .def("drop_staged", &gear::RowWriter::DropStaged);
 }

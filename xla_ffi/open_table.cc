@@ -118,8 +118,8 @@ void OpenTable::AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double 
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
                                        uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator,
-                                       const RateLimiterState& rate_limiter) {
-  TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json);
+                                       const RateLimiterState& rate_limiter, int64_t step_capacity) {
+  TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json, step_capacity);
   plan.layout.persistent = outlive_creator ? 1u : 0u;
   plan.layout.rate_limiter = rate_limiter;  // written with the header, before its magic (WriteHeader)
   // First the tables whose processes are all gone (dead_tables.h; at most once a second).

@@ -72,7 +72,8 @@ class OpenTable {
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
                                        uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator,
-                                       const RateLimiterState& rate_limiter = RateLimiterState{});
+                                       const RateLimiterState& rate_limiter = RateLimiterState{},
+                                       int64_t step_capacity = 0);
 
 // Attaches to the table `name` created by another open (of any process on the host).
 std::unique_ptr<OpenTable> AttachTable(const std::string& name, bool pin);

@@ -32,6 +32,10 @@ namespace gear {
 // "Counters").
 
 int64_t SharedTable::Claim() {
+  if (step_ring()) {
+    throw std::invalid_argument("table '" + name_ +
+                                "' is a step ring: it takes whole episodes (insert, or a writer's end_episode)");
+  }
   bool reclaimed = false;
   int32_t row = 0;
   uint64_t held = 0;
@@ -63,12 +67,6 @@ int64_t SharedTable::Claim() {
 // still count the chunk's rows that were counted before (they are exact again when the window closes,
 // which is all a recount needs). The change counters of a group are raised once
 // per chunk and phase, after every state change of the phase (level 0, then 1, then 2).
-namespace {
-
-constexpr int64_t kInsertChunk = 256;
-
-}  // namespace
-
 bool SharedTable::TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, bool* reclaimed) {
   TableHeader* h = header();
   int32_t* owner = owners();
@@ -122,26 +120,31 @@ int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool
   return got;
 }
 
-void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                              int32_t length, const float* priorities, CountedOut counted,
-                              InsertReservation* reserved) {
+int64_t SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
+                                 int32_t length, const float* priorities, CountedOut counted,
+                                 InsertReservation* reserved, int64_t* lost_positions) {
   TableHeader* h = header();
   const uint64_t first_seq = FetchAdd<uint64_t>(&h->commit_seq, static_cast<uint64_t>(n)) + 1;
   int32_t published[kInsertChunk];
-  int64_t done = 0, selectable = 0, lost = -1;
+  int64_t done = 0, selectable = 0, lost = -1, lost_count = 0;
   float max_priority = 0.0f;
+  int32_t longest = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = rows[i];
     const float priority = priorities != nullptr ? priorities[i] : 1.0f;
+    const int32_t row_length = lengths != nullptr ? lengths[i] : length;
     StoreRelaxed(&view_.insert_seq[row], first_seq + static_cast<uint64_t>(i));
-    StoreRelaxed(&view_.length[row], lengths != nullptr ? lengths[i] : length);
+    StoreRelaxed(&view_.length[row], row_length);
     // Publish (release: every byte of the row before the even generation), only if the row is still the
     // one this writer claimed.
     uint64_t expected = held[i];
     if (!Cas(&view_.state[row], &expected, MakeState(StateGeneration(held[i]) + 1, priority))) {
       if (lost < 0) lost = row;
+      if (lost_positions != nullptr) lost_positions[lost_count] = i;
+      ++lost_count;
       continue;
     }
+    longest = std::max(longest, row_length);
     published[done++] = static_cast<int32_t>(row);
     selectable += priority > 0.0f;
     max_priority = std::max(max_priority, priority);
@@ -160,7 +163,9 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
   // Given back only now (release: a claimer that reads 0 sees the publication): until here, a death
   // leaves the row to a reclaimer.
   for (int64_t i = 0; i < done; ++i) __atomic_store_n(&owners()[published[i]], 0, __ATOMIC_RELEASE);
-  if (lost >= 0) throw std::runtime_error(NotHeld(lost));
+  RaiseLongest(view_, longest);
+  if (lost >= 0 && lost_positions == nullptr) throw std::runtime_error(NotHeld(lost));
+  return lost_count;
 }
 
 void SharedTable::Populate(const uint8_t* from, const uint8_t* to) {
@@ -265,7 +270,16 @@ void SharedTable::CopyRows(const std::vector<const uint8_t*>& field_data, int64_
 void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
                          const int32_t* lengths, const float* priorities, int32_t* rows,
                          InsertReservation* reserved) {
+  if (step_ring() && steps > view_.max_steps && lengths == nullptr) {
+    throw std::invalid_argument("episodes of " + std::to_string(steps) + " steps are longer than max_steps=" +
+                                std::to_string(view_.max_steps) + " of table '" + name_ + "'");
+  }
   for (int64_t b = 0; b < batch; ++b) {  // validate everything before claiming anything
+    if (lengths != nullptr && step_ring() && lengths[b] > view_.max_steps) {
+      throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
+                                  " is longer than max_steps=" + std::to_string(view_.max_steps) +
+                                  " of table '" + name_ + "' (the longest episode it takes; at most step_capacity)");
+    }
     if (lengths != nullptr && (lengths[b] < 1 || lengths[b] > steps)) {
       throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
                                   " is outside [1, " + std::to_string(steps) + "]");
@@ -275,6 +289,7 @@ void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t 
                                   " must be finite and >= 0");
     }
   }
+  if (step_ring()) return InsertEpisodes(field_data, batch, steps, lengths, priorities, rows, reserved);
   // A chunk holds at most an eighth of the ring, so that writers filling a small table together still
   // find free rows.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(kInsertChunk, view_.capacity / 8));

@@ -162,6 +162,61 @@ RowWriter::RowWriter(py::object table, std::vector<std::string> names, std::vect
   buffer_held_.assign(types_.size(), false);
 }
 
+void RowWriter::CheckStageRoom() {
+  const TableView& view = table_->table().view();
+  if (staged_steps_ >= view.max_steps) {
+    Release();
+    throw std::length_error("the episode already has max_steps=" + std::to_string(view.max_steps) +
+                            " steps; call end_episode() first");
+  }
+  if (episode_.size() != types_.size()) episode_.resize(types_.size());
+}
+
+void RowWriter::StagePacked() {
+  if (!packed_) throw std::logic_error("RowWriter.stage_packed without a packed step");
+  CheckStageRoom();
+  for (size_t f = 0; f < types_.size(); ++f) {
+    episode_[f].insert(episode_[f].end(), source_[f], source_[f] + step_bytes_[f]);
+  }
+  ++staged_steps_;
+  Release();
+}
+
+void RowWriter::StageStep(const std::vector<py::buffer>& values) {
+  if (values.size() != types_.size()) throw std::invalid_argument("stage_step needs one value per field");
+  std::vector<py::buffer_info> infos;
+  for (size_t f = 0; f < types_.size(); ++f) {
+    infos.push_back(values[f].request());
+    const py::buffer_info& info = infos.back();
+    const bool contiguous = PyBuffer_IsContiguous(info.view(), 'C') != 0;
+    if (!contiguous || info.size * info.itemsize != step_bytes_[f]) {
+      throw std::invalid_argument("stage_step: the value of field " + std::to_string(f) +
+                                  " is not one C-contiguous step of " + std::to_string(step_bytes_[f]) + " bytes");
+    }
+  }
+  CheckStageRoom();
+  for (size_t f = 0; f < types_.size(); ++f) {
+    const auto* data = static_cast<const uint8_t*>(infos[f].ptr);
+    episode_[f].insert(episode_[f].end(), data, data + step_bytes_[f]);
+  }
+  ++staged_steps_;
+}
+
+int64_t RowWriter::CommitStaged(float priority, std::optional<double> timeout) {
+  if (staged_steps_ < 1) throw std::invalid_argument("end_episode() needs at least one append() first");
+  std::vector<const uint8_t*> data(types_.size());
+  for (size_t f = 0; f < types_.size(); ++f) data[f] = episode_[f].data();
+  int32_t row = -1;
+  InsertAdmitted(*table_, data, 1, staged_steps_, nullptr, &priority, &row, timeout, /*admit=*/true);
+  DropStaged();
+  return row;
+}
+
+void RowWriter::DropStaged() {
+  for (std::vector<uint8_t>& steps : episode_) steps.clear();
+  staged_steps_ = 0;
+}
+
 void RowWriter::Release() {
   for (size_t f = 0; f < buffers_.size(); ++f) {
     if (buffer_held_[f]) PyBuffer_Release(&buffers_[f]);
@@ -237,6 +292,11 @@ int64_t RowWriter::Add(py::handle row, bool strict, double priority, std::option
   if (table_->closed()) return -2;
   if (!std::isfinite(priority) || priority < 0 || priority > FLT_MAX) return -1;
   if (!Pack(row, strict)) return -1;
+  if (table_->table().step_ring()) {  // an episode of one step
+    DropStaged();
+    StagePacked();
+    return CommitStaged(static_cast<float>(priority), timeout);
+  }
   RateLimiter& limiter = table_->table().rate_limiter();
   std::optional<InsertReservation> reservation;  // gives the insert back if the row is not published
   if (limiter.enabled()) {

@@ -45,7 +45,22 @@ class RowWriter {
   // the general path must run instead (nothing claimed or written), -2 when the table is closed.
   int64_t Add(pybind11::handle row, bool strict, double priority, std::optional<double> timeout);
 
+  // Step rings take whole episodes: a writer stages its episode in this process's memory, one step of
+  // every field after the other, and inserts it at its end (nothing is in the table before: a writer
+  // killed meanwhile leaves nothing behind). StagePacked appends the packed step; StageStep appends
+  // one step given as one C-contiguous buffer of the field's step bytes per field (the general path's
+  // converted values). Both throw std::length_error past max_steps.
+  void StagePacked();
+  void StageStep(const std::vector<pybind11::buffer>& values);
+  int32_t staged_steps() const { return staged_steps_; }
+  // Inserts the staged episode with `priority` (admitted by the rate limiter first, waiting up to
+  // `timeout`), empties the staging and returns the episode's row. A throw (a timeout, a closed table)
+  // keeps the episode staged.
+  int64_t CommitStaged(float priority, std::optional<double> timeout);
+  void DropStaged();
+
  private:
+  void CheckStageRoom();
   void Release();
   bool Refuse() {  // the general path must run: nothing packed
     Release();
@@ -63,6 +78,8 @@ class RowWriter {
   std::vector<Py_buffer> buffers_;
   std::vector<bool> buffer_held_;
   bool packed_ = false;
+  std::vector<std::vector<uint8_t>> episode_;  // per field: the staged steps, back to back
+  int32_t staged_steps_ = 0;
 };
 
 }  // namespace gear

@@ -94,9 +94,12 @@ class SharedTable {
   // at [batch, steps, step_bytes[f]]. `lengths` (nullptr: every row `steps` long) and `priorities`
   // (nullptr: 1) hold one entry per row; a bad one throws std::invalid_argument before anything is
   // claimed. Rows are claimed, copied and published a chunk at a time (row_protocol.cc, "Inserts").
+  // In a step ring (step_capacity > 0) each row is an episode: its steps go back to back into the ring
+  // (step_ring.cc), and `lengths` must be at most max_steps.
   void Insert(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
               const int32_t* lengths, const float* priorities, int32_t* rows,
               InsertReservation* reserved = nullptr);
+  bool step_ring() const { return view_.step_capacity > 0; }
 
   // The creator's close, first step: no attach succeeds from now on.
   void MarkClosed();
@@ -111,6 +114,7 @@ class SharedTable {
  private:
   friend class CounterWindow;
   static constexpr int kPopulateShift = 21;  // Populate maps 2 MiB blocks
+  static constexpr int64_t kInsertChunk = 256;  // rows claimed, copied and published together
 
   SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator);
   // Opens a counter window (counter_window.cc, "Counters") before a change that moves a row in or out
@@ -142,8 +146,19 @@ class SharedTable {
   // (nullptr: 1), and moves size and selectable by the rows published less `counted` (the claims'), and
   // counts them in the rate limiter (see Commit). A row taken from this writer meanwhile is left alone;
   // the others are published, then NotHeld is thrown.
-  void PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                   int32_t length, const float* priorities, CountedOut counted, InsertReservation* reserved);
+  // With `lost` non-null, the positions (in rows[]) of the rows taken from this writer go there and
+  // their count is returned instead of a throw.
+  int64_t PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
+                      int32_t length, const float* priorities, CountedOut counted, InsertReservation* reserved,
+                      int64_t* lost = nullptr);
+  // Step rings (step_ring.cc): Insert's path for them; the retirement of every episode with a step
+  // below `below` (the rows it empties are added to *counted, which the caller counts out); and the
+  // release of a row this writer holds as `held` (or moved on by a retirer since), left empty.
+  void InsertEpisodes(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
+                      const int32_t* lengths, const float* priorities, int32_t* rows,
+                      InsertReservation* reserved);
+  void RetireSteps(uint64_t below, CountedOut* counted, bool* reclaimed);
+  void AbandonHeld(int64_t row, uint64_t held);
   // Copies rows[0, n), taken for rows first.. of the batch, from field_data (see Insert).
   void CopyRows(const std::vector<const uint8_t*>& field_data, int64_t first, int64_t n, const int32_t* rows,
                 int32_t steps, const int32_t* lengths);

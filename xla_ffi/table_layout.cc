@@ -25,9 +25,24 @@ bool LayoutFits(const TableHeader& h, uint64_t size) {
       !inside(h.change_counts_offset, 4)) {
     return false;
   }
+  if (h.step_capacity < 0 || (h.step_capacity > 0 && (h.max_steps > h.step_capacity ||
+                                                       !inside(h.first_step_offset, 8)))) {
+    return false;
+  }
   for (int f = 0; f < h.num_fields; ++f) {
     const FieldLayout& field = h.fields[f];
     int64_t row_bytes = 0;
+    if (h.step_capacity > 0) {  // a ring: step_capacity steps, inside the file
+      uint64_t ring_bytes = 0, end = 0;
+      if (field.step_bytes < 1 || field.row_stride != 0 ||
+          __builtin_mul_overflow(static_cast<uint64_t>(field.step_bytes),
+                                 static_cast<uint64_t>(h.step_capacity), &ring_bytes) ||
+          __builtin_add_overflow(field.offset, ring_bytes, &end) || field.offset < sizeof(TableHeader) ||
+          end > size) {
+        return false;
+      }
+      continue;
+    }
     if (field.step_bytes < 1 ||
         __builtin_mul_overflow(field.step_bytes, static_cast<int64_t>(h.max_steps), &row_bytes) ||
         field.row_stride < row_bytes || !inside(field.offset, static_cast<uint64_t>(field.row_stride))) {
@@ -46,7 +61,7 @@ std::string LayoutProblem(const TableHeader& h, uint64_t size) {
   for (int f = 0; f < h.num_fields; ++f) step_bytes.push_back(h.fields[f].step_bytes);
   TablePlan plan{};
   try {
-    plan = PlanTable(h.capacity, h.max_steps, step_bytes, std::string());
+    plan = PlanTable(h.capacity, h.max_steps, step_bytes, std::string(), h.step_capacity);
   } catch (const std::exception& e) {
     return std::string("its layout can not be planned (") + e.what() + ")";
   }
@@ -57,7 +72,8 @@ std::string LayoutProblem(const TableHeader& h, uint64_t size) {
   const TableHeader& want = plan.layout;
   if (h.state_offset != want.state_offset || h.length_offset != want.length_offset ||
       h.insert_seq_offset != want.insert_seq_offset || h.times_sampled_offset != want.times_sampled_offset ||
-      h.writer_pid_offset != want.writer_pid_offset || h.change_counts_offset != want.change_counts_offset) {
+      h.writer_pid_offset != want.writer_pid_offset || h.change_counts_offset != want.change_counts_offset ||
+      h.first_step_offset != want.first_step_offset) {
     return "its row status columns are not where its layout puts them";
   }
   for (int f = 0; f < h.num_fields; ++f) {
@@ -79,9 +95,13 @@ int64_t RowStride(int64_t row_bytes) {
 }
 
 TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
-                    const std::string& spec_json) {
+                    const std::string& spec_json, int64_t step_capacity) {
   if (capacity < 1 || capacity > INT32_MAX) throw std::invalid_argument("capacity must be in [1, 2**31 - 1]");
   if (max_steps < 1) throw std::invalid_argument("max_steps must be >= 1");
+  if (step_capacity < 0 || step_capacity > (int64_t{1} << 48))
+    throw std::invalid_argument("step_capacity must be in [0, 2**48]");
+  if (step_capacity > 0 && max_steps > step_capacity)
+    throw std::invalid_argument("max_steps (the longest episode) must be at most step_capacity");
   if (step_bytes.empty() || step_bytes.size() > static_cast<size_t>(kMaxFields)) {
     throw std::invalid_argument("a table needs 1 to 64 fields");
   }
@@ -111,8 +131,19 @@ TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64
   layout.writer_pid_offset = column(rows * sizeof(int32_t));
   layout.change_counts_offset =
       column(static_cast<uint64_t>(ChangeCounterCount(capacity)) * sizeof(uint32_t));
+  if (step_capacity > 0) layout.first_step_offset = column(rows * sizeof(uint64_t));
+  layout.step_capacity = step_capacity;
   for (size_t f = 0; f < step_bytes.size(); ++f) {
     if (step_bytes[f] < 1) throw std::invalid_argument("every field needs at least one byte per step");
+    if (step_capacity > 0) {  // a ring of step_capacity steps, back to back
+      uint64_t ring_bytes = 0;
+      if (__builtin_mul_overflow(static_cast<uint64_t>(step_bytes[f]), static_cast<uint64_t>(step_capacity),
+                                 &ring_bytes)) {
+        throw too_large();
+      }
+      layout.fields[f] = FieldLayout{column(ring_bytes), 0, step_bytes[f]};
+      continue;
+    }
     int64_t row_bytes = 0;
     uint64_t column_bytes = 0;
     if (__builtin_mul_overflow(step_bytes[f], static_cast<int64_t>(max_steps), &row_bytes) ||

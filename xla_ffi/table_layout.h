@@ -15,7 +15,7 @@
 namespace gear {
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 6;  // 6: the largest priority and the rate limiter in the header
+inline constexpr uint32_t kFormatVersion = 7;  // 7: step rings (step_capacity, first_step, the ring's cursors)
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =
@@ -40,6 +40,10 @@ struct TableHeader {
   int32_t num_fields;
   uint64_t state_offset, length_offset, insert_seq_offset, times_sampled_offset, writer_pid_offset;
   uint64_t change_counts_offset;  // uint32[ChangeCounterCount(capacity)]
+  // Step rings (step_ring.cc): steps in the ring per field (0: a table of padded rows), and the
+  // uint64[capacity] column of each episode's first step (0 without a ring).
+  int64_t step_capacity;
+  uint64_t first_step_offset;
   FieldLayout fields[kMaxFields];
   alignas(64) uint64_t next_seq;    // allocation cursor (row = seq % capacity)
   alignas(64) uint64_t commit_seq;  // last insert_seq handed out
@@ -70,6 +74,13 @@ struct TableHeader {
   // >= 0, whose bits order as their values): 0 until some row had a priority above 0. Only ever raised
   // (RaiseMaxPriority in kernels/atomics.h), by inserts, commits, priority updates and restores.
   alignas(64) uint32_t max_priority_bits;
+  int32_t longest_episode;  // the longest episode (row) published so far; only raised
+  // Step rings (step_ring.cc, "Retire before reuse"): the cursor of step sequence numbers, the
+  // sequence number below which steps were announced for reuse (retire_target) and below which every
+  // episode was retired (retired_below).
+  alignas(64) uint64_t next_step;
+  alignas(64) uint64_t retire_target;
+  alignas(64) uint64_t retired_below;
   alignas(64) RateLimiterState rate_limiter;           // rate_limiter.h
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
@@ -80,9 +91,11 @@ struct TablePlan {
   TableHeader layout;    // offsets, capacity, max_steps, num_fields (persistent: the caller's); the rest zero
   uint64_t total_bytes;  // bytes the table needs
 };
-// Throws std::invalid_argument for sizes out of range or too large to address.
+// Throws std::invalid_argument for sizes out of range or too large to address. `step_capacity` > 0
+// plans a step ring: each field's column holds step_capacity steps back to back (row stride 0), and
+// max_steps (the longest episode) is at most step_capacity.
 TablePlan PlanTable(int64_t capacity, int32_t max_steps, const std::vector<int64_t>& step_bytes,
-                    const std::string& spec_json);
+                    const std::string& spec_json, int64_t step_capacity = 0);
 
 // Bytes between rows of a field: 16-byte multiples so that vector loads stay aligned, 128-byte
 // multiples for rows of 1 KiB and more so that GPU reads come in whole cache lines.
