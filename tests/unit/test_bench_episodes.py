@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gear_jax.bench import episodes
+from gear_jax.bench.common import Unavailable
 from gear_jax.bench.episodes import PADDED, EpisodeData
 from tests.unit.test_bench import PNG_MAGIC, check_report, grid, run_bench
 
@@ -77,3 +78,25 @@ def test_episode_data_is_one_stream_of_stamped_steps() -> None:
     assert padded.shape == (4, 6, 16) and lengths.tolist() == [3, 1, 6, 2]
     np.testing.assert_array_equal(padded[np.arange(6) < lengths[:, None]], stream)
     assert not padded[np.arange(6) >= lengths[:, None]].any()
+
+
+@pytest.mark.parametrize("name", [PADDED, "gear_jax"])
+def test_gear_tables_gather_windows_of_one_episode(name: str) -> None:
+    window = 4
+    data = EpisodeData(episodes.lognormal_lengths(2000, 100), step_bytes=16, max_steps=100)
+    try:
+        system = episodes.EPISODE_SYSTEMS[name](episodes.EpisodeWorkload(data, window))
+    except Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        assert system.nbytes() >= data.step_bytes_total
+        batch = system.make_step(64)(0)
+    finally:
+        system.close()
+    stamps = np.asarray(batch["x"])[..., :8].copy().view("<u4")  # [B, W, 2]: episode, step in it
+    valid = np.asarray(batch["valid"])
+    assert valid[:, 0].all() and (name == PADDED or valid.all())  # the ring skips short episodes
+    episode, step = stamps[..., 0], stamps[..., 1]
+    assert (episode == episode[:, :1])[valid].all()
+    assert (step == step[:, :1] + np.arange(window))[valid].all()
+    assert (step + 1 <= data.lengths[episode])[valid].all()
