@@ -49,7 +49,12 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "sharded": sharded.SYSTEMS,
     "episodes": episodes.SYSTEMS,
 }
-INTERLEAVED_SUITES = ("gather", "sample", "priorities")  # the suites that time through selection.measure
+INTERLEAVED_SUITES = (
+    "gather",
+    "sample",
+    "priorities",
+    "episodes",
+)  # the suites that time through selection.measure
 BUSY_LOAD = 0.5
 ITEM_UNITS = {
     "gather": "rows",
@@ -123,8 +128,8 @@ def parser() -> argparse.ArgumentParser:
         "--interleave",
         type=int,
         default=0,
-        help="gather, sample, priorities: hold every system at once and time them in turns of this many "
-        "steps, so that a machine whose speed drifts slows all alike (0: one system after another)",
+        help="gather, sample, priorities, episodes: hold every system at once and time them in turns of "
+        "this many steps, so that a machine whose speed drifts slows all alike (0: one system after another)",
     )
     p.add_argument("--systems", help="comma-separated systems to run (default: all of the suite's)")
     p.add_argument("--reverb_python", help="interpreter with dm-reverb installed, for the Reverb baseline")

@@ -448,21 +448,32 @@ def memory_figures(system: EpisodeSystem, index: int) -> dict[str, Any]:
     }
 
 
-def cap_steps(requested: int, lengths: np.ndarray, data_kwargs: dict[str, int], budget_gib: float) -> int:
-    """The largest step budget <= `requested` whose padded table (the largest system: one row of
-    max_steps steps per episode) fits twice in `budget_gib`, as `data.cap_rows` caps tables."""
-    padded = len(lengths) * data_kwargs["max_steps"] * data_kwargs["step_bytes"]
-    limit = int(budget_gib * 2**30) // 2
-    if padded <= limit:
+def cap_steps(
+    requested: int, lengths: np.ndarray, max_steps: int, step_bytes: int, args: argparse.Namespace
+) -> int:
+    """The largest step budget <= `requested` whose systems fit in `--mem_budget_gib`, as `data.cap_rows`
+    caps tables: the largest system (the padded table, one row of max_steps steps per episode) twice
+    when the systems run one at a time; with `--interleave`, every system at once and the steps' bytes
+    once more (room for filling). Systems other than the padded table count the steps' own bytes."""
+    padded = len(lengths) * max_steps * step_bytes
+    sizes = [
+        padded if name == PADDED else requested * step_bytes
+        for name in args.systems
+        if name in EPISODE_SYSTEMS
+    ]
+    if not sizes:
         return requested
-    return max(1, int(requested * limit / padded))
+    needed = sum(sizes) + requested * step_bytes if args.interleave else 2 * max(sizes)
+    limit = int(args.mem_budget_gib * 2**30)
+    return requested if needed <= limit else max(1, int(requested * limit / needed))
 
 
 def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str, Any]]:
     """Records for every length distribution x step budget x step size x batch size x system.
 
-    Each record carries `memory` (see `memory_figures`). Step budgets are capped so that two copies of
-    the padded table fit in `--mem_budget_gib` (a note says so).
+    Each record carries `memory` (see `memory_figures`). Step budgets are capped so that the systems
+    fit in `--mem_budget_gib` (`cap_steps`; a note says so). With `--interleave K` every system holds
+    its episodes at once and they take turns of K timed steps, as in the gather suite.
     """
     window = args.window or DEFAULT_WINDOW
     batch_sizes = parse_ints(args.batch_size)
@@ -474,12 +485,16 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
         for requested in parse_ints(args.steps):
             for step_bytes in parse_ints(args.step_bytes):
                 lengths = episode_lengths(kind, requested, max_steps)
-                shape = {"max_steps": max_steps, "step_bytes": step_bytes}
-                steps = cap_steps(requested, lengths, shape, args.mem_budget_gib)
+                steps = cap_steps(requested, lengths, max_steps, step_bytes, args)
                 if steps < requested:
+                    held = (
+                        "every system and the padded table once more"
+                        if args.interleave
+                        else "two padded tables"
+                    )
                     note(
                         f"lengths={kind} step_bytes={step_bytes}: steps capped from {requested} to {steps} "
-                        f"(--mem_budget_gib={args.mem_budget_gib} must hold two copies of the padded table)"
+                        f"(--mem_budget_gib={args.mem_budget_gib} must hold {held})"
                     )
                     lengths = clip_to_budget(lengths, steps)
                 data = EpisodeData(lengths, step_bytes, max_steps)
