@@ -54,7 +54,7 @@ def check_method(method: Any, op: str, methods: Sequence[str] = tuple(METHODS)) 
 SHORT_EPISODES = ("pad", "skip")
 
 
-def method_word(table: Table, method: str, window: int, short_episodes: Any, op: str) -> int:
+def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, op: str) -> int:
     """The `method` word of a selection call: the method's number and the window law's flags
     (kernels/sample.h). With a window, episodes shorter than it are padded and masked ("pad") or never
     picked ("skip"); in a step ring, uniform windows are uniform over every valid window start."""
@@ -70,7 +70,7 @@ def method_word(table: Table, method: str, window: int, short_episodes: Any, op:
                 'shorter than the window priority 0 (they are then never picked), or use short_episodes="pad"'
             )
         word |= _native.SKIP_SHORT_FLAG
-    if window > 0 and method == "uniform" and table.spec.step_ring:
+    if window > 0 and method == "uniform" and spec.step_ring:
         word |= _native.UNIFORM_STARTS_FLAG
     return word
 

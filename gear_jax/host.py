@@ -186,7 +186,7 @@ def _checked_selection(
     except TypeError:  # unhashable arguments: checked at every call
         key = None
     b, method, exponent, win = _selection(table, batch_size, method, priority_exponent, window, op)
-    method_id = _args.method_word(table, method, win, short_episodes, op)
+    method_id = _args.method_word(table.spec, method, win, short_episodes, op)
     plan = _plan(table, b, _args.check_fields(table.spec, fields, op), None, win) if gathers else None
     checked = (b, method_id, exponent, win, plan)
     if key is not None:

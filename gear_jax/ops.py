@@ -146,7 +146,7 @@ def _sample_call(
     exponent = _args.check_exponent(priority_exponent, op)
     win = _args.check_window(window, table.max_steps, op)
     attrs = {
-        "method": np.int32(_args.method_word(table, method, win, short_episodes, op)),
+        "method": np.int32(_args.method_word(table.spec, method, win, short_episodes, op)),
         "priority_exponent": np.float32(exponent),
         "window": np.int32(win),
         **_attrs(table),

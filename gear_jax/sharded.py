@@ -352,6 +352,7 @@ def sample(
     window: int | None = None,
     fields: Sequence[str] | None = None,
     after: Any = None,
+    short_episodes: str = "pad",
 ) -> tuple[ShardedSample, dict[str, jax.Array]]:
     """Inside `jax.shard_map` over `table.axis`: B picks over every shard, and this device's B / S of
     them with their rows.
@@ -368,6 +369,7 @@ def sample(
       window: for trajectory tables, steps per window; None for whole rows.
       fields: fields to gather; default all.
       after: an array this sample must run after (e.g. `update_priorities`' result).
+      short_episodes: as for `gear_jax.sample`; "skip" only with mode="local".
 
     Returns:
       (ShardedSample, batch): the batch holds [B / S, ...] per field (or [B / S, window, ...]) and
@@ -396,6 +398,16 @@ def sample(
             f"shards (each device consumes batch_size / {num_shards} picks)"
         )
     win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
+    _args.method_word(st.spec, method, win, short_episodes, "sharded.sample")  # its checks
+    ring_uniform = st.spec.step_ring and method == "uniform"
+    if mode == "global" and win > 0 and (short_episodes == "skip" or ring_uniform):
+        # The global draw weighs shards by their rows (total_weight) and places picks with sample_at,
+        # neither of which counts windows: its law would not be the one-table law.
+        raise InvalidArgumentError(
+            "sharded.sample: mode='global' draws windows of whole rows; uniform windows of step rings (every "
+            'valid window equally likely) and short_episodes="skip" need mode="local" (each device draws '
+            "its picks from its own shard by the one-table law)"
+        )
     exponent = 0.0 if method == "uniform" else _args.check_exponent(priority_exponent, "sharded.sample")
     per_device = int(batch_size) // num_shards
     me = lax.axis_index(st.axis)
@@ -419,6 +431,7 @@ def sample(
                 priority_exponent=exponent,
                 window=window,
                 after=after,
+                short_episodes=short_episodes,
             )
         )
         batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))

@@ -328,6 +328,9 @@ class Sampler:
     JAX dispatch per batch or update (an update through JAX's dispatch of an effectful call costs
     hundreds of microseconds on a small CPU).
 
+    `method`, `priority_exponent`, `window` and `short_episodes` are those of `gj.sample`, `fields` that
+    of `gj.gather`.
+
     Besides the fields and `valid`, a batch holds `indices` (int32[B] row ids) and `probabilities`
     (float32[B]) and `selectable` (int64, the count N of selectable rows when the batch was drawn), so a
     learner can form importance weights (N * P)^-beta.
@@ -356,6 +359,7 @@ class Sampler:
         device: Any = None,
         seed: int = 0,
         prefetch: bool = True,
+        short_episodes: str = "pad",
     ):
         if not isinstance(table, Table):
             raise InvalidArgumentError(
@@ -376,6 +380,7 @@ class Sampler:
             "method": method,
             "priority_exponent": priority_exponent,
             "window": window,
+            "short_episodes": short_episodes,
         }
 
         def draw(key: jax.Array, after: jax.Array) -> tuple[jax.Array, dict[str, jax.Array], Sample]:
@@ -388,6 +393,7 @@ class Sampler:
                 priority_exponent=priority_exponent,
                 window=window,
                 after=after,
+                short_episodes=short_episodes,
             )
             out = ops.gather(table, s, fields=fields)
             out["indices"] = s.indices
