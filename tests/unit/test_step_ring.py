@@ -6,6 +6,11 @@ every sampling law with windows against its exact distribution (chi-square); and
 refusals, jit inserts with lengths, priorities, the pool, the rate limiter, the host calls and torch.
 """
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -350,7 +355,9 @@ def test_episode_writer_takes_every_kind_of_value():
     with gj.Table.create(ring_spec(capacity=4, step_capacity=32), reuse=False) as table:
         with table.writer() as writer:
             writer.append({"episode": 7, "step": 0, "obs": [7.0, 0.0, -1.0]})  # Python values
-            writer.append({"episode": np.int64(7), "step": np.int32(1), "obs": np.array([7, 1, -1], np.float32)})
+            writer.append(
+                {"episode": np.int64(7), "step": np.int32(1), "obs": np.array([7, 1, -1], np.float32)}
+            )
             writer.append(_Mapping({"episode": 7, "step": 2, "obs": np.float64([7, 2, -1])}))
             assert writer.steps == 3
             row = writer.end_episode(priority=2.0)
@@ -451,3 +458,54 @@ def test_torch_sampler_gives_windows_of_a_ring():
         assert isinstance(batch["step"], torch.Tensor) and tuple(batch["step"].shape) == (32, 8)
         steps = batch["step"].numpy()
         assert (np.diff(steps, axis=1) == 1).all() and batch["valid"].numpy().all()
+
+
+SHARDED = """
+    import jax, numpy as np, gear_jax as gj
+    from jax.sharding import Mesh, PartitionSpec as P
+    from gear_jax import sharded
+
+    mesh = Mesh(np.array(jax.devices()), ("d",))
+    spec = gj.TableSpec({"t": gj.Field((), "int32")}, capacity=32, step_capacity=256, max_steps=20)
+    st = sharded.ShardedTable.create(spec, mesh, "d")
+    for s in range(2):
+        lengths = np.array([5, 12, 20])
+        t = np.zeros((3, 20), np.int32)
+        for i, length in enumerate(lengths):
+            t[i, :length] = 1000 * (10 * s + i) + np.arange(length)
+        st.shard(s).insert({"t": t}, lengths=lengths)
+
+    def draw(method, mode, short_episodes):
+        def body(key):
+            smp, batch = sharded.sample(st, key, 64, method=method, mode=mode, window=6,
+                                        short_episodes=short_episodes)
+            return batch["t"], batch["valid"]
+        mapped = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=(P("d"), P("d")))
+        t, valid = jax.jit(mapped)(jax.random.key(0))
+        return np.asarray(t), np.asarray(valid)
+
+    for method, mode, short in [("uniform", "local", "skip"), ("prioritized", "global", "pad")]:
+        t, valid = draw(method, mode, short)
+        for row, ok in zip(t, valid):
+            n = ok.sum()
+            assert ok[:n].all() and n >= (6 if short == "skip" else 5)
+            assert (np.diff(row[:n]) == 1).all() and len(set(row[:n] // 1000)) == 1
+        print(method, mode, "shards", sorted(set((t[valid] // 10000).tolist())))
+    try:
+        draw("uniform", "global", "pad")
+    except gj.InvalidArgumentError as e:
+        print("refused:", "mode=\\"local\\"" in str(e))
+"""
+
+
+def test_sharded_step_rings_sample_windows_of_every_shard():
+    """A ShardedTable of step rings: local uniform windows (uniform over each shard's window starts)
+    and global prioritized windows stay inside episodes and come from both shards; global uniform
+    windows, whose law would not be the one-table law, are refused for mode="local"."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SHARDED)], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "uniform local shards [0, 1]" in done.stdout and "prioritized global shards [0, 1]" in done.stdout
+    assert "refused: True" in done.stdout
