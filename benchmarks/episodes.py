@@ -601,7 +601,9 @@ def plot_report(report: dict[str, Any], path: str) -> bool:
         p50 = np.array([r["latency_s"]["p50"] for r in group]) * 1e3
         p95 = np.array([r["latency_s"]["p95"] for r in group]) * 1e3
         speed_ax.barh(labels, p50, xerr=[np.zeros_like(p50), p95 - p50], color="C1", capsize=3)
-        speed_ax.set_xscale("log")
+        for y, (median, tail) in enumerate(zip(p50, p95)):
+            speed_ax.text(tail, y, f" {median:.2f}", va="center", fontsize=8)
+        speed_ax.set_xlim(0, 1.15 * p95.max())
         speed_ax.set_xlabel("sample + gather of B windows: p50 (whisker: p95), ms")
         speed_ax.grid(True, axis="x", which="both", alpha=0.3)
     machine = report["machine"]
