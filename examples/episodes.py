@@ -5,12 +5,12 @@ What this shows:
     max_steps=500)`): the steps of every episode lie back to back in one ring of `STEPS` steps, with an
     index of up to `EPISODES` episodes, so a 12-step episode takes 12 steps of memory, not 500. The
     oldest episodes are overwritten when the ring (or the index) is full. `--table=padded` runs the
-    same program on today's padded trajectory table (one row of 500 steps per episode) of the same
+    same program on the padded trajectory table (one row of 500 steps per episode) of the same
     memory, which then holds far fewer episodes;
   * actor processes (multiprocessing, "spawn") that attach to the table by name (`gj.Table.attach`) and
     write gymnasium CartPole-v1 episodes step by step with an `EpisodeWriter` (`append` per step,
     `end_episode` at its end) while the learner trains. Each episode runs a good controller with its
-    own share of random actions (uniform in [0, --max_epsilon]), so episodes last from 8 to 500 steps;
+    own share of random actions (uniform in [0, --max_epsilon]), so episodes last from about 10 to 500 steps;
   * whole episodes inserted at once (`table.insert(batch, lengths=...)`): the held-out episodes;
   * one `jax.jit` learner step: `gj.sample_gather(table, key, B, window=W, short_episodes="skip")`
     draws B windows of W steps uniformly over every window start that fits inside an episode (windows
@@ -30,15 +30,34 @@ same windows) and with the trivial persistence forecast (the observation does no
 `--burn_in` steps of each window only warm the GRU's state (they are left out of the loss and the
 metrics), as in R2D2.
 
-Run (CPU by default; about 30 s on this project's 2-core machine, start-up included):
+Run (CPU by default; 40 to 60 s on this project's 2-core machine, start-up included, depending on its
+load):
 
     python examples/episodes.py
     python examples/episodes.py --table=padded     # the padded table of the same memory
     python examples/episodes.py --smoke            # a tiny run
 
 It logs with absl.logging, shows a progress bar while training, and prints a summary line last
-(`eval_mse`: the GRU's held-out mean squared error; `memoryless_eval_mse`: the baseline's;
-`persistence_mse`: predicting no change; `table_episodes`: episodes the table held at the end).
+(`eval_mse`: the GRU's mean squared error on the held-out windows, in (units / s)^2; `memoryless_eval_mse`:
+the baseline's; `persistence_mse`: predicting no change; `table_episodes`: episodes the table held at the
+end; `masked_windows`: windows with a step the valid mask left out, over the run). With the default
+flags, seed 0 printed (the table's name is random):
+    ring table gear_jax_f2f2...: up to 1000 episodes of up to 500 steps, 0.64 MiB of shared memory
+    held-out: 64 episodes inserted whole, 17241 steps (lengths 11 to 500, median 184)
+    untrained: eval_mse=0.1334, persistence_mse=0.0969
+    update 200: eval_mse=0.0189, memoryless_eval_mse=0.0788; 292 episodes written
+    update 400: eval_mse=0.0120, memoryless_eval_mse=0.0791; 417 episodes written
+    update 600: eval_mse=0.0109, memoryless_eval_mse=0.0784; 493 episodes written
+    summary: eval_mse=0.0109 memoryless_eval_mse=0.0784 persistence_mse=0.0969 initial_eval_mse=0.1334
+        final_loss=0.0086 masked_windows=0 table=ring updates=600 window=16 actors=2 episodes=493
+        episodes_during_training=477 steps_written=121400 table_episodes=200 table_mib=0.64
+        updates_per_s=19.9 wall_s=30.1
+The GRU's error is a ninth of the persistence forecast's; the memoryless network gets only the part
+that the position and the angle predict. `--table=padded` ended at eval_mse=0.0119, memoryless 0.0823
+(its sample law is the same, its draws are not), its 100 rows of 500 steps holding 98 episodes (rows
+being written are not counted) in the same 0.64 MiB where the ring held 200. Most of the remaining
+error is the cart's velocity (the pole's is predicted about ten times better): the cart's change per
+step is small against its position, and the GRU takes longer to read it from the history.
 """
 
 from __future__ import annotations
@@ -418,7 +437,7 @@ def make_evaluate(table: gj.Table, models: dict[str, WorldModel], config: Config
 
 
 def train(config: Config) -> dict[str, Any]:
-    """Trains the models on windows the actors' episodes; returns the summary's fields."""
+    """Trains the models on windows of the actors' episodes; returns the summary's fields."""
     models = {"memory": WorldModel(config.hidden), "memoryless": WorldModel(config.hidden, memory=False)}
     optimizer = optax.adam(optax.cosine_decay_schedule(config.lr, config.steps, alpha=0.01))
     key_init, key_learn = jax.random.split(jax.random.key(config.seed))

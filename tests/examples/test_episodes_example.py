@@ -16,7 +16,10 @@ def run_example(*args: str) -> dict[str, str]:
 
 
 def test_actors_write_episodes_and_the_world_model_needs_its_memory():
-    # 400 updates, 2 actors, a ring of 10,000 steps. Measured with these flags: see the assertions.
+    # 400 updates, 2 actors, a ring of 10,000 steps. Measured with these flags, seeds 0-2: eval_mse
+    # 0.0109-0.0158, memoryless 0.0602-0.0793, persistence 0.0792-0.0985 (eval_mse 0.14-0.16 of it),
+    # untrained 0.133-0.283, 35-44 episodes in the ring, 240-320 written during training; 45-57 s each on
+    # the 2-core machine under other jobs' load.
     fields = run_example("--steps=400", "--eval_every=400", "--step_capacity=10000", "--seed=1")
     assert fields["table"] == "ring"
     summary = {k: float(v) for k, v in fields.items() if k != "table"}
