@@ -224,9 +224,10 @@ def run_actor(
 ) -> None:
     """An actor process: attaches to the table by name and writes episodes step by step until `stop`.
 
-    `append` copies each step straight into the table's memory (the episode is never sampled while being
-    written); `end_episode` publishes it. `episodes` and `steps_written` are shared counters; `rate` caps
-    the steps written per second (0: no cap), as a slower environment would.
+    `append` takes each step (a ring stages the episode natively and copies it into the ring at its end;
+    a padded table's writer copies each step straight into the row it holds); `end_episode` publishes
+    the episode, which is never sampled before. `episodes` and `steps_written` are shared counters;
+    `rate` caps the steps written per second (0: no cap), as a slower environment would.
     """
     jax.config.update("jax_platforms", "cpu")  # an actor never takes GPU memory from the learner
     source = Episodes(seed, max_epsilon)
