@@ -14,6 +14,25 @@ format and its version, the table's spec, capacity and max_steps, the allocator 
 and the last insert_seq handed out (`commit_seq`), and for every column its file, dtype, shape, byte
 size and CRC-32; the manifest has a CRC-32 of its own (`manifest_checksum`).
 
+Step rings (`TableSpec(step_capacity=N)`; format version 2, `"layout": "step_ring"` in the manifest;
+tables of padded rows are still saved as version 1, unchanged). The checkpoint holds the ring's
+committed episodes, N of them with S steps in all, in insert order: five status files of one entry per
+episode (`row.bin`: int32, its row of the index; `state.bin`, `length.bin`, `insert_seq.bin`,
+`times_sampled.bin` as above), and `field-<i>.bin`, `[S, *shape]`, the episodes' own steps back to back
+in the same order (no padding, nothing else of the ring: the files hold S steps however large
+step_capacity is). No first_step is stored: a load lays the episodes back to back from the start of a
+new ring, episode k at first_step = length_0 + ... + length_(k-1), so each field file is read straight
+into ring slots [0, S); the episodes go back into their rows, with their priorities, generations,
+insert_seq and times_sampled (FIFO and LIFO order as before), the step cursor (next_step) is set to S
+(the next insert claims the steps after them, and retires the restored episodes oldest first when it
+needs their slots), and the row cursor and insert_seq counter are restored as for padded rows. The
+manifest adds step_capacity, the counts `episodes` and `steps`, the saved table's `next_step`, and
+`episodes_left_out` (rows being written when the save read the index, and episodes retired or replaced
+before their steps were copied).
+
+A checkpoint loads only into a table of its own kind and spec: a manifest whose layout and spec
+disagree, and a `create` that makes a table of another kind or spec, are refused (CheckpointError).
+
 Crash safety. A save writes a new data directory beside the current one, fsyncs every file and the
 directory, then points `current` at it by renaming a new symbolic link over the old one (one atomic
 rename), fsyncs `path`, and only then deletes the previous data directory. A process killed at any
@@ -58,7 +77,13 @@ if TYPE_CHECKING:
     from gear_jax.table import Table
 
 FORMAT_NAME = "gear_jax.checkpoint"
-FORMAT_VERSION = 1
+# The newest format version this gear_jax reads. 1: tables of padded rows; 2: step rings. A table of
+# padded rows is still saved as version 1, byte for byte as before (a gear_jax that reads only version 1
+# loads it); a step ring is saved as version 2, which such a gear_jax refuses as newer.
+FORMAT_VERSION = 2
+PADDED_FORMAT_VERSION = 1
+STEP_RING_FORMAT_VERSION = 2
+STEP_RING_LAYOUT = "step_ring"  # the manifest's "layout" of a step ring (absent: padded rows)
 MANIFEST = "manifest.json"
 CURRENT = "current"
 LOCK = "lock"
@@ -111,20 +136,32 @@ STATUS_COLUMNS = (
 )
 
 
-def _columns_for(spec: TableSpec) -> list[_Column]:
-    """Every column a checkpoint of a table of `spec` holds, in file order: status, then fields."""
-    columns = [
-        _Column(name, f"{name}.bin", np.dtype(dtype), (spec.capacity,)) for name, dtype in STATUS_COLUMNS
-    ]
+# A step ring's checkpoint holds its saved episodes, in insert order: each one's row of the index and
+# status (one entry per episode), and its steps back to back in the field files.
+RING_STATUS_COLUMNS = (
+    ("row", "int32"),
+    ("state", "uint64"),
+    ("length", "int32"),
+    ("insert_seq", "uint64"),
+    ("times_sampled", "uint32"),
+)
+
+
+def _columns_for(spec: TableSpec, episodes: int = 0, steps: int = 0) -> list[_Column]:
+    """Every column a checkpoint of a table of `spec` holds, in file order: status, then fields. A step
+    ring's columns hold `episodes` episodes of `steps` steps in all."""
+    if spec.step_ring:
+        columns = [
+            _Column(name, f"{name}.bin", np.dtype(dtype), (episodes,)) for name, dtype in RING_STATUS_COLUMNS
+        ]
+        rows: tuple[int, ...] = (steps,)
+    else:
+        columns = [
+            _Column(name, f"{name}.bin", np.dtype(dtype), (spec.capacity,)) for name, dtype in STATUS_COLUMNS
+        ]
+        rows = (spec.capacity, spec.max_steps)
     for index, (name, field) in enumerate(spec.fields.items()):
-        columns.append(
-            _Column(
-                f"field:{name}",
-                f"field-{index:03d}.bin",
-                field.dtype,
-                (spec.capacity, spec.max_steps, *field.shape),
-            )
-        )
+        columns.append(_Column(f"field:{name}", f"field-{index:03d}.bin", field.dtype, (*rows, *field.shape)))
     return columns
 
 
@@ -150,6 +187,13 @@ def save(table: Table, path: str | os.PathLike[str]) -> None:
     priority 0, generation of their next publication), which load restores as unselectable. The
     allocator cursor and the insert_seq counter are read after the last row. A table nobody writes
     meanwhile is saved exactly.
+
+    A step ring is saved episode by episode: the index's status is read first (a seqlock read of every
+    row), then the steps of each episode committed in it are copied out of the ring a few MiB at a time
+    and its state read again; an episode retired or replaced meanwhile is left out. Every saved episode
+    is exact and all of them were committed together at the instant the index was read (so they fit in
+    the ring together); episodes committed after that instant are not saved. Memory: a few bytes per row
+    of the index and two chunks of steps, never the ring.
 
     Raises:
       CheckpointError: `path` exists and is not a gear_jax checkpoint directory (a file, or a
@@ -271,17 +315,17 @@ def _remove_entry(root_fd: int, entry: str) -> None:
 def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: str) -> None:
     """Writes every column and the manifest into the new data directory, each fsynced, then the directory."""
     spec = table.spec
-    columns = _columns_for(spec)
-    views = _table_views(table)
     data_fd = os.open(data_name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
     try:
         fds: dict[str, int] = {}
         try:
-            for c in columns:
+            for c in _columns_for(spec):  # the files' names do not depend on the counts of a ring
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
                 fds[c.name] = os.open(c.file, flags, 0o600, dir_fd=data_fd)
-            checksums, saved_empty, states_summary = _stream_rows(native, spec, columns, views, fds)
-            next_seq, commit_seq = native.cursors()  # after the last row: no saved row is newer
+            if spec.step_ring:
+                columns, checksums, described = _write_ring_columns(table, native, fds)
+            else:
+                columns, checksums, described = _write_row_columns(table, native, fds)
             for fd in fds.values():
                 os.fsync(fd)
         finally:
@@ -289,15 +333,12 @@ def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: st
                 os.close(fd)
         manifest = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": STEP_RING_FORMAT_VERSION if spec.step_ring else PADDED_FORMAT_VERSION,
+            **({"layout": STEP_RING_LAYOUT} if spec.step_ring else {}),
             "spec": spec.to_json(),
             "capacity": spec.capacity,
             "max_steps": spec.max_steps,
-            "next_seq": int(next_seq),
-            "commit_seq": int(commit_seq),
-            "size": states_summary[0],
-            "selectable": states_summary[1],
-            "rows_saved_empty": saved_empty,
+            **described,
             "checksum": CHECKSUM,
             "columns": [{**c.describe(), "checksum": f"{checksums[c.name]:08x}"} for c in columns],
             "saved_at_unix_s": time.time(),
@@ -319,6 +360,28 @@ def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: st
         os.fsync(data_fd)
     finally:
         os.close(data_fd)
+
+
+def _write_row_columns(
+    table: Table, native: Any, fds: dict[str, int]
+) -> tuple[list[_Column], dict[str, int], dict[str, Any]]:
+    """A table of padded rows: every row of every column, streamed. Returns the columns, their CRC-32s
+    and the manifest's entries about the rows."""
+    spec = table.spec
+    columns = _columns_for(spec)
+    checksums, saved_empty, states_summary = _stream_rows(native, spec, columns, _table_views(table), fds)
+    next_seq, commit_seq = native.cursors()  # after the last row: no saved row is newer
+    return (
+        columns,
+        checksums,
+        {
+            "next_seq": int(next_seq),
+            "commit_seq": int(commit_seq),
+            "size": states_summary[0],
+            "selectable": states_summary[1],
+            "rows_saved_empty": saved_empty,
+        },
+    )
 
 
 def manifest_checksum(manifest: dict[str, Any]) -> str:
@@ -432,6 +495,194 @@ def _unsettled(before: np.ndarray, after: np.ndarray) -> np.ndarray:
     return (state_generation(before) != generation) | ((generation & np.uint64(1)) == 1)
 
 
+# -- saving a step ring ------------------------------------------------------------------------------
+
+
+def _write_ring_columns(
+    table: Table, native: Any, fds: dict[str, int]
+) -> tuple[list[_Column], dict[str, int], dict[str, Any]]:
+    """A step ring: its committed episodes as of one instant of the save, in insert order, each with its
+    own steps only. Returns the columns (sized by what was saved), their CRC-32s and the manifest's
+    entries about the episodes.
+
+    The status of every row is read first (a seqlock read, as rows are), and every episode committed in
+    it is a candidate; its steps are then copied out of the ring (wrapping its end) a few MiB at a time
+    and its state read again: an episode whose generation changed meanwhile was retired or replaced
+    (its slots may be overwritten) and is left out. Each saved episode kept its generation from the
+    status read to after its last step was copied, so all of them were committed, with exactly the
+    saved steps, at the instant that read ended; the ring held them together then, so their steps fit
+    in a ring of step_capacity."""
+    spec = table.spec
+    snapshot, unsettled = _snapshot_status(native, spec.capacity, dict(table.status_columns))
+    states = snapshot["state"]
+    candidates = np.flatnonzero(((state_generation(states) & np.uint64(1)) == 0) & (snapshot["length"] > 0))
+    candidates = candidates[np.argsort(snapshot["insert_seq"][candidates], kind="stable")]  # insert order
+    step_bytes = {f"field:{name}": field.step_bytes for name, field in spec.fields.items()}
+    files = _StepFiles({name: fds[name] for name in step_bytes}, step_bytes)
+    keep = _stream_ring_steps(native, spec, snapshot, candidates, files)
+    next_seq, commit_seq = native.cursors()  # after the last episode: no saved one is newer
+    next_step = native.step_cursors()[0]
+    rows = candidates[keep]
+    steps = int(snapshot["length"][rows].astype(np.int64).sum())
+    if steps > spec.step_capacity or any(files.offsets[n] != steps * b for n, b in step_bytes.items()):
+        raise CheckpointError(  # the ring's retirement (step_ring.cc) rules this out
+            f"checkpoint of table {table.name!r}: the saved episodes hold {steps} steps, which no ring of "
+            f"step_capacity={spec.step_capacity} held at once; not saved"
+        )
+    status = {
+        "row": rows.astype(np.int32),
+        "state": states[rows],
+        "length": snapshot["length"][rows],
+        "insert_seq": snapshot["insert_seq"][rows],
+        "times_sampled": snapshot["times_sampled"][rows],
+    }
+    checksums = dict(files.checksums)
+    for name, values in status.items():
+        data = memoryview(np.ascontiguousarray(values).view(np.uint8))
+        checksums[name] = zlib.crc32(data)
+        _write_all(fds[name], data)
+    columns = _columns_for(spec, rows.size, steps)
+    return (
+        columns,
+        checksums,
+        {
+            "step_capacity": spec.step_capacity,
+            "episodes": int(rows.size),
+            "steps": steps,
+            "next_seq": int(next_seq),
+            "commit_seq": int(commit_seq),
+            "next_step": int(next_step),
+            "size": int(rows.size),
+            "selectable": int(np.count_nonzero(state_priority(status["state"]) > 0)),
+            "episodes_left_out": unsettled + int(candidates.size - rows.size),
+        },
+    )
+
+
+def _snapshot_status(
+    native: Any, capacity: int, views: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], int]:
+    """Every row's status columns (first_step included), each row a committed row as of one instant or
+    empty (held by a writer or changing on every re-read: length 0); and how many were such. A few
+    bytes per row of the index, never the steps."""
+    snapshot = {name: np.empty(capacity, view.dtype) for name, view in views.items()}
+    rows_per_chunk = max(1, CHUNK_BYTES // sum(view.dtype.itemsize for view in views.values()))
+    unsettled = 0
+    for start in range(0, capacity, rows_per_chunk):
+        stop = min(capacity, start + rows_per_chunk)
+        out = {name: values[start:stop] for name, values in snapshot.items()}
+        unsettled += _copy_consistent_rows(native, views, out, start, stop)
+    return snapshot, unsettled
+
+
+class _StepFiles:
+    """The field files of a step ring's checkpoint, appended to chunk by chunk on the writer thread.
+
+    An episode longer than what is left of a chunk goes on into the next, so its first steps are written
+    before it is known to be intact: a write marks where such an episode begins (offset and CRC-32 of
+    every file), and `take_back` returns there when it turns out changed. What follows overwrites its
+    bytes, and `finish` cuts the files where the last write ended."""
+
+    def __init__(self, fds: dict[str, int], step_bytes: dict[str, int]):
+        self.fds = fds
+        self.step_bytes = step_bytes
+        self.offsets = {name: 0 for name in fds}
+        self.checksums = {name: 0 for name in fds}
+        self.marks = {name: (0, 0) for name in fds}
+
+    def write(self, arrays: dict[str, np.ndarray], steps: int, mark_at: int | None) -> None:
+        """Appends steps [0, steps) of every field; with `mark_at`, marks the place of step mark_at."""
+        for name, array in arrays.items():
+            data = memoryview(array[:steps].reshape(-1).view(np.uint8))
+            if mark_at is None:
+                self._append(name, data)
+            else:
+                split = mark_at * self.step_bytes[name]
+                self._append(name, data[:split])
+                self.marks[name] = (self.offsets[name], self.checksums[name])
+                self._append(name, data[split:])
+
+    def _append(self, name: str, data: memoryview) -> None:  # hashing and writing release the GIL
+        self.checksums[name] = zlib.crc32(data, self.checksums[name])
+        offset = self.offsets[name]
+        while data:
+            written = os.pwrite(self.fds[name], data, offset)
+            data, offset = data[written:], offset + written
+        self.offsets[name] = offset
+
+    def take_back(self) -> None:
+        for name, (offset, checksum) in self.marks.items():
+            self.offsets[name], self.checksums[name] = offset, checksum
+
+    def finish(self) -> None:
+        for name, fd in self.fds.items():
+            os.ftruncate(fd, self.offsets[name])
+
+
+def _stream_ring_steps(
+    native: Any, spec: TableSpec, snapshot: dict[str, np.ndarray], candidates: np.ndarray, files: _StepFiles
+) -> np.ndarray:
+    """Copies the steps of the candidate episodes (rows, in the order they are saved) out of the ring, a
+    chunk of steps at a time (natively, wrapping the ring's end), checks each episode's state after
+    every chunk that holds steps of it, and writes the chunk (without the episodes that changed) on a
+    second thread while the next one is copied. Returns which candidates were saved."""
+    lengths = snapshot["length"][candidates].astype(np.int64)
+    first_steps = snapshot["first_step"][candidates]
+    generations = state_generation(snapshot["state"][candidates])
+    keep = np.ones(candidates.size, bool)
+    # The candidates' steps back to back: candidate i holds [ends[i] - lengths[i], ends[i]).
+    ends = np.cumsum(lengths)
+    begins = ends - lengths
+    total = int(ends[-1]) if ends.size else 0
+    names = [f"field:{name}" for name in spec.fields]
+    per_chunk = max(1, min(total, CHUNK_BYTES // sum(files.step_bytes.values())))
+    buffers = [
+        {f"field:{name}": np.empty((per_chunk, *f.shape), f.dtype) for name, f in spec.fields.items()}
+        for _ in range(2 if total else 0)
+    ]
+    pending: list[Future | None] = [None, None]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gear_jax_checkpoint") as writer:
+        position, index = 0, 0
+        while position < total:
+            stop = min(position + per_chunk, total)
+            slot = index % 2
+            index += 1
+            if pending[slot] is not None:
+                pending[slot].result()  # this buffer's previous chunk is written
+            chunk = buffers[slot]
+            first = int(np.searchsorted(ends, position, side="right"))  # the episode holding step `position`
+            last = int(np.searchsorted(ends, stop, side="left"))  # the one holding step stop - 1
+            pieces = np.arange(first, last + 1)
+            skip = np.maximum(position - begins[pieces], 0)  # steps of each episode in earlier chunks
+            counts = np.minimum(ends[pieces], stop) - begins[pieces] - skip
+            native.copy_ring_steps(
+                first_steps[pieces] + skip.astype(np.uint64), counts, [chunk[name] for name in names]
+            )
+            intact = state_generation(native.read_states_at(candidates[pieces])) == generations[pieces]
+            keep[pieces[~intact]] = False
+            if skip[0] > 0 and not intact[0]:  # begun in an earlier chunk: take its steps written back
+                writer.submit(files.take_back)
+            goes_on = int(ends[last]) > stop  # the last episode goes on into the next chunk
+            position = stop
+            if goes_on and not intact[-1]:
+                position, goes_on = int(ends[last]), False  # the rest of a changed episode: not copied
+            steps = int(counts.sum())
+            arrays = chunk
+            if not intact.all():
+                mask = np.repeat(intact, counts)
+                arrays = {name: chunk[name][:steps][mask] for name in names}
+                steps = int(np.count_nonzero(mask))
+            # Where an episode that goes on into the next chunk begins in this one (none when it began
+            # in an earlier chunk: the mark stays where that chunk put it).
+            mark_at = steps - int(counts[-1]) if goes_on and skip[-1] == 0 else None
+            pending[slot] = writer.submit(files.write, arrays, steps, mark_at)
+        for future in pending:
+            if future is not None:
+                future.result()
+    files.finish()
+    return keep
+
+
 # -- loading -----------------------------------------------------------------------------------------
 
 
@@ -462,7 +713,12 @@ def load(
     try:
         table = create(checkpoint.spec)
         try:
-            _restore(table, checkpoint)
+            if table.spec != checkpoint.spec:
+                raise _refuse(checkpoint.root, _spec_mismatch(checkpoint.spec, table.spec))
+            if checkpoint.spec.step_ring:
+                _restore_ring(table, checkpoint)
+            else:
+                _restore(table, checkpoint)
         except BaseException:
             table.close()
             raise
@@ -473,6 +729,36 @@ def load(
 
 def _refuse(root: Path, reason: str) -> CheckpointError:
     return CheckpointError(f"checkpoint '{root}': {reason}")
+
+
+def _kind(spec: TableSpec) -> str:
+    if spec.step_ring:
+        return f"a step ring (step_capacity={spec.step_capacity})"
+    return f"a table of padded rows (max_steps={spec.max_steps})"
+
+
+def _spec_mismatch(saved: TableSpec, target: TableSpec) -> str:
+    """Why a checkpoint of a table of `saved` does not load into a table of `target`."""
+    if saved.step_ring != target.step_ring:
+        return (
+            f"it holds {_kind(saved)}, and the table to load into is {_kind(target)}: a checkpoint "
+            "loads only into a table of its own kind and spec"
+        )
+    differences = [
+        f"{attr}={getattr(saved, attr)} != {getattr(target, attr)}"
+        for attr in ("capacity", "max_steps", "step_capacity")
+        if getattr(saved, attr) != getattr(target, attr)
+    ]
+    if saved.fields != target.fields:
+
+        def fields(spec: TableSpec) -> str:
+            return ", ".join(f"{n}: {f.dtype.name}{list(f.shape)}" for n, f in spec.fields.items())
+
+        differences.append(f"fields {{{fields(saved)}}} != {{{fields(target)}}}")
+    return (
+        f"the table to load into has another spec than the checkpoint's ({'; '.join(differences)}); "
+        "a checkpoint loads only into a table of its own spec"
+    )
 
 
 def _is_plain_name(name: Any) -> bool:
@@ -584,6 +870,7 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> tuple[TableSpec, li
             f"{MANIFEST} says capacity={manifest.get('capacity')}, max_steps={manifest.get('max_steps')}, "
             f"but its spec has capacity={spec.capacity}, max_steps={spec.max_steps}",
         )
+    episodes, steps = _check_layout(root, manifest, spec)
     for key in ("next_seq", "commit_seq"):
         value = manifest.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
@@ -593,7 +880,7 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> tuple[TableSpec, li
             root, f"{MANIFEST} uses checksum {manifest.get('checksum')!r}; this gear_jax checks {CHECKSUM!r}"
         )
     entries = manifest.get("columns")
-    expected = _columns_for(spec)
+    expected = _columns_for(spec, episodes, steps)
     if not isinstance(entries, list) or len(entries) != len(expected):
         found = len(entries) if isinstance(entries, list) else entries
         raise _refuse(root, f"{MANIFEST} lists {found} columns; its spec needs {len(expected)}")
@@ -624,6 +911,47 @@ def _check_manifest(root: Path, manifest: dict[str, Any]) -> tuple[TableSpec, li
     if len({c.file for c in columns}) != len(columns):
         raise _refuse(root, f"{MANIFEST} names one file for two columns")
     return spec, columns, checksums
+
+
+def _check_layout(root: Path, manifest: dict[str, Any], spec: TableSpec) -> tuple[int, int]:
+    """Checks that the manifest's layout (padded rows, or a step ring's episodes) is its spec's kind;
+    returns a step ring's counts of episodes and steps (0, 0 for padded rows)."""
+    layout = manifest.get("layout")
+    if layout is not None and layout != STEP_RING_LAYOUT:
+        raise _refuse(
+            root,
+            f"{MANIFEST} has layout {layout!r}; this gear_jax reads padded rows (no layout) and "
+            f"{STEP_RING_LAYOUT!r}",
+        )
+    ring = layout == STEP_RING_LAYOUT
+    if ring and manifest["version"] < STEP_RING_FORMAT_VERSION:
+        raise _refuse(
+            root,
+            f"{MANIFEST} has layout {STEP_RING_LAYOUT!r} in format version {manifest['version']}, which "
+            f"has no step rings (they came with version {STEP_RING_FORMAT_VERSION})",
+        )
+    if ring != spec.step_ring:
+        held = f"a step ring's episodes (layout {STEP_RING_LAYOUT!r})" if ring else "padded rows (no layout)"
+        raise _refuse(
+            root,
+            f"{MANIFEST} holds {held}, but its spec is {_kind(spec)}: the checkpoint's kind and its spec "
+            "do not match",
+        )
+    if not ring:
+        return 0, 0
+    if manifest.get("step_capacity") != spec.step_capacity:
+        raise _refuse(
+            root,
+            f"{MANIFEST} says step_capacity={manifest.get('step_capacity')!r}, but its spec has "
+            f"step_capacity={spec.step_capacity}",
+        )
+    counts = []
+    for key, high in (("episodes", spec.capacity), ("steps", spec.step_capacity)):
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high:
+            raise _refuse(root, f"{MANIFEST} has an invalid {key} {value!r} (expected an int in [0, {high}])")
+        counts.append(value)
+    return counts[0], counts[1]
 
 
 def _open_column(root: Path, data_fd: int, column: _Column) -> int:
@@ -689,9 +1017,9 @@ def _read_chunks(
         return array
 
     crc = 0
-    starts = list(range(0, capacity, rows_per_chunk))
+    starts = list(range(0, capacity, rows_per_chunk))  # none for a step ring's checkpoint of no episodes
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gear_jax_checkpoint") as reader:
-        ahead = reader.submit(read, starts[0], 0)
+        ahead = reader.submit(read, starts[0], 0) if starts else None
         for index, start in enumerate(starts):
             array = ahead.result()
             if index + 1 < len(starts):
@@ -736,3 +1064,57 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
     for start, states in _read_chunks(checkpoint, state, rows_per_chunk):
         native.publish_restored_rows(start, states)
     native.restore_cursors(checkpoint.manifest["next_seq"], checkpoint.manifest["commit_seq"])
+
+
+def _restore_ring(table: Table, checkpoint: _Checkpoint) -> None:
+    """Fills a new step ring: the episodes' status is read and checked whole first; then the step cursor
+    is raised past the restored steps, the steps are read straight into the ring's slots [0, steps) (the
+    episodes back to back in insert order, as saved) and the status into the episodes' rows, while every
+    row is still empty; then the rows are published, and the cursors and counters restored last."""
+    spec, manifest = checkpoint.spec, checkpoint.manifest
+    columns = {c.name: c for c in checkpoint.columns}
+    status: dict[str, np.ndarray] = {}
+    for name, _ in RING_STATUS_COLUMNS:
+        column = columns[name]
+        status[name] = np.empty(column.shape, column.dtype)
+        rows_per_chunk = max(1, CHUNK_BYTES // column.row_bytes)
+        for _ in _read_chunks(checkpoint, column, rows_per_chunk, into=status[name]):
+            pass  # read into status[name]; the checksum is checked after the last chunk
+    rows, lengths, states = status["row"], status["length"], status["state"]
+    if ((rows < 0) | (rows >= spec.capacity)).any() or np.unique(rows).size != rows.size:
+        raise _refuse(
+            checkpoint.root, f"'{columns['row'].file}' holds rows outside [0, {spec.capacity}) or one twice"
+        )
+    if ((lengths < 1) | (lengths > spec.max_steps)).any() or int(lengths.astype(np.int64).sum()) != (
+        manifest["steps"]
+    ):
+        raise _refuse(
+            checkpoint.root,
+            f"'{columns['length'].file}' holds lengths outside [1, {spec.max_steps}] or not summing to the "
+            f"{manifest['steps']} steps saved",
+        )
+    priority = state_priority(states)
+    if ((state_generation(states) & np.uint64(1)) == 1).any() or not (
+        np.isfinite(priority) & (priority >= 0)
+    ).all():
+        raise _refuse(
+            checkpoint.root,
+            f"'{columns['state'].file}' holds episodes no save writes (odd generations or bad priorities)",
+        )
+    native = table.native
+    native.restore_step_cursor(manifest["steps"])  # the next insert claims the steps after them
+    for name in spec.fields:
+        column = columns[f"field:{name}"]
+        view = table.columns[name]
+        rows_per_chunk = max(1, CHUNK_BYTES // column.row_bytes)
+        for start, steps in _read_chunks(checkpoint, column, rows_per_chunk, into=view):
+            if not view.flags.c_contiguous:  # else read into the ring itself
+                view[start : start + len(steps)] = steps
+    views = table.status_columns
+    first_step = np.cumsum(lengths, dtype=np.uint64) - lengths.astype(np.uint64)
+    views["first_step"][rows] = first_step
+    views["length"][rows] = lengths
+    views["insert_seq"][rows] = status["insert_seq"]
+    views["times_sampled"][rows] = status["times_sampled"]
+    native.publish_restored_rows_at(rows.astype(np.int64), states)
+    native.restore_cursors(manifest["next_seq"], manifest["commit_seq"])

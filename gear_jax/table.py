@@ -585,7 +585,10 @@ class Table:
         replacing an earlier checkpoint there atomically: a process killed at any moment leaves the
         previous checkpoint loadable. Safe while other processes write: each saved row is a committed
         row as of some instant during the save; rows held by a writer are saved as empty. Streams the
-        columns a few MiB at a time (no second copy of the table in memory). See `gear_jax.checkpoint`.
+        columns a few MiB at a time (no second copy of the table in memory). A step ring saves its
+        committed episodes (as of one instant during the save, each exact), each with only its own
+        steps: the checkpoint's size is that of the stored steps, not of step_capacity. See
+        `gear_jax.checkpoint`.
 
         Raises:
           CheckpointError: `path` holds something other than a gear_jax checkpoint, or the table is closed.
@@ -615,10 +618,16 @@ class Table:
         `casting` and `rate_limiter` are those of `Table.create`; a checkpoint keeps no limiter counts:
         the loaded rows count toward `size` (and so `min_size_to_sample`) but not as inserts.
 
+        A step ring's checkpoint loads into a new ring of the same spec: its episodes back to back from
+        the ring's start in insert order (first_step 0, then each one after the last), in the rows they
+        had, with their priorities, generations, insert order and times sampled; the step cursor
+        follows the restored steps, so inserts go on after them and retire the oldest first.
+
         Raises:
           CheckpointError: `path` is not a gear_jax checkpoint, is of a newer format, names files
             outside itself or symbolic links, or a file is truncated, corrupted (checksum) or of
-            another size than the spec implies. The new table is removed then.
+            another size than the spec implies, or its kind (padded rows or step ring) and its spec
+            disagree. The new table is removed then.
           InvalidArgumentError: `name` is malformed or already in use.
         """
         from gear_jax import checkpoint

@@ -176,6 +176,52 @@ py::tuple Cursors(OpenTable& self) {
                         __atomic_load_n(&h->commit_seq, __ATOMIC_SEQ_CST));
 }
 
+// ReadStates for the rows `rows` (a save of a step ring checks the episodes it copied, in any rows).
+py::array_t<uint64_t> ReadStatesAt(OpenTable& self,
+                                   py::array_t<int64_t, py::array::c_style | py::array::forcecast> rows) {
+  py::array_t<uint64_t> out(rows.size());
+  ReadRowStatesAt(self.table().view(), rows.data(), static_cast<int64_t>(rows.size()), out.mutable_data());
+  return out;
+}
+
+// The steps [starts[i], starts[i] + counts[i]) of a step ring into out[f] (one C-contiguous array per
+// field, each of at least sum(counts) steps), back to back (CopyRingSteps). The GIL is released while
+// the steps are copied, so that a save checksums and writes the previous chunk meanwhile.
+void CopyRingStepsInto(OpenTable& self,
+                       py::array_t<uint64_t, py::array::c_style | py::array::forcecast> starts,
+                       py::array_t<int64_t, py::array::c_style | py::array::forcecast> counts,
+                       const std::vector<py::array>& out) {
+  const TableView& view = self.table().view();
+  if (starts.size() != counts.size())
+    throw std::invalid_argument("starts and counts need one entry per piece");
+  if (static_cast<int32_t>(out.size()) != view.num_fields)
+    throw std::invalid_argument("expected one array per field");
+  int64_t total = 0;
+  for (py::ssize_t i = 0; i < counts.size(); ++i) total += std::max<int64_t>(counts.data()[i], 0);
+  std::vector<uint8_t*> targets(out.size());
+  for (size_t f = 0; f < out.size(); ++f) {
+    const py::array& array = out[f];
+    if (!(array.flags() & py::array::c_style) || !array.writeable()) {
+      throw std::invalid_argument("field " + std::to_string(f) + " is not a writable C-contiguous array");
+    }
+    if (array.nbytes() < static_cast<py::ssize_t>(total * view.fields[f].step_bytes)) {
+      throw std::invalid_argument("field " + std::to_string(f) + " holds " + std::to_string(array.nbytes()) +
+                                  " bytes, fewer than " + std::to_string(total) + " steps");
+    }
+    targets[f] = static_cast<uint8_t*>(const_cast<void*>(array.data()));
+  }
+  py::gil_scoped_release release;
+  CopyRingSteps(view, starts.data(), counts.data(), static_cast<int64_t>(counts.size()), targets.data());
+}
+
+// A step ring's cursors, for a checkpoint's manifest: next_step, retire_target, retired_below.
+py::tuple StepCursors(OpenTable& self) {
+  const TableHeader* h = self.table().header();
+  return py::make_tuple(__atomic_load_n(&h->next_step, __ATOMIC_SEQ_CST),
+                        __atomic_load_n(&h->retire_target, __ATOMIC_SEQ_CST),
+                        __atomic_load_n(&h->retired_below, __ATOMIC_SEQ_CST));
+}
+
 // The largest priority a row of the table was given so far (0 before any row had one above 0).
 float MaxPriority(OpenTable& self) {
   const uint32_t bits = __atomic_load_n(self.table().view().max_priority_bits, __ATOMIC_RELAXED);
@@ -443,6 +489,23 @@ PYBIND11_MODULE(_native, m) {
             gear::RestoreCursors(self.table(), next_seq, commit_seq);
           },
           py::arg("next_seq"), py::arg("commit_seq"))
+      .def("read_states_at", &gear::ReadStatesAt, py::arg("rows"))
+      .def("copy_ring_steps", &gear::CopyRingStepsInto, py::arg("starts"), py::arg("counts"), py::arg("out"))
+      .def("step_cursors", &gear::StepCursors)
+      .def(
+          "publish_restored_rows_at",
+          [](OpenTable& self, py::array_t<int64_t, py::array::c_style | py::array::forcecast> rows,
+             py::array_t<uint64_t, py::array::c_style | py::array::forcecast> states) {
+            if (rows.size() != states.size())
+              throw std::invalid_argument("rows and states need one entry per row");
+            return gear::PublishRestoredRowsAt(self.table().view(), rows.data(), states.data(),
+                                               static_cast<int64_t>(states.size()));
+          },
+          py::arg("rows"), py::arg("states"))
+      .def(
+          "restore_step_cursor",
+          [](OpenTable& self, uint64_t next_step) { gear::RestoreStepCursor(self.table(), next_step); },
+          py::arg("next_step"))
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
            py::arg("priorities"), py::arg("timeout") = py::none(), py::arg("admit") = true)
       .def("claim", &OpenTable::Claim)
