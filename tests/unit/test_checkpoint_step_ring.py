@@ -160,17 +160,21 @@ def test_round_trip_restores_the_same_episodes_compacted(tmp_path, tables):
         np.testing.assert_array_equal(np.asarray(batch["step"][i, :n]), np.arange(start, start + n))
         np.testing.assert_array_equal(np.asarray(batch["episode"][i, :n]), before[int(row)][1]["episode"][0])
 
-    # Inserts go on after the restored steps, and retire the oldest restored episodes first.
+    # Inserts go on after the restored steps (wrapping the ring's end), and retire the oldest restored
+    # episodes first.
     order = sorted(after, key=lambda r: after[r][0]["insert_seq"])
-    length = 40
-    loaded.insert(padded_batch([next_id], [length]), lengths=np.array([length]))
+    assert manifest["steps"] > 80
+    new_ids = list(range(next_id, next_id + 3))
+    loaded.insert(padded_batch(new_ids, [40, 40, 40]), lengths=np.array([40, 40, 40]))
     now = episodes_of(loaded)
-    new_row = max(now, key=lambda r: now[r][0]["insert_seq"])
-    assert now[new_row][0]["first_step"] == manifest["steps"]
-    assert_intact(now[new_row][1], next_id, length)
+    new_rows = sorted(now, key=lambda r: now[r][0]["insert_seq"])[-3:]
+    assert [int(now[r][0]["first_step"]) for r in new_rows] == [manifest["steps"] + k * 40 for k in range(3)]
+    for row, episode_id in zip(new_rows, new_ids):
+        assert_intact(now[row][1], episode_id, 40)
     survivors = [
         row for row in order if row in now and now[row][0]["insert_seq"] == after[row][0]["insert_seq"]
     ]
+    assert 0 < len(survivors) < len(order)
     assert survivors == order[len(order) - len(survivors) :]  # a suffix in insert order
     for row in survivors:
         assert_intact(now[row][1], int(after[row][1]["episode"][0]), int(after[row][0]["length"]))
@@ -369,7 +373,7 @@ def test_save_while_another_process_inserts_holds_only_intact_episodes(tmp_path,
             try:
                 status = loaded.row_status()
                 rows = np.flatnonzero(status["length"] > 0)
-                assert loaded.size == rows.size == manifest["episodes"] > 0
+                assert loaded.size == rows.size == manifest["episodes"]  # 0 if the writer lapped the save
                 assert_compacted(loaded)
                 k = np.arange(width, dtype=np.uint64)
                 for row in rows:
@@ -390,8 +394,7 @@ def test_save_while_another_process_inserts_holds_only_intact_episodes(tmp_path,
     finally:
         writer.kill()
         writer.wait()
-    assert checked > 8 * 50
-    print(f"episodes checked {checked}, left out {left_out}")
+    assert checked > 100, f"only {checked} episodes saved ({left_out} left out)"
 
 
 # -- refusals ----------------------------------------------------------------------------------------
