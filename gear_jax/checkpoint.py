@@ -708,7 +708,8 @@ def load(
     create: Callable[[TableSpec], Table],
 ) -> Table:
     """Reads the checkpoint at `path` into a new table made by `create(spec)` (a fresh table: every
-    row empty, generation 0); see `Table.load`."""
+    row empty, generation 0); see `Table.load`. A table of another kind (padded rows or step ring) or
+    spec than the checkpoint's is refused (CheckpointError naming both) and closed."""
     checkpoint = _open_checkpoint(Path(os.fspath(path)))
     try:
         table = create(checkpoint.spec)
