@@ -120,7 +120,7 @@ class Table:
         self._insert_seq = column(layout["insert_seq"], np.uint64, (capacity,), (8,))
         self._times_sampled = column(layout["times_sampled"], np.uint32, (capacity,), (4,))
         # `add` of a transition table writes through a RowWriter: one native call for common values.
-        self._row_writer = row_writer(native, spec) if steps == 1 else None
+        self._row_writer = row_writer(native, spec) if steps == 1 and not spec.step_ring else None
 
     # -- opening and closing ------------------------------------------------------------------
 

@@ -275,6 +275,10 @@ bool RowWriter::Pack(py::handle step, bool strict) {
 void RowWriter::WritePacked(int64_t row, int32_t step) {
   if (!packed_) throw std::logic_error("RowWriter.write_packed without a packed step");
   const TableView& view = table_->table().view();
+  if (view.step_capacity > 0) {
+    Release();
+    throw std::logic_error("RowWriter.write_packed: a step ring's steps are staged (stage_packed)");
+  }
   if (row < 0 || row >= view.capacity || step < 0 || step >= view.max_steps) {
     Release();
     throw std::out_of_range("row " + std::to_string(row) + ", step " + std::to_string(step) +
@@ -291,12 +295,8 @@ void RowWriter::WritePacked(int64_t row, int32_t step) {
 int64_t RowWriter::Add(py::handle row, bool strict, double priority, std::optional<double> timeout) {
   if (table_->closed()) return -2;
   if (!std::isfinite(priority) || priority < 0 || priority > FLT_MAX) return -1;
+  if (table_->table().step_ring()) return -1;  // Table.add of a step ring inserts whole episodes
   if (!Pack(row, strict)) return -1;
-  if (table_->table().step_ring()) {  // an episode of one step
-    DropStaged();
-    StagePacked();
-    return CommitStaged(static_cast<float>(priority), timeout);
-  }
   RateLimiter& limiter = table_->table().rate_limiter();
   std::optional<InsertReservation> reservation;  // gives the insert back if the row is not published
   if (limiter.enabled()) {

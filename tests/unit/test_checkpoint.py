@@ -476,7 +476,8 @@ def test_a_first_save_killed_before_its_link_does_not_block_the_next(tmp_path, t
 def test_refuses_newer_and_invalid_versions(saved_checkpoint):
     path, data, _ = saved_checkpoint
     edit_manifest(data, lambda m: m.update(version=checkpoint.FORMAT_VERSION + 1))
-    refused(path, r"has checkpoint format version 2, newer than this gear_jax reads \(1\)")
+    newer, reads = checkpoint.FORMAT_VERSION + 1, checkpoint.FORMAT_VERSION
+    refused(path, rf"has checkpoint format version {newer}, newer than this gear_jax reads \({reads}\)")
     edit_manifest(data, lambda m: m.update(version="1"))
     refused(path, "invalid format version '1'")
 
