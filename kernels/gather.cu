@@ -102,7 +102,9 @@ __device__ void ZeroBytes(uint8_t* dst, int64_t bytes, int lane) {
 
 // One output row per group: check the generation (acquire), copy the window of every field and zero
 // the rest, fence, read the generation again. A row whose generation differs or is odd at either read,
-// on any thread of the group, is zeroed and invalid.
+// on any thread of the group, is zeroed and invalid. In a step ring the window starts at the row's first
+// step (read after the generation, as gather.cc reads it) and comes in two pieces where it wraps the
+// ring's end.
 template <int kThreads>
 __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
     GatherKernel(const __grid_constant__ TableView t, const int32_t* indices, const uint32_t* generations,
@@ -128,6 +130,7 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
 
   bool ok = false;
   int64_t steps = 0;
+  uint64_t first_step = 0;  // a step ring: the row's first step, read inside the seqlock
   if (in_range) {
     const uint64_t before = device::LoadAcquire(&t.state[row]);
     ok = StateGeneration(before) == generation && (generation & 1u) == 0;
@@ -136,14 +139,18 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
       ok = LengthInRange(length, t.max_steps);  // else a damaged file: the row is invalid, nothing read
       const int64_t left = ok ? length - start : 0;
       steps = left < 0 ? 0 : (left > window ? window : left);
+      if (t.step_capacity > 0) first_step = device::LoadRelaxed(&t.first_step[row]);
     }
   }
   for (int32_t f = 0; f < r.num_fields; ++f) {
     const FieldView& field = t.fields[r.field_ids[f]];
     uint8_t* dst = out.fields[f] + i * window * field.step_bytes;
+    int64_t head = 0;  // the steps before the ring's end (all of them for padded rows)
+    const uint8_t* src = steps > 0 ? StepSource(t, field, row, first_step, start, steps, &head) : nullptr;
     const int64_t copied = steps * field.step_bytes;
-    if (copied > 0) {
-      CopyBytes<kThreads>(field.data + row * field.row_stride + start * field.step_bytes, dst, copied, lane);
+    if (head > 0) CopyBytes<kThreads>(src, dst, head * field.step_bytes, lane);
+    if (steps > head) {  // the window wraps the ring's end: the rest from its first slot
+      CopyBytes<kThreads>(field.data, dst + head * field.step_bytes, (steps - head) * field.step_bytes, lane);
     }
     ZeroBytes<kThreads>(dst + copied, window * field.step_bytes - copied, lane);
   }

@@ -41,14 +41,23 @@ __device__ SampleRequest Seeded(SampleRequest r, const uint32_t* seed) {
   return r;
 }
 
+// Whether uniform picks place their windows by KeepWindow (selection.h), as sample.cc's `windowed`.
+__host__ __device__ bool Windowed(const SampleRequest& r) {
+  return r.window > 0 && (r.skip_short || r.uniform_starts);
+}
+
+// `start`: the window's start where the caller drew it (uniform picks), -1 to draw it here (sample.cc).
 __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick,
-                       int64_t row, uint32_t generation, float probability) {
+                       int64_t row, uint32_t generation, float probability, int32_t start = -1) {
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = generation;
   out.probabilities[pick] = probability;
-  out.starts[pick] = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), r.window, r.seed0,
-                                                r.seed1, static_cast<uint32_t>(pick))
-                                  : 0;
+  if (start < 0) {
+    start = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), r.window, r.seed0, r.seed1,
+                                       static_cast<uint32_t>(pick))
+                         : 0;
+  }
+  out.starts[pick] = start;
   // A count, not part of the consistency model: without system-scope atomics an increment that races
   // with the CPU's or another GPU's can be lost.
   device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);
@@ -56,8 +65,8 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
 
 // ---- uniform ---------------------------------------------------------------------------------------
 
-// One thread per pick: the rejection draws of sample.cc. A pick that finds no selectable row in
-// kUniformAttempts draws is marked with index -1 for the fallback.
+// One thread per pick: the rejection draws of sample.cc, windows kept or rejected by KeepWindow with the
+// same draws. A pick that finds no row in kUniformAttempts draws is marked with index -1 for the fallback.
 __global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
                                   SampleResult out) {
   const int64_t i = ThreadIndex();
@@ -65,39 +74,69 @@ __global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* 
   r = Seeded(r, seed);
   const int64_t rows = *claimed;
   const uint32_t pick = static_cast<uint32_t>(i);
+  const bool windowed = Windowed(r);
+  // The longest row bounds every row's count of windows (a view without the word: max_steps does). Only
+  // uniform starts read it (KeepWindow), so only they load it.
+  int32_t longest = t.max_steps;
+  if (windowed && r.uniform_starts && t.longest != nullptr) longest = device::LoadRelaxed(t.longest);
   for (int attempt = 0; rows > 0 && attempt < kUniformAttempts; ++attempt) {
-    const double u = UniformDouble(r.seed0, r.seed1, pick, attempt, Draw::kSelect);
+    const double u = UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
     const int64_t drawn = static_cast<int64_t>(u * rows);
     const int64_t candidate = drawn < rows - 1 ? drawn : rows - 1;
     const uint64_t s = device::LoadAcquire(&t.state[candidate]);
-    if (RowSelectable(t, candidate, s)) {
+    if (!RowSelectable(t, candidate, s)) continue;
+    if (!windowed) {
       Record(t, r, out, i, candidate, StateGeneration(s), 0.0f);
+      return;
+    }
+    int32_t start = 0;
+    if (KeepWindow(device::LoadRelaxed(&t.length[candidate]), r.window, r.skip_short, r.uniform_starts,
+                   longest, r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), &start)) {
+      Record(t, r, out, i, candidate, StateGeneration(s), 0.0f, start);
       return;
     }
   }
   out.indices[i] = -1;
 }
 
+// A row's weight in the exact fallback, as sample.cc weighs it: 0 where it cannot be picked (not
+// selectable, a length out of range, or no window under skip_short); else its count of windows
+// (WindowCount) under uniform_starts, and 1 otherwise.
+__device__ int64_t FallbackWeight(const TableView& t, const SampleRequest& r, int64_t row, uint64_t s) {
+  if (!StateSelectable(s)) return 0;
+  const int32_t length = device::LoadRelaxed(&t.length[row]);
+  if (!LengthInRange(length, t.max_steps)) return 0;
+  if (!Windowed(r)) return 1;
+  const int64_t count = WindowCount(length, r.window, r.skip_short);
+  return count > 0 && !r.uniform_starts ? 1 : count;
+}
+
 // One block. Without marked picks: every pick's probability is 1 / the table's selectable count. With
-// some: the exact fallback of sample.cc. Pass 1 counts the selectable rows V; each marked pick draws
-// its rank k = floor(u V) among them; pass 2 walks the rows tile by tile and hands the k-th selectable
-// row to the picks of rank k.
+// some: the exact fallback of sample.cc. Pass 1 counts the rows of positive weight V (FallbackWeight)
+// and adds their weights W; each marked pick draws its rank k = floor(u W) among the weights. Pass 2
+// walks the rows tile by tile (a scan of the weights) and hands the row whose weights [before, before +
+// weight) hold k to the picks of rank k (sample.cc: std::upper_bound over the same sums), with the
+// window start k - before under uniform_starts.
 __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     UniformFinishKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
                         int64_t* ranks, SampleResult out, DeviceError* error) {
   constexpr int kThreads = SamplePolicy::kFallbackThreads;
   using Reduce = cub::BlockReduce<int64_t, kThreads>;
-  using Scan = cub::BlockScan<int32_t, kThreads>;
+  using IndexScan = cub::BlockScan<int32_t, kThreads>;
+  using WeightScan = cub::BlockScan<int64_t, kThreads>;
   __shared__ union {
     typename Reduce::TempStorage reduce;
-    typename Scan::TempStorage scan;
+    typename IndexScan::TempStorage index_scan;
+    typename WeightScan::TempStorage weight_scan;
   } temp;
-  __shared__ int32_t tile_rows[kThreads];     // the tile's selectable rows, by rank
-  __shared__ uint64_t tile_states[kThreads];  // and the states they were selected with
-  __shared__ int64_t selectable_rows;
+  __shared__ int32_t tile_rows[kThreads];     // the tile's rows of positive weight, in row order
+  __shared__ uint64_t tile_states[kThreads];  // the states they were weighed with
+  __shared__ int64_t tile_before[kThreads];   // the weights of the tile's rows before each of them
+  __shared__ int64_t selectable_rows, total_weight;
   r = Seeded(r, seed);
   const int64_t rows = *claimed;
   const int tid = static_cast<int>(threadIdx.x);
+  const bool starts_by_rank = Windowed(r) && r.uniform_starts;
 
   bool marked = false;
   for (int64_t i = tid; i < r.batch_size; i += kThreads) marked = marked || out.indices[i] < 0;
@@ -105,13 +144,22 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     if (tid == 0) selectable_rows = device::LoadRelaxed(t.selectable);
     __syncthreads();
   } else {
-    int64_t mine = 0;
-    for (int64_t k = tid; k < rows; k += kThreads)
-      mine += RowSelectable(t, k, device::LoadAcquire(&t.state[k])) ? 1 : 0;
-    const int64_t total = Reduce(temp.reduce).Sum(mine);
-    if (tid == 0) selectable_rows = total;
+    int64_t mine = 0, mine_weight = 0;
+    for (int64_t k = tid; k < rows; k += kThreads) {
+      const int64_t weight = FallbackWeight(t, r, k, device::LoadAcquire(&t.state[k]));
+      mine += weight > 0 ? 1 : 0;
+      mine_weight += weight;
+    }
+    const int64_t counted = Reduce(temp.reduce).Sum(mine);
+    __syncthreads();
+    const int64_t weighed = Reduce(temp.reduce).Sum(mine_weight);
+    if (tid == 0) {
+      selectable_rows = counted;
+      total_weight = weighed;
+    }
     __syncthreads();
     const int64_t count = selectable_rows;
+    const int64_t total = total_weight;
     if (count == 0) {
       for (int64_t i = tid; i < r.batch_size; i += kThreads) {
         if (out.indices[i] < 0) RecordFailed(out, i);
@@ -123,38 +171,55 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     for (int64_t i = tid; i < r.batch_size; i += kThreads) {
       if (out.indices[i] >= 0) continue;
       const double u = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kFallback);
-      const int64_t rank = static_cast<int64_t>(u * count);
-      ranks[i] = rank < count - 1 ? rank : count - 1;
+      const int64_t rank = static_cast<int64_t>(u * static_cast<double>(total));
+      ranks[i] = rank < total - 1 ? rank : total - 1;
     }
 
-    int64_t before = 0;  // selectable rows in earlier tiles
+    int64_t before = 0;  // the weights of earlier tiles
     int32_t last_row = -1;
     uint64_t last_state = 0;
     for (int64_t first = 0; first < rows; first += kThreads) {
       const int64_t k = first + tid;
       const uint64_t s = k < rows ? device::LoadAcquire(&t.state[k]) : 0;
-      const int32_t selectable = k < rows && RowSelectable(t, k, s) ? 1 : 0;
-      int32_t rank, tile_count;
-      Scan(temp.scan).ExclusiveSum(selectable, rank, tile_count);
-      if (selectable) {
-        tile_rows[rank] = static_cast<int32_t>(k);
-        tile_states[rank] = s;
+      const int64_t weight = k < rows ? FallbackWeight(t, r, k, s) : 0;
+      int32_t index, tile_count;
+      IndexScan(temp.index_scan).ExclusiveSum(weight > 0 ? 1 : 0, index, tile_count);
+      __syncthreads();
+      int64_t offset, tile_weight;
+      WeightScan(temp.weight_scan).ExclusiveSum(weight, offset, tile_weight);
+      if (weight > 0) {
+        tile_rows[index] = static_cast<int32_t>(k);
+        tile_states[index] = s;
+        tile_before[index] = offset;
       }
       __syncthreads();
       for (int64_t i = tid; i < r.batch_size; i += kThreads) {
         if (out.indices[i] >= 0) continue;
         const int64_t at = ranks[i] - before;
-        if (at >= 0 && at < tile_count)
-          Record(t, r, out, i, tile_rows[at], StateGeneration(tile_states[at]), 0.0f);
+        if (at < 0 || at >= tile_weight) continue;
+        // The last of the tile's rows whose weights begin at or before `at` (tile_before[0] = 0 <= at).
+        int32_t low = 0, high = tile_count;  // the first row beginning after `at`: [low, high) narrows to it
+        while (low < high) {
+          const int32_t mid = low + (high - low) / 2;
+          if (tile_before[mid] > at) {
+            high = mid;
+          } else {
+            low = mid + 1;
+          }
+        }
+        const int32_t j = low - 1;
+        Record(t, r, out, i, tile_rows[j], StateGeneration(tile_states[j]), 0.0f,
+               starts_by_rank ? static_cast<int32_t>(at - tile_before[j]) : -1);
       }
       if (tile_count > 0) {
         last_row = tile_rows[tile_count - 1];
         last_state = tile_states[tile_count - 1];
       }
-      before += tile_count;
+      before += tile_weight;
       __syncthreads();
     }
-    // Writers emptied rows between the passes: the ranks past the end take the last selectable row.
+    // Writers emptied rows between the passes: the ranks past the end take the last row of positive
+    // weight, with a start drawn for it (WindowStart: one of its windows).
     for (int64_t i = tid; i < r.batch_size; i += kThreads) {
       if (out.indices[i] >= 0) continue;
       if (last_row >= 0) {
@@ -178,6 +243,18 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
 // prioritized, fifo, lifo, topk: the table's count of selectable rows into the result.
 __global__ void StoreSelectableKernel(TableView t, int32_t* selectable) {
   *selectable = SelectableCount(device::LoadRelaxed(t.selectable));
+}
+
+// A request SampleRowsCpu refuses with the method error (prioritized windows under skip_short): every
+// pick fails, and the error is recorded in the CPU's words.
+__global__ void RefuseMethodKernel(TableView t, SampleRequest r, SampleResult out, DeviceError* error) {
+  const int64_t i = ThreadIndex();
+  if (i >= r.batch_size) return;
+  RecordFailed(out, i);
+  if (i == 0) {
+    ReportError(error, t.read_modify_write_atomics, ErrorSite::kSampleMethod, 0,
+                static_cast<int32_t>(r.method), 0);
+  }
 }
 
 struct UniformScratch {
@@ -316,12 +393,14 @@ __device__ uint64_t RowOrderKey(const TableView& t, SampleMethod method, int64_t
   return OrderKey(method, seq, row, state);
 }
 
-// One block per tile of rows: counts the tile's selectable rows, sorts the tile by key and keeps its
-// `keep` = min(batch_size, tile) best rows as (key, row << 32 | generation) candidates. The answer's
-// rows are among the candidates.
+// One block per tile of rows: counts the tile's selectable rows of at least `min_length` steps (skip_short:
+// the window, as sample.cc's LongEnough; else 0), sorts the tile by key and keeps its `keep` =
+// min(batch_size, tile) best such rows as (key, row << 32 | generation) candidates. The answer's rows are
+// among the candidates.
 __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
-    OrderedCandidatesKernel(TableView t, SampleMethod method, const int64_t* claimed, int64_t keep,
-                            uint64_t* keys, uint64_t* values, unsigned long long* selectable_rows) {
+    OrderedCandidatesKernel(TableView t, SampleMethod method, const int64_t* claimed, int32_t min_length,
+                            int64_t keep, uint64_t* keys, uint64_t* values,
+                            unsigned long long* selectable_rows) {
   constexpr int kThreads = SamplePolicy::kOrderedThreads, kItems = SamplePolicy::kOrderedItems;
   using Sort = cub::BlockRadixSort<uint64_t, kThreads, kItems, uint64_t>;
   using Reduce = cub::BlockReduce<int, kThreads>;
@@ -337,9 +416,10 @@ __global__ void __launch_bounds__(SamplePolicy::kOrderedThreads)
   for (int j = 0; j < kItems; ++j) {
     const int64_t row = first + j * kThreads + threadIdx.x;
     const uint64_t s = row < rows ? device::LoadAcquire(&t.state[row]) : 0;
+    const int32_t length = row < rows && StateSelectable(s) ? device::LoadRelaxed(&t.length[row]) : 0;
     key[j] = kNoCandidate;
     value[j] = 0;
-    if (row < rows && RowSelectable(t, row, s)) {
+    if (LengthInRange(length, t.max_steps) && length >= min_length) {  // 0 for rows not selectable
       ++selectable;
       key[j] = RowOrderKey(t, method, row, s);
       value[j] = (static_cast<uint64_t>(row) << 32) | StateGeneration(s);
@@ -423,8 +503,8 @@ cudaError_t SampleOrdered(const TableView& t, const SampleRequest& r, const int6
   const uint64_t *sorted_keys = scratch.keys[0], *sorted = scratch.values[0];
   if (scratch.tiles > 0) {
     OrderedCandidatesKernel<<<static_cast<unsigned>(scratch.tiles), SamplePolicy::kOrderedThreads, 0,
-                              stream>>>(t, r.method, claimed, scratch.keep, scratch.keys[0],
-                                        scratch.values[0], scratch.selectable_rows);
+                              stream>>>(t, r.method, claimed, r.skip_short ? r.window : 0, scratch.keep,
+                                        scratch.keys[0], scratch.values[0], scratch.selectable_rows);
     if (status = cudaGetLastError(); status != cudaSuccess) return status;
   }
   if (scratch.tiles > 1) {
@@ -473,6 +553,12 @@ cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request,
   if (request.method != SampleMethod::kUniform && out.selectable != nullptr) {
     StoreSelectableKernel<<<1, 1, 0, stream>>>(table, out.selectable);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  }
+  if (request.method == SampleMethod::kPrioritized && request.skip_short && request.window > 0) {
+    // Refused (the handlers' CheckSelection refuses it before any launch): as SampleRowsCpu.
+    RefuseMethodKernel<<<Blocks(request.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads,
+                         0, stream>>>(table, request, out, error);
+    return cudaGetLastError();
   }
   ScratchCarver carver(scratch);
   int64_t* claimed = carver.Take<int64_t>(1);

@@ -116,7 +116,30 @@ class ScopedDevice {
 struct CudaTable {
   std::shared_ptr<SharedTable> table;  // keeps the mapping while the handler enqueues work on it
   const CudaPinning::DeviceSide* side = nullptr;
+  TableView view;  // what the kernels read: side->view, every pointer into the mapping (DeviceView)
 };
+
+// The same byte of the mapping as `host` (an address in the table's host view), seen from the device
+// whose view moved the state column from `host_state` to `device_state`; null stays null.
+template <typename T>
+T* OnDevice(T* host, const void* host_state, const void* device_state) {
+  if (host == nullptr) return nullptr;
+  return reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(host) - reinterpret_cast<uintptr_t>(host_state) +
+                              reinterpret_cast<uintptr_t>(device_state));
+}
+
+// The device's view of the table with the addresses CudaPinning::ForDevice does not move yet (the change
+// counters, the step ring's first steps and the longest-episode word) moved as it moves the others, by
+// the offset of the device's mapping. Where the device reads registered memory at its host address (UVA
+// systems with cudaDevAttrCanUseHostPointerForRegisteredMem) the offset is 0 and this changes nothing;
+// once ForDevice moves them itself, it still changes nothing.
+TableView DeviceView(const TableView& host, const TableView& device) {
+  TableView view = device;
+  view.change_counts = OnDevice(host.change_counts, host.state, device.state);
+  view.first_step = OnDevice(host.first_step, host.state, device.state);
+  view.longest = OnDevice(host.longest, host.state, device.state);
+  return view;
+}
 
 ffi::Error EnqueueIndexRefresh(cudaStream_t stream, const CudaTable& t, int64_t handle, float exponent,
                                const char* op, std::shared_ptr<IndexSlot>* slot);
@@ -131,6 +154,7 @@ ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* o
                    "table '" + out->table->name() + "' cannot be read on CUDA device " +
                        std::to_string(device) + ": " + error);
   }
+  out->view = DeviceView(out->table->view(), out->side->view);
   return TakeEarlierError(out->side->error_host, device);
 }
 
@@ -178,15 +202,18 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                    starts->typed_data(),
                    nullptr,
                    selectable->typed_data()};
-  if (request.method == SampleMethod::kPrioritized && request.batch_size > 0) {
+  // Prioritized windows under skip_short (refused by PrepareSample already) reach SampleRowsCuda, which
+  // fails them with the method error as SampleRowsCpu does.
+  const bool refused = request.skip_short && request.window > 0;
+  if (request.method == SampleMethod::kPrioritized && request.batch_size > 0 && !refused) {
     std::shared_ptr<IndexSlot> slot;
     if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, "sample", &slot);
         error.failure()) {
       return error;
     }
     if (slot != nullptr) {
-      return Launched(SampleIndexedCuda(t.side->view, slot->index->DeviceView(), request, seed.typed_data(),
-                                        out, t.side->error_device, stream),
+      return Launched(SampleIndexedCuda(t.view, slot->index->DeviceView(), request, seed.typed_data(), out,
+                                        t.side->error_device, stream),
                       "sample");
     }
   }
@@ -196,9 +223,9 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
       error.failure()) {
     return error;
   }
-  return Launched(SampleRowsCuda(t.side->view, request, rows, seed.typed_data(), memory, out,
-                                 t.side->error_device, stream),
-                  "sample");
+  return Launched(
+      SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device, stream),
+      "sample");
 }
 
 ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
@@ -227,9 +254,9 @@ ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::Scrat
   }
   SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
                    starts->typed_data(), reinterpret_cast<uint64_t*>(order_keys->typed_data())};
-  return Launched(SampleRowsCuda(t.side->view, request, rows, seed.typed_data(), memory, out,
-                                 t.side->error_device, stream),
-                  kOp);
+  return Launched(
+      SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device, stream),
+      kOp);
 }
 
 ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> indices,
@@ -244,13 +271,13 @@ ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32>
   GatherRequest request;
   GatherOutputs out;
   if (ffi::Error error =
-          PrepareGather(t.side->view, indices.element_count(), generations.element_count(),
-                        starts.element_count(), valid, fields_out, fields, window, &request, &out);
+          PrepareGather(t.view, indices.element_count(), generations.element_count(), starts.element_count(),
+                        valid, fields_out, fields, window, &request, &out);
       error.failure()) {
     return error;
   }
-  return Launched(GatherRowsCuda(t.side->view, indices.typed_data(), generations.typed_data(),
-                                 starts.typed_data(), request, out, t.side->error_device, stream),
+  return Launched(GatherRowsCuda(t.view, indices.typed_data(), generations.typed_data(), starts.typed_data(),
+                                 request, out, t.side->error_device, stream),
                   "gather");
 }
 
@@ -468,7 +495,7 @@ ffi::Error UpdatePrioritiesImpl(cudaStream_t stream, int32_t device, ffi::Scratc
     return EnqueueHostScatter(stream, device, t, handle, indices.typed_data(), generations.typed_data(),
                               priorities.typed_data(), n, updated->typed_data());
   }
-  const TableView& view = t.side->view;
+  const TableView& view = t.view;
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, ScatterPrioritiesScratchBytes(view, n), kOp, &memory);
       error.failure()) {
@@ -609,8 +636,7 @@ ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllo
     return error;
   }
   if (priority_exponent == 0.0f) {  // the count alone (sample_at.h): the table's counter
-    return Launched(TotalFromCounterCuda(t.side->view, total->typed_data(), count->typed_data(), stream),
-                    kOp);
+    return Launched(TotalFromCounterCuda(t.view, total->typed_data(), count->typed_data(), stream), kOp);
   }
   std::shared_ptr<IndexSlot> slot;
   if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, kOp, &slot);
@@ -618,7 +644,7 @@ ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllo
     return error;
   }
   if (slot != nullptr) {
-    return Launched(TotalWeightIndexedCuda(t.side->view, slot->index->DeviceView(), total->typed_data(),
+    return Launched(TotalWeightIndexedCuda(t.view, slot->index->DeviceView(), total->typed_data(),
                                            count->typed_data(), t.side->error_device, stream),
                     kOp);
   }
@@ -628,7 +654,7 @@ ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllo
       error.failure()) {
     return error;
   }
-  return Launched(TotalWeightCuda(t.side->view, priority_exponent, rows, memory, total->typed_data(),
+  return Launched(TotalWeightCuda(t.view, priority_exponent, rows, memory, total->typed_data(),
                                   count->typed_data(), t.side->error_device, stream),
                   kOp);
 }
@@ -659,7 +685,7 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
       return error;
     }
     if (slot != nullptr) {
-      return Launched(SampleAtIndexedCuda(t.side->view, slot->index->DeviceView(), request, seed.typed_data(),
+      return Launched(SampleAtIndexedCuda(t.view, slot->index->DeviceView(), request, seed.typed_data(),
                                           targets.typed_data(), out, t.side->error_device, stream),
                       kOp);
     }
@@ -670,8 +696,8 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
       error.failure()) {
     return error;
   }
-  return Launched(SampleAtCuda(t.side->view, request, rows, seed.typed_data(), targets.typed_data(), memory,
-                               out, t.side->error_device, stream),
+  return Launched(SampleAtCuda(t.view, request, rows, seed.typed_data(), targets.typed_data(), memory, out,
+                               t.side->error_device, stream),
                   kOp);
 }
 
