@@ -333,6 +333,9 @@ class TableSpec:
         missing = [key for key in ("capacity", "max_steps", "fields") if key not in data]
         if missing:
             raise SpecError(f"spec JSON lacks {missing}")
+        nulls = [key for key in ("max_steps", "step_capacity") if key in data and data[key] is None]
+        if nulls:  # to_json always writes numbers: a null is another writer's (or damage)
+            raise SpecError(f"spec JSON has null {nulls}")
         entries = data["fields"]
         if not isinstance(entries, list):
             raise SpecError(f"spec JSON fields are {_clip(entries)}, not a list")

@@ -82,8 +82,8 @@ inline void RaiseMaxPriority(const TableView& t, float priority) {
 inline void RaiseLongest(const TableView& t, int32_t length) {
   if (t.longest == nullptr) return;
   int32_t current = __atomic_load_n(t.longest, __ATOMIC_RELAXED);
-  while (length > current &&
-         !__atomic_compare_exchange_n(t.longest, &current, length, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  while (length > current && !__atomic_compare_exchange_n(t.longest, &current, length, true, __ATOMIC_RELAXED,
+                                                          __ATOMIC_RELAXED)) {
   }
 }
 

@@ -107,7 +107,8 @@ void GatherRange(const TableView& t, const int32_t* indices, const uint32_t* gen
       const int64_t copied = steps * field.step_bytes;
       if (head > 0) std::memcpy(dst, src, static_cast<size_t>(head * field.step_bytes));
       if (steps > head) {  // the window wraps the ring's end
-        std::memcpy(dst + head * field.step_bytes, field.data, static_cast<size_t>((steps - head) * field.step_bytes));
+        std::memcpy(dst + head * field.step_bytes, field.data,
+                    static_cast<size_t>((steps - head) * field.step_bytes));
       }
       std::memset(dst + copied, 0, static_cast<size_t>(window * field.step_bytes - copied));
     }

@@ -90,7 +90,12 @@ void PriorityIndex::SetLeafWeight(const TableView& t, int64_t row, uint64_t stat
   *selectable_ +=
       static_cast<int64_t>(StateSelectable(seen)) - static_cast<int64_t>(StateSelectable(seen_[row]));
   seen_[row] = seen;
-  weights_[row] = usable ? PriorityWeight(state, exponent_) : 0.0;
+  if (!usable) {
+    weights_[row] = 0.0;
+  } else {
+    weights_[row] = exponent_ == kLengthWeights ? static_cast<double>(LoadRelaxed(&t.length[row]))
+                                                : PriorityWeight(state, exponent_);
+  }
 }
 
 void PriorityIndex::RecomputeNode(int level, int64_t node) {

@@ -42,14 +42,20 @@ bool LongEnough(const TableView& t, const SampleRequest& r, int64_t row) {
 constexpr int64_t kUniformGrain = 2048;
 
 KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleResult out,
-                           const ParallelFor& parallel) {
+                           const PriorityTreeView* tree, const ParallelFor& parallel) {
   const int64_t claimed = ClaimedRows(t);
   if (claimed == 0) return Empty();
   const bool windowed = r.window > 0 && (r.skip_short || r.uniform_starts);
+  // Uniform windows with the table's index over lengths: candidates drawn by length (kLengthWeights in
+  // selection.h), each start kept with probability count / length. Without it: uniform candidates, each
+  // start kept with probability count / longest.
+  const bool by_length = windowed && r.uniform_starts && tree != nullptr && TreeTotal(*tree) > 0.0;
+  const double length_total = by_length ? TreeTotal(*tree) : 0.0;
   // The longest row bounds every row's count of windows (a view without the word: max_steps does).
   const int32_t longest = t.longest != nullptr ? LoadRelaxed(t.longest) : t.max_steps;
-  auto candidate = [&](uint32_t pick, int attempt) {
+  auto candidate = [&](uint32_t pick, int attempt) -> int64_t {
     double u = UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
+    if (by_length) return DescendTree(*tree, u * length_total);  // -1: no row of positive weight
     return std::min<int64_t>(static_cast<int64_t>(u * claimed), claimed - 1);
   };
   // Rejection, range by range: the first candidate of every pick of the range fetched ahead so that
@@ -58,25 +64,29 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
     std::vector<int64_t> first(static_cast<size_t>(end - begin));
     for (int64_t i = begin; i < end; ++i) {
       const int64_t c = first[i - begin] = candidate(static_cast<uint32_t>(i), 0);
+      if (c < 0) continue;
       __builtin_prefetch(&t.state[c]);
       __builtin_prefetch(&t.length[c]);
       __builtin_prefetch(&t.times_sampled[c]);
-      if (r.prefetch_rows != nullptr)
+      if (r.prefetch_rows != nullptr && t.step_capacity == 0)
         __builtin_prefetch(r.prefetch_rows->data + c * r.prefetch_rows->row_stride);
     }
     for (int64_t i = begin; i < end; ++i) {
       out.indices[i] = -1;
       for (int attempt = 0; attempt < kUniformAttempts; ++attempt) {
         const int64_t c = attempt == 0 ? first[i - begin] : candidate(static_cast<uint32_t>(i), attempt);
+        if (c < 0) continue;
         const uint64_t s = LoadAcquire(&t.state[c]);
         if (!StateSelectable(s) || !LengthUsable(t, c)) continue;
         if (!windowed) {
           Record(t, r, out, i, c, s, 0.0f);
           break;
         }
+        if (by_length && s != tree->seen[c]) continue;  // changed since the index weighed it
+        const int32_t length = LoadRelaxed(&t.length[c]);
         int32_t start = 0;
-        if (KeepWindow(LoadRelaxed(&t.length[c]), r.window, r.skip_short, r.uniform_starts, longest, r.seed0,
-                       r.seed1, static_cast<uint32_t>(i), static_cast<uint32_t>(attempt), &start)) {
+        if (KeepWindow(length, r.window, r.skip_short, r.uniform_starts, by_length ? length : longest,
+                       r.seed0, r.seed1, static_cast<uint32_t>(i), static_cast<uint32_t>(attempt), &start)) {
           Record(t, r, out, i, c, s, 0.0f, start);
           break;
         }
@@ -191,7 +201,7 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out,
                            const PriorityTreeView* tree, const ParallelFor& parallel) {
   if (request.batch_size <= 0) return {};
-  if (request.method == SampleMethod::kUniform) return SampleUniform(table, request, out, parallel);
+  if (request.method == SampleMethod::kUniform) return SampleUniform(table, request, out, tree, parallel);
   if (out.selectable != nullptr) *out.selectable = SelectableCount(LoadRelaxed(table.selectable));
   switch (request.method) {
     case SampleMethod::kPrioritized:

@@ -22,9 +22,11 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "errors.h"
 #include "parallel.h"
+#include "selection.h"
 #include "table_view.h"
 
 namespace gear {
@@ -95,8 +97,18 @@ GEAR_HD void RecordFailed(SampleResult out, int64_t pick) {
   out.starts[pick] = 0;
 }
 
+// The exponent of the priority index a request samples through (priority_index.h): the request's for
+// prioritized picks, kLengthWeights (selection.h) for uniform windows with uniform_starts, NaN for none.
+inline float IndexExponent(const SampleRequest& r) {
+  if (r.method == SampleMethod::kPrioritized) return r.priority_exponent;
+  if (r.method == SampleMethod::kUniform && r.uniform_starts && r.window > 0) return kLengthWeights;
+  return std::numeric_limits<float>::quiet_NaN();
+}
+
 // Prioritized sampling needs `tree`, the table's priority index refreshed for the request's exponent
-// (without it the method is refused); the other methods ignore it. Uniform and prioritized picks of a
+// (without it the method is refused); uniform windows with uniform_starts draw their candidates through
+// `tree` when it is the index over lengths (else by rejection against the longest row); the other
+// methods ignore it. Uniform and prioritized picks of a
 // large batch are shared out over `parallel`'s threads (fifo, lifo and top-k run on the calling thread).
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out,
                            const PriorityTreeView* tree = nullptr, const ParallelFor& parallel = SerialFor());

@@ -64,6 +64,13 @@ GEAR_HD int32_t WindowStart(int32_t length, int32_t window, uint32_t seed0, uint
   return static_cast<int32_t>(start < choices - 1 ? start : choices - 1);
 }
 
+// The exponent under which a priority index (priority_index.h) weighs each selectable row by its length
+// instead of p^a: the proposal of uniform windows (SampleRequest::uniform_starts), which draws a row by
+// length, then a start uniform in [0, length), and keeps it when it is a valid start (KeepWindow with the
+// row's length as the bound): each (row, start) pair is then kept with the same probability. Never a
+// user's exponent (those are >= 0).
+inline constexpr float kLengthWeights = -1.0f;
+
 // Windows of step-ring tables (and of any trajectory table under short_episodes="skip"): how many
 // windows of `window` steps a row of `length` steps offers. Rows shorter than the window offer none
 // when they are skipped, one (padded and masked) otherwise.

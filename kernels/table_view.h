@@ -57,16 +57,16 @@ struct TableView {
   // sequence number of its first step, whose slot in the ring is the number modulo step_capacity (so an
   // episode may wrap the ring's end). 0 and null for tables of padded rows.
   int64_t step_capacity = 0;
-  uint64_t* first_step = nullptr;        // [capacity]
-  int32_t* longest = nullptr;  // the longest row (episode) published so far (only raised: RaiseLongest)
+  uint64_t* first_step = nullptr;  // [capacity]
+  int32_t* longest = nullptr;      // the longest row (episode) published so far (only raised: RaiseLongest)
   FieldView fields[kMaxFields];
 };
 
 // Where `steps` steps of a field start at step `start` of `row` (first_step: the row's first step, read
 // inside the row's seqlock; ignored for padded rows): the first `*first_steps` of them at `*first`, the
 // rest at the start of the ring (a window that wraps the ring's end comes in two pieces).
-GEAR_HD const uint8_t* StepSource(const TableView& t, const FieldView& field, int64_t row, uint64_t first_step,
-                                  int64_t start, int64_t steps, int64_t* first_steps) {
+GEAR_HD const uint8_t* StepSource(const TableView& t, const FieldView& field, int64_t row,
+                                  uint64_t first_step, int64_t start, int64_t steps, int64_t* first_steps) {
   if (t.step_capacity == 0) {
     *first_steps = steps;
     return field.data + row * field.row_stride + start * field.step_bytes;

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -46,13 +47,14 @@ ffi::Error HoldIndex(SharedTable& table, float exponent, const char* op, Priorit
   return ffi::Error::Success();
 }
 
-// The index a sample request needs (prioritized picks only), held in *held; *tree points at it, or is
-// null for the other methods.
+// The index a sample request needs (prioritized picks: over p^a; uniform windows of a step ring: over
+// lengths), held in *held; *tree points at it, or is null for the other methods.
 ffi::Error HoldIndexToSample(SharedTable& table, const SampleRequest& request, const char* op,
                              PriorityIndexes::Held* held, const PriorityTreeView** tree) {
   *tree = nullptr;
-  if (request.method != SampleMethod::kPrioritized || request.batch_size == 0) return ffi::Error::Success();
-  if (ffi::Error error = HoldIndex(table, request.priority_exponent, op, held); error.failure()) return error;
+  const float exponent = IndexExponent(request);
+  if (std::isnan(exponent) || request.batch_size == 0) return ffi::Error::Success();
+  if (ffi::Error error = HoldIndex(table, exponent, op, held); error.failure()) return error;
   *tree = &held->view();
   return ffi::Error::Success();
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -190,8 +191,8 @@ KernelStatus RunDraw(SharedTable& table, const SampleRequest& request, const Sam
   table.CheckCounts(/*force=*/false);
   PriorityIndexes::Held index;
   const PriorityTreeView* tree = nullptr;
-  if (request.method == SampleMethod::kPrioritized) {
-    index = table.priority_indexes().ForCpu(view, request.priority_exponent);  // bad_alloc: MemoryError
+  if (const float exponent = IndexExponent(request); !std::isnan(exponent)) {
+    index = table.priority_indexes().ForCpu(view, exponent);  // bad_alloc: MemoryError
     tree = &index.view();
   }
   const ParallelFor& threads = HostThreads::Get();

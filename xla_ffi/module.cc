@@ -432,7 +432,8 @@ PYBIND11_MODULE(_native, m) {
           },
           py::arg("name"), py::arg("capacity"), py::arg("max_steps"), py::arg("step_bytes"),
           py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"), py::arg("reuse"),
-          py::arg("outlive_creator") = false, py::arg("rate_limiter") = py::none(), py::arg("step_capacity") = 0,
+          py::arg("outlive_creator") = false, py::arg("rate_limiter") = py::none(),
+          py::arg("step_capacity") = 0,
           "rate_limiter: (min_size_to_sample, samples_per_insert or 0, error_buffer), or None for none; "
           "step_capacity > 0: a step ring of that many steps (max_steps: the longest episode)")
       .def_static("attach", &gear::AttachTable, py::arg("name"), py::arg("pin"))
@@ -562,6 +563,7 @@ PYBIND11_MODULE(_native, m) {
       .def("stage_packed", &gear::RowWriter::StagePacked)
       .def("stage_step", &gear::RowWriter::StageStep, py::arg("values"))
       .def_property_readonly("staged_steps", &gear::RowWriter::staged_steps)
-      .def("commit_staged", &gear::RowWriter::CommitStaged, py::arg("priority"), py::arg("timeout") = py::none())
+      .def("commit_staged", &gear::RowWriter::CommitStaged, py::arg("priority"),
+           py::arg("timeout") = py::none())
       .def("drop_staged", &gear::RowWriter::DropStaged);
 }

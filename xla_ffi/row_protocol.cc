@@ -33,8 +33,8 @@ namespace gear {
 
 int64_t SharedTable::Claim() {
   if (step_ring()) {
-    throw std::invalid_argument("table '" + name_ +
-                                "' is a step ring: it takes whole episodes (insert, or a writer's end_episode)");
+    throw std::invalid_argument(
+        "table '" + name_ + "' is a step ring: it takes whole episodes (insert, or a writer's end_episode)");
   }
   bool reclaimed = false;
   int32_t row = 0;
@@ -278,7 +278,8 @@ void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t 
     if (lengths != nullptr && step_ring() && lengths[b] > view_.max_steps) {
       throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
                                   " is longer than max_steps=" + std::to_string(view_.max_steps) +
-                                  " of table '" + name_ + "' (the longest episode it takes; at most step_capacity)");
+                                  " of table '" + name_ +
+                                  "' (the longest episode it takes; at most step_capacity)");
     }
     if (lengths != nullptr && (lengths[b] < 1 || lengths[b] > steps)) {
       throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +

@@ -191,7 +191,8 @@ void RowWriter::StageStep(const std::vector<py::buffer>& values) {
     const bool contiguous = PyBuffer_IsContiguous(info.view(), 'C') != 0;
     if (!contiguous || info.size * info.itemsize != step_bytes_[f]) {
       throw std::invalid_argument("stage_step: the value of field " + std::to_string(f) +
-                                  " is not one C-contiguous step of " + std::to_string(step_bytes_[f]) + " bytes");
+                                  " is not one C-contiguous step of " + std::to_string(step_bytes_[f]) +
+                                  " bytes");
     }
   }
   CheckStageRoom();

@@ -113,7 +113,7 @@ class SharedTable {
 
  private:
   friend class CounterWindow;
-  static constexpr int kPopulateShift = 21;  // Populate maps 2 MiB blocks
+  static constexpr int kPopulateShift = 21;     // Populate maps 2 MiB blocks
   static constexpr int64_t kInsertChunk = 256;  // rows claimed, copied and published together
 
   SharedTable(std::string name, std::shared_ptr<TableMemory> memory, bool creator);
@@ -149,8 +149,8 @@ class SharedTable {
   // With `lost` non-null, the positions (in rows[]) of the rows taken from this writer go there and
   // their count is returned instead of a throw.
   int64_t PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                      int32_t length, const float* priorities, CountedOut counted, InsertReservation* reserved,
-                      int64_t* lost = nullptr);
+                      int32_t length, const float* priorities, CountedOut counted,
+                      InsertReservation* reserved, int64_t* lost = nullptr);
   // Step rings (step_ring.cc): Insert's path for them; the retirement of every episode with a step
   // below `below` (the rows it empties are added to *counted, which the caller counts out); and the
   // release of a row this writer holds as `held` (or moved on by a retirer since), left empty.

@@ -75,7 +75,8 @@ void SharedTable::RetireSteps(uint64_t below, CountedOut* counted, bool* reclaim
       // Take the row as a claimer would, then leave it empty.
       uint64_t before = 0, held = 0;
       if (!TryClaimRow(row, &before, &held, reclaimed)) {
-        if (tries > 1000000) throw std::runtime_error("table '" + name_ + "': an episode row stays contended");
+        if (tries > 1000000)
+          throw std::runtime_error("table '" + name_ + "': an episode row stays contended");
         continue;  // a live writer took it first: look again
       }
       if ((StateGeneration(before) & 1u) == 0) {
@@ -131,8 +132,9 @@ void SharedTable::InsertEpisodes(const std::vector<const uint8_t*>& field_data, 
       for (int lap = 0; left > 0; ++lap) {
         if (lap >= kMaxLaps) {
           for (int64_t k = 0; k < left; ++k) AbandonHeld(rows[b + pending[k]], held[pending[k]]);
-          throw std::runtime_error("table '" + name_ + "': writers kept overwriting each other's steps; raise " +
-                                   "step_capacity (" + std::to_string(ring) + " steps) or write shorter episodes");
+          throw std::runtime_error(
+              "table '" + name_ + "': writers kept overwriting each other's steps; raise " +
+              "step_capacity (" + std::to_string(ring) + " steps) or write shorter episodes");
         }
         uint64_t total = 0;
         for (int64_t k = 0; k < left; ++k) total += static_cast<uint64_t>(chunk_lengths[pending[k]]);
@@ -144,7 +146,8 @@ void SharedTable::InsertEpisodes(const std::vector<const uint8_t*>& field_data, 
           Store(&view_.first_step[rows[b + pending[k]]], first[pending[k]]);
         }
         const uint64_t end = start + total;
-        if (end > static_cast<uint64_t>(ring) && Load(&h->retired_below) < end - static_cast<uint64_t>(ring)) {
+        if (end > static_cast<uint64_t>(ring) &&
+            Load(&h->retired_below) < end - static_cast<uint64_t>(ring)) {
           const uint64_t need = end - static_cast<uint64_t>(ring);
           CountedOut retired;
           RetireSteps(std::min(need + static_cast<uint64_t>(slack), start), &retired, &reclaimed);
@@ -159,7 +162,8 @@ void SharedTable::InsertEpisodes(const std::vector<const uint8_t*>& field_data, 
             const int64_t i = pending[k];
             const uint8_t* source = field_data[f] + (b + i) * source_stride;
             int64_t head = 0;
-            uint8_t* target = const_cast<uint8_t*>(StepSource(view_, field, 0, first[i], 0, chunk_lengths[i], &head));
+            uint8_t* target =
+                const_cast<uint8_t*>(StepSource(view_, field, 0, first[i], 0, chunk_lengths[i], &head));
             const size_t head_bytes = static_cast<size_t>(head * field.step_bytes);
             Populate(target, target + head_bytes);
             std::memcpy(target, source, head_bytes);

@@ -25,8 +25,8 @@ bool LayoutFits(const TableHeader& h, uint64_t size) {
       !inside(h.change_counts_offset, 4)) {
     return false;
   }
-  if (h.step_capacity < 0 || (h.step_capacity > 0 && (h.max_steps > h.step_capacity ||
-                                                       !inside(h.first_step_offset, 8)))) {
+  if (h.step_capacity < 0 ||
+      (h.step_capacity > 0 && (h.max_steps > h.step_capacity || !inside(h.first_step_offset, 8)))) {
     return false;
   }
   for (int f = 0; f < h.num_fields; ++f) {

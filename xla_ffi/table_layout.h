@@ -15,7 +15,8 @@
 namespace gear {
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
-inline constexpr uint32_t kFormatVersion = 7;  // 7: step rings (step_capacity, first_step, the ring's cursors)
+inline constexpr uint32_t kFormatVersion =
+    7;  // 7: step rings (step_capacity, first_step, the ring's cursors)
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =

@@ -23,7 +23,7 @@ SPEC_HASH = 16  # uint64
 CAPACITY = 32  # int64
 MAX_STEPS = 40  # int32
 NUM_FIELDS = 44  # int32
-FIELDS = 88  # FieldLayout[64]: offset, row_stride, step_bytes (8 bytes each)
+FIELDS = 104  # FieldLayout[64]: offset, row_stride, step_bytes (8 bytes each)
 
 METHODS = ("uniform", "prioritized", "fifo", "lifo", "topk")
 
