@@ -37,6 +37,12 @@ Bytes per step on each device (b = B / S picks per device, R bytes per gathered 
 
 `ShardedSample.selectable` is the global count N of selectable rows; `importance_weights` forms
 (N * P)^-beta normalized by the maximum over the global batch.
+
+Shards may be step rings (`TableSpec(..., step_capacity=N)`). Every mode and method works on them
+except uniform windows in `global` mode and `short_episodes="skip"` in `global` mode, which are refused
+for `local`: the global draw weighs each shard by its count of rows and places picks with `sample_at`,
+neither of which counts windows, so its law would be uniform over episodes, not the one-table law of a
+step ring (uniform over every window start). In `local` mode each shard draws its picks by that law.
 """
 
 from __future__ import annotations
