@@ -13,6 +13,7 @@ from types import ModuleType
 
 from gear_jax.bench import (
     actor_learner,
+    episode_inserts,
     episodes,
     gather,
     insert,
@@ -37,6 +38,7 @@ SUITES: dict[str, ModuleType] = {
     "pool": pool,
     "sharded": sharded,
     "episodes": episodes,
+    "episode_inserts": episode_inserts,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
@@ -48,6 +50,7 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "pool": pool.SYSTEMS,
     "sharded": sharded.SYSTEMS,
     "episodes": episodes.SYSTEMS,
+    "episode_inserts": episode_inserts.SYSTEMS,
 }
 INTERLEAVED_SUITES = (
     "gather",
@@ -66,6 +69,7 @@ ITEM_UNITS = {
     "pool": "tables",
     "sharded": "rows",
     "episodes": "windows",
+    "episode_inserts": "episodes / steps",
 }
 
 
@@ -160,7 +164,7 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
             priorities.parse_workloads(args.workloads)
         except ValueError as e:
             p.error(str(e))
-    if args.suite == "episodes":
+    if args.suite in ("episodes", "episode_inserts"):
         try:
             episodes.check_lengths(args.lengths)
         except ValueError as e:

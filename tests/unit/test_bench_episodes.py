@@ -100,3 +100,26 @@ def test_gear_tables_gather_windows_of_one_episode(name: str) -> None:
     assert (episode == episode[:, :1])[valid].all()
     assert (step == step[:, :1] + np.arange(window))[valid].all()
     assert (step + 1 <= data.lengths[episode])[valid].all()
+
+
+def test_episode_inserts_report_both_tables_and_both_ways(tmp_path: Path) -> None:
+    """The `episode_inserts` suite: whole-episode inserts and step-by-step writers, ring and padded."""
+    report = run_bench(
+        tmp_path,
+        "episode_inserts",
+        "--lengths=lognormal",
+        "--steps=3000",
+        f"--step_bytes={STEP_BYTES}",
+        "--batch_size=1,4",
+    )
+    ops = {(r["system"], r["op"], r["point"]["batch_size"]) for r in report["records"]}
+    for system in ("gear_jax", PADDED):
+        assert {
+            (system, "insert_episodes", 1),
+            (system, "insert_episodes", 4),
+            (system, "writer_steps", 1),
+        } <= ops
+    for r in report["records"]:
+        assert r["latency_s"]["p50"] > 0 and r["iters"] > 0
+        if r["system"] == "gear_jax":
+            assert r[f"speedup_vs_{PADDED}"] > 0
