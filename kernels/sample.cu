@@ -12,6 +12,7 @@
 #include "atomics.cuh"
 #include "claimed_rows.cuh"
 #include "philox.h"
+#include "priority_index.h"
 #include "scratch.cuh"
 #include "selection.h"
 
@@ -65,33 +66,55 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
 
 // ---- uniform ---------------------------------------------------------------------------------------
 
-// One thread per pick: the rejection draws of sample.cc, windows kept or rejected by KeepWindow with the
-// same draws. A pick that finds no row in kUniformAttempts draws is marked with index -1 for the fallback.
+// One thread per pick: the rejection draws of sample.cc's SampleUniform, windows kept or rejected by
+// KeepWindow with the same draws. A pick that finds no row in kUniformAttempts draws is marked with index
+// -1 for the fallback.
+// Uniform windows with uniform_starts and the table's index over lengths (`lengths`, when `by_index`; the
+// host refreshed it in the stream's order): each attempt's candidate is the row the index's walk ends at
+// for u * total (DescendTree, as sample.cc), rejected when its state is not the one the index weighed
+// (tree.seen), and its start is kept by KeepWindow with the row's own length as the bound. With no index,
+// or one of total 0, candidates are uniform over the claimed rows and the longest row is the bound. The
+// CPU samples through its own index, built by the same SetLeafWeight from the same state words and so the
+// same bit for bit: the picks match the CPU's only while this device index exists (a table keeps at most
+// PriorityIndexes::kMaxDeviceIndexes; past them the handler passes none and the picks keep the law, not
+// the CPU's rows), as for prioritized picks.
 __global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
-                                  SampleResult out) {
+                                  PriorityTreeView lengths, bool by_index, SampleResult out) {
   const int64_t i = ThreadIndex();
   if (i >= r.batch_size) return;
   r = Seeded(r, seed);
   const int64_t rows = *claimed;
   const uint32_t pick = static_cast<uint32_t>(i);
   const bool windowed = Windowed(r);
+  const bool by_length = windowed && r.uniform_starts && by_index && TreeTotal(lengths) > 0.0;
+  const double length_total = by_length ? TreeTotal(lengths) : 0.0;
   // The longest row bounds every row's count of windows (a view without the word: max_steps does). Only
-  // uniform starts read it (KeepWindow), so only they load it.
+  // uniform starts without the index read it (KeepWindow), so only they load it.
   int32_t longest = t.max_steps;
-  if (windowed && r.uniform_starts && t.longest != nullptr) longest = device::LoadRelaxed(t.longest);
+  if (windowed && r.uniform_starts && !by_length && t.longest != nullptr) {
+    longest = device::LoadRelaxed(t.longest);
+  }
   for (int attempt = 0; rows > 0 && attempt < kUniformAttempts; ++attempt) {
     const double u = UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
-    const int64_t drawn = static_cast<int64_t>(u * rows);
-    const int64_t candidate = drawn < rows - 1 ? drawn : rows - 1;
+    int64_t candidate;
+    if (by_length) {
+      candidate = DescendTree(lengths, u * length_total);
+      if (candidate < 0) continue;  // no row of positive weight
+    } else {
+      const int64_t drawn = static_cast<int64_t>(u * rows);
+      candidate = drawn < rows - 1 ? drawn : rows - 1;
+    }
     const uint64_t s = device::LoadAcquire(&t.state[candidate]);
     if (!RowSelectable(t, candidate, s)) continue;
     if (!windowed) {
       Record(t, r, out, i, candidate, StateGeneration(s), 0.0f);
       return;
     }
+    if (by_length && s != lengths.seen[candidate]) continue;  // changed since the index weighed it
+    const int32_t length = device::LoadRelaxed(&t.length[candidate]);
     int32_t start = 0;
-    if (KeepWindow(device::LoadRelaxed(&t.length[candidate]), r.window, r.skip_short, r.uniform_starts,
-                   longest, r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), &start)) {
+    if (KeepWindow(length, r.window, r.skip_short, r.uniform_starts, by_length ? length : longest, r.seed0,
+                   r.seed1, pick, static_cast<uint32_t>(attempt), &start)) {
       Record(t, r, out, i, candidate, StateGeneration(s), 0.0f, start);
       return;
     }
@@ -263,11 +286,14 @@ struct UniformScratch {
   UniformScratch(ScratchCarver& carver, const SampleRequest& r) : ranks(carver.Take<int64_t>(r.batch_size)) {}
 };
 
+// `lengths`: the index over lengths, or null (SampleRowsCuda).
 cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, const int64_t* claimed,
-                          const uint32_t* seed, const UniformScratch& scratch, SampleResult out,
-                          DeviceError* error, cudaStream_t stream) {
+                          const uint32_t* seed, const PriorityTreeView* lengths,
+                          const UniformScratch& scratch, SampleResult out, DeviceError* error,
+                          cudaStream_t stream) {
+  const bool by_index = lengths != nullptr && IndexExponent(r) == kLengthWeights;
   UniformPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
-                      stream>>>(t, r, seed, claimed, out);
+                      stream>>>(t, r, seed, claimed, by_index ? *lengths : PriorityTreeView{}, by_index, out);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   UniformFinishKernel<<<1, SamplePolicy::kFallbackThreads, 0, stream>>>(t, r, seed, claimed, scratch.ranks,
                                                                         out, error);
@@ -548,7 +574,7 @@ size_t SampleScratchBytes(const SampleRequest& request, int64_t rows) {
 
 cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request, int64_t rows,
                            const uint32_t* seed, void* scratch, SampleResult out, DeviceError* error,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const PriorityTreeView* lengths) {
   if (request.batch_size == 0) return cudaSuccess;
   if (request.method != SampleMethod::kUniform && out.selectable != nullptr) {
     StoreSelectableKernel<<<1, 1, 0, stream>>>(table, out.selectable);
@@ -566,7 +592,7 @@ cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request,
   switch (request.method) {
     case SampleMethod::kUniform: {
       UniformScratch memory(carver, request);
-      return SampleUniform(table, request, claimed, seed, memory, out, error, stream);
+      return SampleUniform(table, request, claimed, seed, lengths, memory, out, error, stream);
     }
     case SampleMethod::kPrioritized: {
       PrioritizedScratch memory(carver, table, request, rows);

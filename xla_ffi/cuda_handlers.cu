@@ -217,15 +217,30 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                       "sample");
     }
   }
+  // Uniform windows of a step ring (uniform_starts) draw their candidates through the index over lengths
+  // (IndexExponent: kLengthWeights), refreshed in the stream's order as the prioritized one is, as the CPU
+  // handlers draw them through theirs. Without it (the table keeps kMaxDeviceIndexes others) the kernel
+  // falls back to uniform candidates: the same law, but no longer the CPU's picks, which still go
+  // through the CPU's index.
+  std::shared_ptr<IndexSlot> lengths;
+  PriorityTreeView lengths_view;
+  if (request.method == SampleMethod::kUniform && request.batch_size > 0 &&
+      IndexExponent(request) == kLengthWeights) {
+    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, kLengthWeights, "sample", &lengths);
+        error.failure()) {
+      return error;
+    }
+    if (lengths != nullptr) lengths_view = lengths->index->DeviceView();
+  }
   const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), "sample", &memory);
       error.failure()) {
     return error;
   }
-  return Launched(
-      SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device, stream),
-      "sample");
+  return Launched(SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device,
+                                 stream, lengths != nullptr ? &lengths_view : nullptr),
+                  "sample");
 }
 
 ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,

@@ -5,7 +5,11 @@ steps per field, a row being an episode of its index: a window may wrap the ring
 whose steps the ring laps is retired (its generation moves on). The CUDA kernels must pick the same rows
 and window starts as the CPU kernels for the same key (uniform windows over every valid start, with
 short episodes padded or skipped, through rejection and through the exact fallback; fifo, lifo and topk
-leaving short episodes out under "skip"), and gather the same windows, wrapped ones included.
+leaving short episodes out under "skip"), and gather the same windows, wrapped ones included. Uniform
+windows draw their candidates by length through a priority index over lengths on both (the CPU's, and on
+the GPU one the host refreshes in the stream's order), each start kept with probability count / length;
+a GPU that has no index left for the table (PriorityIndexes::kMaxDeviceIndexes) keeps the law with the
+older rule (uniform candidates, the longest episode as the bound), not the CPU's picks.
 
 Tests marked `gpu` run where jax sees a GPU and skip elsewhere; as in test_cuda_handlers.py, each
 comparison runs the same jitted function once on the CPU and once on the GPU.
@@ -176,6 +180,96 @@ def test_uniform_windows_match_cpu(gpu, make_ring, short_episodes):
         assert_windows_hold_their_steps(batch, starts, WINDOW)
         wrapped = wrapped or bool(wrapping(table, rows, starts, WINDOW).any())
     assert wrapped
+
+
+LONG_STEPS = 64
+LONG_WINDOW = 24
+
+
+def varied_lengths(rng, n):
+    """Episode lengths that vary widely: about one in ten of LONG_STEPS steps (41 windows of LONG_WINDOW),
+    the others of 1 to LONG_WINDOW + 3 steps (none, one padded, or 1 to 4 windows)."""
+    long = rng.random(n) < 0.1
+    return np.where(long, LONG_STEPS, rng.integers(1, LONG_WINDOW + 4, n)).astype(np.int32)
+
+
+def window_pairs(lengths, window, short_episodes):
+    """How many valid windows (starts) each row of `lengths` (0: not held) offers: int64[rows]."""
+    starts = np.maximum(lengths.astype(np.int64) - window + 1, 0)
+    if short_episodes == "pad":
+        starts = np.where((lengths > 0) & (starts == 0), 1, starts)
+    return starts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("short_episodes", ["pad", "skip"])
+def test_uniform_windows_by_length_match_cpu(gpu, make_ring, short_episodes):
+    # Lengths of 1 to 64 steps, most rows with no window or a few (1 to 4 starts of 24 steps) and some
+    # with 41: the CPU draws each candidate by length through its index over lengths and keeps a start
+    # with probability count / length, where the rule without the index (uniform candidates, kept with
+    # probability count / 64) takes other attempts and other rows for most picks. The same picks and
+    # starts on the GPU show that its kernel walks the same index with the same draws; and they stay the
+    # same after inserts that move the index (its refresh in the stream's order), the ring lapping the
+    # oldest episodes and windows wrapping its end.
+    table = make_ring(fields={"t": gj.Field((), "int32")}, capacity=1024, step_capacity=4096, max_steps=64)
+    rng = np.random.default_rng(9)
+    kwargs = dict(window=LONG_WINDOW, short_episodes=short_episodes)
+    first_id = 0
+    wrapped = False
+    for round_ in range(3):
+        lengths = varied_lengths(rng, 150)
+        table.insert(episodes(table, lengths, rng, first_id), lengths=lengths)
+        first_id += len(lengths)
+        status = table.row_status()
+        held = np.where(status["priority"] > 0, status["length"], 0)
+        offered = window_pairs(held, LONG_WINDOW, short_episodes)
+        assert (offered == 41).any() and ((offered > 0) & (offered <= 4)).sum() > 10
+        picked = np.zeros(table.capacity, np.int64)
+        for seed in range(4):
+            key = jax.random.key(100 * round_ + seed)
+            got = sample_on(gpu, table, key, 1000, **kwargs)
+            expected = sample_on(CPU, table, key, 1000, **kwargs)
+            assert_same_sample(got, expected)
+            rows, starts = np.asarray(got.indices), np.asarray(got.starts)
+            assert (np.asarray(got.generations) % 2 == 0).all()
+            assert (offered[rows] > 0).all() and (starts < offered[rows]).all()
+            np.add.at(picked, rows, 1)
+            batch = gather_on(gpu, table, got)
+            assert_same_batch(batch, gather_on(CPU, table, expected), ("t",))
+            assert_windows_hold_their_steps(batch, starts, LONG_WINDOW)
+            wrapped = wrapped or bool(wrapping(table, rows, starts, LONG_WINDOW).any())
+        # Every valid window equally likely: the episodes of 41 windows take their share of the picks.
+        share = offered[offered == 41].sum() / offered.sum()
+        n = picked.sum()
+        assert abs(picked[offered == 41].sum() / n - share) < 5 * np.sqrt(share * (1 - share) / n)
+    assert wrapped
+
+
+@pytest.mark.gpu
+def test_uniform_windows_without_a_device_index_keep_their_law(gpu, make_ring):
+    # The table's device indexes taken by four prioritized exponents: the GPU's uniform windows have no
+    # index over lengths and draw uniform candidates (the CPU's picks hold only while the device index
+    # exists), still only valid windows of held episodes, and the same law.
+    table = make_ring(fields={"t": gj.Field((), "int32")}, capacity=1024, step_capacity=4096, max_steps=64)
+    rng = np.random.default_rng(10)
+    lengths = varied_lengths(rng, 200)
+    table.insert(episodes(table, lengths, rng), lengths=lengths)
+    for exponent in (0.25, 0.5, 1.5, 2.0):
+        s = sample_on(gpu, table, jax.random.key(0), 8, method="prioritized", priority_exponent=exponent)
+        assert_same_sample(
+            s, sample_on(CPU, table, jax.random.key(0), 8, method="prioritized", priority_exponent=exponent)
+        )
+    status = table.row_status()
+    offered = window_pairs(np.where(status["priority"] > 0, status["length"], 0), LONG_WINDOW, "skip")
+    picked = np.zeros(table.capacity, np.int64)
+    for seed in range(4):
+        got = sample_on(gpu, table, jax.random.key(seed), 2000, window=LONG_WINDOW, short_episodes="skip")
+        rows, starts = np.asarray(got.indices), np.asarray(got.starts)
+        assert (offered[rows] > 0).all() and (starts < offered[rows]).all()
+        np.add.at(picked, rows, 1)
+    share = offered[offered == 41].sum() / offered.sum()
+    n = picked.sum()
+    assert abs(picked[offered == 41].sum() / n - share) < 5 * np.sqrt(share * (1 - share) / n)
 
 
 @pytest.mark.gpu
