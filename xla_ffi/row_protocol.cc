@@ -120,13 +120,13 @@ int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool
   return got;
 }
 
-int64_t SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                                 int32_t length, const float* priorities, CountedOut counted,
-                                 InsertReservation* reserved, int64_t* lost_positions) {
+void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
+                              int32_t length, const float* priorities, CountedOut counted,
+                              InsertReservation* reserved) {
   TableHeader* h = header();
   const uint64_t first_seq = FetchAdd<uint64_t>(&h->commit_seq, static_cast<uint64_t>(n)) + 1;
   int32_t published[kInsertChunk];
-  int64_t done = 0, selectable = 0, lost = -1, lost_count = 0;
+  int64_t done = 0, selectable = 0, lost = -1;
   float max_priority = 0.0f;
   int32_t longest = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -140,8 +140,6 @@ int64_t SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t*
     uint64_t expected = held[i];
     if (!Cas(&view_.state[row], &expected, MakeState(StateGeneration(held[i]) + 1, priority))) {
       if (lost < 0) lost = row;
-      if (lost_positions != nullptr) lost_positions[lost_count] = i;
-      ++lost_count;
       continue;
     }
     longest = std::max(longest, row_length);
@@ -164,8 +162,7 @@ int64_t SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t*
   // leaves the row to a reclaimer.
   for (int64_t i = 0; i < done; ++i) __atomic_store_n(&owners()[published[i]], 0, __ATOMIC_RELEASE);
   RaiseLongest(view_, longest);
-  if (lost >= 0 && lost_positions == nullptr) throw std::runtime_error(NotHeld(lost));
-  return lost_count;
+  if (lost >= 0) throw std::runtime_error(NotHeld(lost));
 }
 
 void SharedTable::Populate(const uint8_t* from, const uint8_t* to) {

@@ -146,18 +146,16 @@ class SharedTable {
   // (nullptr: 1), and moves size and selectable by the rows published less `counted` (the claims'), and
   // counts them in the rate limiter (see Commit). A row taken from this writer meanwhile is left alone;
   // the others are published, then NotHeld is thrown.
-  // With `lost` non-null, the positions (in rows[]) of the rows taken from this writer go there and
-  // their count is returned instead of a throw.
-  int64_t PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
-                      int32_t length, const float* priorities, CountedOut counted,
-                      InsertReservation* reserved, int64_t* lost = nullptr);
+  void PublishRows(int64_t n, const int32_t* rows, const uint64_t* held, const int32_t* lengths,
+                   int32_t length, const float* priorities, CountedOut counted, InsertReservation* reserved);
   // Step rings (step_ring.cc): Insert's path for them; the retirement of every episode with a step
-  // below `below` (the rows it empties are added to *counted, which the caller counts out); and the
-  // release of a row this writer holds as `held` (or moved on by a retirer since), left empty.
+  // below `below` (inside the caller's counter window; the rows it empties leave size and selectable),
+  // which throws std::runtime_error when a live writer holding such steps does not finish; and the
+  // release of a row this writer holds as `held`, left empty.
   void InsertEpisodes(const std::vector<const uint8_t*>& field_data, int64_t batch, int32_t steps,
                       const int32_t* lengths, const float* priorities, int32_t* rows,
                       InsertReservation* reserved);
-  void RetireSteps(uint64_t below, CountedOut* counted, bool* reclaimed);
+  void RetireSteps(uint64_t below, bool* reclaimed);
   void AbandonHeld(int64_t row, uint64_t held);
   // Copies rows[0, n), taken for rows first.. of the batch, from field_data (see Insert).
   void CopyRows(const std::vector<const uint8_t*>& field_data, int64_t first, int64_t n, const int32_t* rows,

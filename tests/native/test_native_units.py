@@ -24,6 +24,7 @@ RUNTIME = [
     "xla_ffi/table_processes.cc",
     "xla_ffi/table_mapping.cc",
     "xla_ffi/row_protocol.cc",
+    "xla_ffi/step_ring.cc",
     "xla_ffi/counter_window.cc",
     "xla_ffi/rate_limiter.cc",
     "xla_ffi/priority_indexes.cc",
