@@ -1,12 +1,15 @@
 // The priority indexes (kernels/priority_index.h) one open table keeps in this process: one per priority
 // exponent and place, made on first use. A place is the CPU, or one CUDA stream (whose kernels read an
-// index the host refreshes in the stream's order, in pinned memory mapped for the GPU).
+// index the host refreshes in the stream's order, in pinned memory mapped for the GPU). The exponent
+// kLengthWeights (kernels/selection.h) is the index over rows' lengths that uniform windows of step rings
+// draw through; it counts among the exponents below.
 //
 // CPU indexes: at most kMaxCpuIndexes exponents; the one used least recently gives way to a new one
 // (rebuilt on its next use: one pass over the rows). Each is refreshed and read under its own lock, so
 // threads of this process that sample one table take turns.
 // GPU indexes: at most kMaxDeviceIndexes per table, never evicted (a kernel may still read one); a
-// further exponent samples by the scan of every row instead (sample.cu). Their memory goes with the
+// further exponent samples by the scan of every row instead (sample.cu), and uniform windows without
+// their index by rejection against the longest row. Their memory goes with the
 // SharedTable, after its kernels are done.
 #pragma once
 
