@@ -132,8 +132,8 @@ def _batch(plan: _Plan, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _new_sample(picks: tuple[Any, ...], window: int, table: Table) -> Sample:
-    """A Sample of the native call's (indices, generations, probabilities, starts, selectable), made
-    without the frozen dataclass's __init__ (which sets each of its seven fields through
+    """A Sample of the native call's (indices, generations, probabilities, starts, selectable, lengths),
+    made without the frozen dataclass's __init__ (which sets each of its eight fields through
     object.__setattr__: a third of a small call's Python time). The same object as Sample(...) makes."""
     sample = object.__new__(Sample)
     sample.__dict__.update(
@@ -142,6 +142,7 @@ def _new_sample(picks: tuple[Any, ...], window: int, table: Table) -> Sample:
         probabilities=picks[2],
         starts=picks[3],
         selectable=np.int32(picks[4]),
+        lengths=picks[5],
         window=window,
         table_handle=table.handle,
     )
@@ -433,7 +434,9 @@ class Sampler:
         self._next = (self._next + 1) % len(self._sets)
         bits = self._draw_64_bits()
         selectable = draw.run(bits & 0xFFFFFFFF, bits >> 32)
-        sample = self._last = _new_sample((*picks, selectable), self._window, self._table)
+        indices, generations, probabilities, starts, lengths = picks
+        picked = (indices, generations, probabilities, starts, selectable, lengths)
+        sample = self._last = _new_sample(picked, self._window, self._table)
         return sample, dict(batch)
 
     def update_priorities(self, priorities: Any) -> int:

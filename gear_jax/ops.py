@@ -57,6 +57,11 @@ def _pick_types(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
     )
 
 
+def _count_and_lengths(b: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """What `sample` returns besides the picks: the selectable count and each pick's row length."""
+    return jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32)
+
+
 def _attrs(table: Table) -> dict[str, Any]:
     return {"handle": np.int64(table.handle), "spec_hash": np.int64(table.spec.spec_hash)}
 
@@ -123,7 +128,7 @@ def sample(
     )
     update = _check_priority_update(table, priority_update, "sample")
     _args.check_fits("sample", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
-    out_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
+    out_types = (*_pick_types(b), *_count_and_lengths(b))
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
     results = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False)(*args, **attrs)
     return Sample(*results, window=win, table_handle=table.handle)
@@ -276,7 +281,7 @@ def sample_gather(
     update = _check_priority_update(table, priority_update, "sample_gather")
     _args.check_fits("sample_gather", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
     chosen, field_types, gather_attrs = _gather_plan(table, b, fields, None, win, "sample_gather")
-    pick_types = (*_pick_types(b), jax.ShapeDtypeStruct((), jnp.int32))  # and selectable
+    pick_types = (*_pick_types(b), *_count_and_lengths(b))
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
 
     def fused(*args: jax.Array) -> tuple[jax.Array, ...]:
@@ -296,8 +301,8 @@ def sample_gather(
         return (*picks, *data)
 
     results = jax.lax.platform_dependent(*args, cpu=fused, default=separate)
-    s = Sample(*results[:5], window=win, table_handle=table.handle)
-    return s, _batch(chosen, results[5:])
+    s = Sample(*results[:6], window=win, table_handle=table.handle)
+    return s, _batch(chosen, results[6:])
 
 
 def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after: Any = None) -> jax.Array:

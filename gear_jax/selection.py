@@ -20,7 +20,7 @@ METHODS: dict[str, int] = dict(_native.sample_methods())
 # The methods whose answer is an order of the rows rather than a draw (no key needed for the rows).
 ORDERED_METHODS = ("fifo", "lifo", "topk")
 
-PICK_BYTES = 16  # per pick: index, generation, probability, start
+PICK_BYTES = 20  # per pick: index, generation, probability, start, length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,9 @@ class Sample:
       selectable: int32 scalar, the count N of selectable rows when the sample ran (uniform: the N of
         its probabilities 1/N), so that importance weights (N * P)^-beta need nothing else; None for
         samples that `sample` did not make (`sample_at`, `ordered_candidates`, hand-built ones).
+      lengths: int32[B] each picked row's length (in a step ring: its episode's length) as read when it
+        was picked (0 for a failed pick); meaningful where `gather` finds the row valid. With
+        `starts`, where each window lies in its episode. None where `selectable` is.
       window: static int, the window length given to `sample` (0 for none).
       table_handle: static int, the handle of the table the rows were picked from (None for samples
         built by hand): `gather` and `update_priorities` refuse a sample of another table. It is part of
@@ -49,6 +52,7 @@ class Sample:
     probabilities: jax.Array
     starts: jax.Array
     selectable: Any = None
+    lengths: Any = None
     window: int = 0
     table_handle: int | None = None
 
@@ -59,6 +63,6 @@ class Sample:
 
 jax.tree_util.register_dataclass(
     Sample,
-    data_fields=["indices", "generations", "probabilities", "starts", "selectable"],
+    data_fields=["indices", "generations", "probabilities", "starts", "selectable", "lengths"],
     meta_fields=["window", "table_handle"],
 )

@@ -552,7 +552,7 @@ def _draw_global(
         smp = ops.sample(
             t, window_key, batch_size, method=method, priority_exponent=exponent, window=window, after=after
         )
-        return dataclasses.replace(smp, selectable=None)
+        return dataclasses.replace(smp, selectable=None, lengths=None)
 
     smp = lax.cond(whole > 0, lambda: st._on_my_shard(draw), lambda: st._on_my_shard(every_shard_empty))
     scale = total / jnp.where(whole > 0, whole, 1)
@@ -586,7 +586,9 @@ def _merge_ordered(
     def too_few(t: Table) -> tuple[Sample, jax.Array]:
         # Raises at run time with the single-table error: every shard has fewer than B rows.
         smp = ops.sample(t, window_key, batch_size, method=method, window=window, after=after)
-        return dataclasses.replace(smp, selectable=None), jnp.full((batch_size, 2), 0xFFFFFFFF, jnp.uint32)
+        return dataclasses.replace(smp, selectable=None, lengths=None), jnp.full(
+            (batch_size, 2), 0xFFFFFFFF, jnp.uint32
+        )
 
     local, keys = lax.cond(
         selectable >= batch_size, lambda: st._on_my_shard(candidates), lambda: st._on_my_shard(too_few)

@@ -265,6 +265,7 @@ void RecordPick(const TableView& t, int32_t window, uint32_t seed0, uint32_t see
   out.starts[pick] =
       window > 0 ? WindowStart(LoadRelaxed(&t.length[row]), window, seed0, seed1, static_cast<uint32_t>(pick))
                  : 0;
+  if (out.lengths != nullptr) out.lengths[pick] = LoadRelaxed(&t.length[row]);
 }
 
 // times_sampled of every picked row (not the failed picks: odd generation), after the picks. An atomic

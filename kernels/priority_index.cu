@@ -31,6 +31,7 @@ __device__ void RecordPick(const TableView& t, int32_t window, uint32_t seed0, u
   out.starts[pick] = window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), window, seed0, seed1,
                                               static_cast<uint32_t>(pick))
                                 : 0;
+  if (out.lengths != nullptr) out.lengths[pick] = device::LoadRelaxed(&t.length[row]);
   device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);  // a count (sample.cu)
 }
 

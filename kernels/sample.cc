@@ -27,6 +27,7 @@ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_
                          : 0;
   }
   out.starts[pick] = start;
+  if (out.lengths != nullptr) out.lengths[pick] = LoadRelaxed(&t.length[row]);
   FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
 }
 

@@ -59,6 +59,7 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
                          : 0;
   }
   out.starts[pick] = start;
+  if (out.lengths != nullptr) out.lengths[pick] = device::LoadRelaxed(&t.length[row]);
   // A count, not part of the consistency model: without system-scope atomics an increment that races
   // with the CPU's or another GPU's can be lost.
   device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);

@@ -81,6 +81,8 @@ struct SampleResult {
   uint64_t* order_keys = nullptr;  // fifo/lifo/topk: [batch_size] each pick's OrderKey, where non-null
   int32_t* selectable = nullptr;   // where non-null: the count N of selectable rows (uniform: the N of
                                    // its probabilities 1/N; the others: the table's counter)
+  int32_t* lengths = nullptr;      // where non-null: [batch_size] each picked row's length (episode
+                                   // length), as read with its generation; 0 for a failed pick
 };
 
 // A count of rows as the int32 that `selectable` holds (clamped; tables have < 2^31 rows).
@@ -95,6 +97,7 @@ GEAR_HD void RecordFailed(SampleResult out, int64_t pick) {
   out.generations[pick] = 1;
   out.probabilities[pick] = 0.0f;
   out.starts[pick] = 0;
+  if (out.lengths != nullptr) out.lengths[pick] = 0;
 }
 
 // The exponent of the priority index a request samples through (priority_index.h): the request's for

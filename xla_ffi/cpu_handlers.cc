@@ -62,8 +62,9 @@ ffi::Error HoldIndexToSample(SharedTable& table, const SampleRequest& request, c
 ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                       ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
-                      ffi::ResultBuffer<ffi::S32> selectable, ffi::ThreadPool pool, int64_t handle,
-                      int64_t spec_hash, int32_t method, float priority_exponent, int32_t window) {
+                      ffi::ResultBuffer<ffi::S32> selectable, ffi::ResultBuffer<ffi::S32> lengths,
+                      ffi::ThreadPool pool, int64_t handle, int64_t spec_hash, int32_t method,
+                      float priority_exponent, int32_t window) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
   SampleRequest request;
@@ -74,12 +75,16 @@ ffi::Error SampleImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
   }
   request.seed0 = seed.typed_data()[0];
   request.seed1 = seed.typed_data()[1];
+  if (lengths->element_count() != indices->element_count()) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "sample", "lengths must have one entry per pick");
+  }
   SampleResult out{indices->typed_data(),
                    generations->typed_data(),
                    probabilities->typed_data(),
                    starts->typed_data(),
                    nullptr,
-                   selectable->typed_data()};
+                   selectable->typed_data(),
+                   lengths->typed_data()};
   PriorityIndexes::Held index;
   const PriorityTreeView* tree;
   if (ffi::Error error = HoldIndexToSample(*table, request, "sample", &index, &tree); error.failure()) {
@@ -137,10 +142,11 @@ ffi::Error GatherImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> gener
 ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                             ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                             ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
-                            ffi::ResultBuffer<ffi::S32> selectable, ffi::ResultBuffer<ffi::PRED> valid,
-                            ffi::RemainingRets fields_out, ffi::ThreadPool pool, int64_t handle,
-                            int64_t spec_hash, int32_t method, float priority_exponent, int32_t window,
-                            ffi::Span<const int64_t> fields, int32_t steps) {
+                            ffi::ResultBuffer<ffi::S32> selectable, ffi::ResultBuffer<ffi::S32> lengths,
+                            ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out,
+                            ffi::ThreadPool pool, int64_t handle, int64_t spec_hash, int32_t method,
+                            float priority_exponent, int32_t window, ffi::Span<const int64_t> fields,
+                            int32_t steps) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
   const TableView& view = table->view();
@@ -154,9 +160,9 @@ ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/
   request.seed1 = seed.typed_data()[1];
   const size_t picks = indices->element_count();
   if (generations->element_count() != picks || probabilities->element_count() != picks ||
-      starts->element_count() != picks) {
+      starts->element_count() != picks || lengths->element_count() != picks) {
     return OpError(ffi::ErrorCode::kInvalidArgument, "sample_gather",
-                   "indices, generations, probabilities and starts must have one entry per pick");
+                   "indices, generations, probabilities, starts and lengths must have one entry per pick");
   }
   GatherRequest gather;
   GatherOutputs out;
@@ -174,7 +180,8 @@ ffi::Error SampleGatherImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/
                       probabilities->typed_data(),
                       starts->typed_data(),
                       nullptr,
-                      selectable->typed_data()};
+                      selectable->typed_data(),
+                      lengths->typed_data()};
   PriorityIndexes::Held index;
   const PriorityTreeView* tree;
   if (ffi::Error error = HoldIndexToSample(*table, request, "sample_gather", &index, &tree);
@@ -285,6 +292,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
         .Ret<ffi::Buffer<ffi::F32>>()  // probabilities: float32[B]
         .Ret<ffi::Buffer<ffi::S32>>()  // starts: int32[B]
         .Ret<ffi::Buffer<ffi::S32>>()  // selectable: int32[] count N
+        .Ret<ffi::Buffer<ffi::S32>>()  // lengths: int32[B]
         .Ctx<ffi::ThreadPool>()        // XLA's intra-op threads: large prioritized batches
         .Attr<int64_t>("handle")
         .Attr<int64_t>("spec_hash")
@@ -373,6 +381,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleGatherCpu, gear::SampleGatherImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()   // probabilities: float32[B]
                                   .Ret<ffi::Buffer<ffi::S32>>()   // starts: int32[B]
                                   .Ret<ffi::Buffer<ffi::S32>>()   // selectable: int32[] count N
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // lengths: int32[B]
                                   .Ret<ffi::Buffer<ffi::PRED>>()  // valid: bool[B, steps]
                                   .RemainingRets()                // one [B, steps, *shape] per field
                                   .Ctx<ffi::ThreadPool>()         // XLA's intra-op threads: large batches

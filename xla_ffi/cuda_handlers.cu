@@ -183,8 +183,9 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                       ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
                       ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
-                      ffi::ResultBuffer<ffi::S32> selectable, int64_t handle, int64_t spec_hash,
-                      int32_t method, float priority_exponent, int32_t window) {
+                      ffi::ResultBuffer<ffi::S32> selectable, ffi::ResultBuffer<ffi::S32> lengths,
+                      int64_t handle, int64_t spec_hash, int32_t method, float priority_exponent,
+                      int32_t window) {
   ScopedDevice scope(device);
   if (scope.status() != cudaSuccess)
     return CudaFailure("sample", "cannot select the CUDA device", scope.status());
@@ -196,12 +197,16 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
       error.failure()) {
     return error;
   }
+  if (lengths->element_count() != indices->element_count()) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "sample", "lengths must have one entry per pick");
+  }
   SampleResult out{indices->typed_data(),
                    generations->typed_data(),
                    probabilities->typed_data(),
                    starts->typed_data(),
                    nullptr,
-                   selectable->typed_data()};
+                   selectable->typed_data(),
+                   lengths->typed_data()};
   // Prioritized windows under skip_short (refused by PrepareSample already) reach SampleRowsCuda, which
   // fails them with the method error as SampleRowsCpu does.
   const bool refused = request.skip_short && request.window > 0;
@@ -222,15 +227,15 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
   // handlers draw them through theirs. Without it (the table keeps kMaxDeviceIndexes others) the kernel
   // falls back to uniform candidates: the same law, but no longer the CPU's picks, which still go
   // through the CPU's index.
-  std::shared_ptr<IndexSlot> lengths;
+  std::shared_ptr<IndexSlot> length_index;
   PriorityTreeView lengths_view;
   if (request.method == SampleMethod::kUniform && request.batch_size > 0 &&
       IndexExponent(request) == kLengthWeights) {
-    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, kLengthWeights, "sample", &lengths);
+    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, kLengthWeights, "sample", &length_index);
         error.failure()) {
       return error;
     }
-    if (lengths != nullptr) lengths_view = lengths->index->DeviceView();
+    if (length_index != nullptr) lengths_view = length_index->index->DeviceView();
   }
   const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
   void* memory;
@@ -239,7 +244,7 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
     return error;
   }
   return Launched(SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device,
-                                 stream, lengths != nullptr ? &lengths_view : nullptr),
+                                 stream, length_index != nullptr ? &lengths_view : nullptr),
                   "sample");
 }
 
@@ -734,6 +739,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleCuda, gear::SampleImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()              // probabilities: float32[B]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
                                   .Ret<ffi::Buffer<ffi::S32>>()              // selectable: int32[] count N
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // lengths: int32[B]
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<int32_t>("method")

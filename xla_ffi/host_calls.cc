@@ -216,7 +216,7 @@ py::tuple HostSample(OpenTable& self, uint32_t seed0, uint32_t seed1, int64_t ba
   if (!outputs.empty()) PlanGather(view, batch_size, field_ids, steps, outputs, op, &gather, &out);
 
   const auto b = static_cast<py::ssize_t>(batch_size);
-  py::array_t<int32_t> indices(b), starts(b);
+  py::array_t<int32_t> indices(b), starts(b), lengths(b);
   py::array_t<uint32_t> generations(b);
   py::array_t<float> probabilities(b);
   int32_t selectable = 0;
@@ -225,14 +225,15 @@ py::tuple HostSample(OpenTable& self, uint32_t seed0, uint32_t seed1, int64_t ba
                      probabilities.mutable_data(),
                      starts.mutable_data(),
                      nullptr,
-                     &selectable};
+                     &selectable,
+                     lengths.mutable_data()};
   KernelStatus status;
   {
     py::gil_scoped_release release;
     status = RunDraw(*held, request, picks, outputs.empty() ? nullptr : &gather, out);
   }
   ThrowIfFailed(status);
-  return py::make_tuple(indices, generations, probabilities, starts, selectable);
+  return py::make_tuple(indices, generations, probabilities, starts, selectable, lengths);
 }
 
 HostDraw::HostDraw(py::object table, int64_t batch_size, int32_t method, float priority_exponent,
@@ -244,7 +245,8 @@ HostDraw::HostDraw(py::object table, int64_t batch_size, int32_t method, float p
       indices_(static_cast<py::ssize_t>(std::max<int64_t>(batch_size, 0))),
       starts_(static_cast<py::ssize_t>(std::max<int64_t>(batch_size, 0))),
       generations_(static_cast<py::ssize_t>(std::max<int64_t>(batch_size, 0))),
-      probabilities_(static_cast<py::ssize_t>(std::max<int64_t>(batch_size, 0))) {
+      probabilities_(static_cast<py::ssize_t>(std::max<int64_t>(batch_size, 0))),
+      lengths_(static_cast<py::ssize_t>(std::max<int64_t>(batch_size, 0))) {
   constexpr const char* kOp = "Sampler";
   const std::shared_ptr<SharedTable> held = table_.ref();
   const TableView& view = held->view();
@@ -255,7 +257,8 @@ HostDraw::HostDraw(py::object table, int64_t batch_size, int32_t method, float p
                         probabilities_.mutable_data(),
                         starts_.mutable_data(),
                         nullptr,
-                        nullptr};
+                        nullptr,
+                        lengths_.mutable_data()};
 }
 
 int32_t HostDraw::Run(uint32_t seed0, uint32_t seed1) {
@@ -290,7 +293,9 @@ int32_t HostDraw::Run(uint32_t seed0, uint32_t seed1) {
   return selectable;
 }
 
-py::tuple HostDraw::picks() const { return py::make_tuple(indices_, generations_, probabilities_, starts_); }
+py::tuple HostDraw::picks() const {
+  return py::make_tuple(indices_, generations_, probabilities_, starts_, lengths_);
+}
 
 void HostGather(OpenTable& self, const py::array_t<int32_t, py::array::c_style>& indices,
                 const py::array_t<uint32_t, py::array::c_style>& generations,

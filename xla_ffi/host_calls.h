@@ -47,8 +47,8 @@ class HostDraw {
   // Draws with the seed words; returns the count N of selectable rows.
   int32_t Run(uint32_t seed0, uint32_t seed1);
 
-  // (indices int32[B], generations uint32[B], probabilities float32[B], starts int32[B]): the arrays
-  // every Run writes.
+  // (indices int32[B], generations uint32[B], probabilities float32[B], starts int32[B], lengths
+  // int32[B]): the arrays every Run writes.
   pybind11::tuple picks() const;
 
  private:
@@ -58,6 +58,7 @@ class HostDraw {
   pybind11::array_t<int32_t> indices_, starts_;
   pybind11::array_t<uint32_t> generations_;
   pybind11::array_t<float> probabilities_;
+  pybind11::array_t<int32_t> lengths_;  // declared after probabilities_: the constructor's order
   SampleRequest request_;
   GatherRequest gather_;
   GatherOutputs out_{};

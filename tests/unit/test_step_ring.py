@@ -125,6 +125,7 @@ def check_windows(table, model, sample, batch, window, short_episodes):
     for i, row in enumerate(rows):
         episode, first, length, priority, seq = live[int(row)]
         start = int(starts[i])
+        assert int(np.asarray(sample.lengths)[i]) == length
         if short_episodes == "skip":
             assert length >= window and 0 <= start <= length - window
         else:
@@ -300,6 +301,20 @@ def test_ordered_methods_skip_short_episodes(method):
         assert list(np.asarray(padded.indices)) == everyone[method][:3]
 
 
+@pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "lifo", "topk"])
+def test_samples_carry_the_length_of_each_picked_episode(method):
+    with filled_ring(LENGTHS) as table:
+        s = gj.sample(table, jax.random.key(0), 8, method=method, window=5)
+        np.testing.assert_array_equal(np.asarray(s.lengths), np.array(LENGTHS)[np.asarray(s.indices)])
+        host = gj.host.sample(table, np.random.default_rng(0), 8, method=method, window=5)
+        np.testing.assert_array_equal(host.lengths, np.array(LENGTHS)[host.indices])
+        fused, _ = gj.sample_gather(table, jax.random.key(1), 8, method=method, window=5)
+        np.testing.assert_array_equal(np.asarray(fused.lengths), np.array(LENGTHS)[np.asarray(fused.indices)])
+        draw = gj.host.Sampler(table, 8, method=method, window=5)
+        picked, _ = draw()
+        np.testing.assert_array_equal(picked.lengths, np.array(LENGTHS)[picked.indices])
+
+
 def test_prioritized_skip_is_refused_by_name():
     with filled_ring(LENGTHS) as table:
         with pytest.raises(InvalidArgumentError, match="priority 0"):
@@ -424,6 +439,9 @@ def test_windows_wrap_the_end_of_the_ring():
         np.testing.assert_array_equal(np.asarray(batch["step"][0]), np.arange(2, 10))
         host = gj.host.gather(table, s, window=8)
         np.testing.assert_array_equal(host["step"][0], np.arange(2, 10))
+        subset = gj.gather(table, s, fields=["step"], window=8)  # a subset of the fields
+        assert set(subset) == {"step", "valid"} and np.asarray(subset["valid"]).all()
+        np.testing.assert_array_equal(np.asarray(subset["step"][0]), np.arange(2, 10))
 
 
 def test_pool_reuse_gives_an_empty_ring():
