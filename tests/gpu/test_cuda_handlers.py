@@ -65,7 +65,7 @@ def update_on(device, table, s, priorities):
 
 
 def assert_same_sample(got, expected):
-    for name in ("indices", "generations", "probabilities", "starts", "selectable"):
+    for name in ("indices", "generations", "probabilities", "starts", "selectable", "lengths"):
         np.testing.assert_array_equal(
             np.asarray(getattr(got, name)), np.asarray(getattr(expected, name)), err_msg=name
         )

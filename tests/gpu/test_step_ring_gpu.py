@@ -102,7 +102,7 @@ def gather_on(device, table, s, **kwargs):
 
 
 def assert_same_sample(got, expected):
-    for name in ("indices", "generations", "probabilities", "starts", "selectable"):
+    for name in ("indices", "generations", "probabilities", "starts", "selectable", "lengths"):
         np.testing.assert_array_equal(
             np.asarray(getattr(got, name)), np.asarray(getattr(expected, name)), err_msg=name
         )
@@ -435,7 +435,8 @@ def test_prioritized_windows_that_skip_short_episodes_are_refused_on_both(gpu, m
         jax.ShapeDtypeStruct((4,), jnp.uint32),
         jax.ShapeDtypeStruct((4,), jnp.float32),
         jax.ShapeDtypeStruct((4,), jnp.int32),
-        jax.ShapeDtypeStruct((), jnp.int32),
+        jax.ShapeDtypeStruct((), jnp.int32),  # selectable
+        jax.ShapeDtypeStruct((4,), jnp.int32),  # lengths
     )
 
     def forged(seed):

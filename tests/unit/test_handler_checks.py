@@ -36,6 +36,7 @@ def raw_sample(table, device, seed_words=2, method=0, exponent=1.0, window=0, ba
     def call(seed):
         types = [jax.ShapeDtypeStruct((batch,), d) for d in (jnp.int32, jnp.uint32, jnp.float32, jnp.int32)]
         types.append(jax.ShapeDtypeStruct((), jnp.int32))  # selectable
+        types.append(jax.ShapeDtypeStruct((batch,), jnp.int32))  # lengths
         return jax.ffi.ffi_call(_ffi.SAMPLE, types)(
             seed,
             jnp.zeros((), jnp.int32),

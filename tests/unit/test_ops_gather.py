@@ -242,10 +242,13 @@ def test_gather_beyond_memory_is_refused_before_it_runs(make_table, monkeypatch)
 
     table = make_table(capacity=8)
     table.insert(transitions(8))
-    monkeypatch.setattr(gear_jax._args, "device_memory_available", lambda: 16896)
-    s = gj.sample(table, jax.random.key(0), 1024)  # 16 KiB of picks: fits
-    with pytest.raises(gj.InvalidArgumentError, match=r"gather: 1024 picks x 1 steps of 2 fields need"):
-        gj.gather(table, s)  # 17 KiB: valid, obs and action
+    monkeypatch.setattr(gear_jax._args, "device_memory_available", lambda: 20480)
+    s = gj.sample(table, jax.random.key(0), 1024)  # 20 KiB of picks (5 numbers each): fits
+    twice = gj.Sample(
+        *(jnp.concatenate([a, a]) for a in (s.indices, s.generations, s.probabilities, s.starts))
+    )
+    with pytest.raises(gj.InvalidArgumentError, match=r"gather: 2048 picks x 1 steps of 2 fields need"):
+        gj.gather(table, twice)  # 34 KiB: valid, obs and action
     with pytest.raises(gj.InvalidArgumentError, match="sample: batch_size=8192 picks need"):
         gj.sample(table, jax.random.key(0), 8192)
     assert gj.gather(table, s, fields="action")["action"].shape == (1024,)
