@@ -1053,18 +1053,23 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
     state = next(c for c in checkpoint.columns if c.name == "state")
     rows_per_chunk = max(1, min(state.shape[0], CHUNK_BYTES // state.row_bytes))
     for _, states in _read_chunks(checkpoint, state, rows_per_chunk):  # checked whole before any row shows
-        priority = state_priority(states)
-        if ((state_generation(states) & np.uint64(1)) == 1).any() or not (
-            np.isfinite(priority) & (priority >= 0)
-        ).all():
-            raise _refuse(
-                checkpoint.root,
-                f"'{state.file}' holds rows no save writes (odd generations or bad priorities)",
-            )
+        _check_saved_states(checkpoint, state.file, states, "rows")
     native = table.native
     for start, states in _read_chunks(checkpoint, state, rows_per_chunk):
         native.publish_restored_rows(start, states)
     native.restore_cursors(checkpoint.manifest["next_seq"], checkpoint.manifest["commit_seq"])
+
+
+def _check_saved_states(checkpoint: _Checkpoint, file: str, states: np.ndarray, what: str) -> None:
+    """Refuses state words no save writes (odd generations, priorities not finite and >= 0): `what`
+    ("rows", "episodes") of the file `file`."""
+    priority = state_priority(states)
+    if ((state_generation(states) & np.uint64(1)) == 1).any() or not (
+        np.isfinite(priority) & (priority >= 0)
+    ).all():
+        raise _refuse(
+            checkpoint.root, f"'{file}' holds {what} no save writes (odd generations or bad priorities)"
+        )
 
 
 def _restore_ring(table: Table, checkpoint: _Checkpoint) -> None:
@@ -1094,14 +1099,7 @@ def _restore_ring(table: Table, checkpoint: _Checkpoint) -> None:
             f"'{columns['length'].file}' holds lengths outside [1, {spec.max_steps}] or not summing to the "
             f"{manifest['steps']} steps saved",
         )
-    priority = state_priority(states)
-    if ((state_generation(states) & np.uint64(1)) == 1).any() or not (
-        np.isfinite(priority) & (priority >= 0)
-    ).all():
-        raise _refuse(
-            checkpoint.root,
-            f"'{columns['state'].file}' holds episodes no save writes (odd generations or bad priorities)",
-        )
+    _check_saved_states(checkpoint, columns["state"].file, states, "episodes")
     native = table.native
     native.restore_step_cursor(manifest["steps"])  # the next insert claims the steps after them
     for name in spec.fields:

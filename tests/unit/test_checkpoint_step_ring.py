@@ -24,22 +24,11 @@ from gear_jax import checkpoint
 from tests.helpers.sampling import P_THRESHOLD
 from tests.helpers.waits import wait_until
 
+from . import test_checkpoint as checkpoint_tests
+
 FIELDS = {"episode": gj.Field((), "int32"), "step": gj.Field((), "int32"), "obs": gj.Field((3,), "float32")}
-STATUS = ("generation", "priority", "length", "insert_seq", "times_sampled")
-
-
-@pytest.fixture
-def tables():
-    """Tables to close when the test ends: call with a table, get it back."""
-    opened = []
-
-    def keep(table):
-        opened.append(table)
-        return table
-
-    yield keep
-    for table in opened:
-        table.close()
+STATUS = checkpoint_tests.STATUS
+tables = checkpoint_tests.tables  # the fixture: tables to close when the test ends
 
 
 def ring_spec(capacity=12, step_capacity=200, max_steps=40, fields=FIELDS):
