@@ -16,6 +16,9 @@
 # priorities_gpu.json/.png, pool_gpu.json. The device tool brings back at most 8 files a call: split
 # the stages over two calls (e.g. "build tests memcheck racecheck synccheck quickstart", then
 # "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
+# More stages, not in the default list: fixed_cost (scripts/gpu_fixed_cost.py: where the time of a small
+# call goes), episodes (the episodes suite on the GPU: step rings, padded rows, flashbax in HBM),
+# multihost and anakin (the examples with --platform=cuda; anakin needs gymnax and flashbax in .whl/).
 # GPU_CHECK_PRIORITY_ROWS (default 1000000,10000000,100000000) sets the priorities suite's table sizes.
 # GPU_CHECK_GATHER_ITEM_BYTES, GPU_CHECK_GATHER_BATCH and GPU_CHECK_GATHER_SYSTEMS narrow the gather
 # suite's grid and systems.
@@ -135,6 +138,27 @@ if want quickstart; then
   done
 fi
 
+# fixed_cost: where the time of a small call goes (scripts/gpu_fixed_cost.py): an empty jitted call,
+# jnp.take from HBM, sample alone, gather alone, sample_gather; a warp against a block per large row.
+if want fixed_cost; then
+  stage fixed_cost 150 30 "$OUT/fixed_cost.log" python scripts/gpu_fixed_cost.py --json "$OUT/fixed_cost_gpu.json"
+  grep -E "^row|^device" "$OUT/fixed_cost.log"
+fi
+
+# The examples never run on a GPU before: the multi-host example as a 1-process, 1-GPU job, and the
+# anakin example (gj.insert inside jit on the GPU) against flashbax in HBM. Both need gymnax's wheels.
+if want multihost; then
+  stage multihost 180 60 "$OUT/multihost.log" python examples/multihost.py --num_processes=1 \
+    --platform=cuda --steps="${GPU_CHECK_MULTIHOST_STEPS:-3000}" --timeout=170
+  grep -E "^summary|Error" "$OUT/multihost.log" | tail -n 3
+fi
+if want anakin; then
+  stage anakin 240 60 "$OUT/anakin.log" python examples/anakin.py --platform=cuda \
+    --steps="${GPU_CHECK_ANAKIN_STEPS:-10000}" --plot "$OUT/anakin_gpu.png"
+  grep -E -A5 "^comparison" "$OUT/anakin.log" | tail -n 6
+  grep -E "^summary" "$OUT/anakin.log" | tail -n 1
+fi
+
 # Tables hold at most half the budget: two copies must fit in host memory, and gear_jax's tables live
 # in /dev/shm, so the budget is also held to about twice what /dev/shm has free.
 shm_gib=$(df -B1G --output=avail /dev/shm | tail -n 1 | tr -d ' ')
@@ -175,7 +199,14 @@ if want pool; then
   stage pool 120 30 "$OUT/bench.log" python -m gear_jax.bench pool --iters=3 --json "$OUT/pool_gpu.json" ||
     echo "gpu_check: the pool benchmark did not complete (log: $OUT/bench.log)"
 fi
-if want gather || want windows || want priorities || want pool; then
+# episodes: step-ring trajectory tables against padded ones and flashbax in HBM (windows of 32 steps).
+if want episodes; then
+  stage episodes 240 60 "$OUT/bench.log" python -m gear_jax.bench episodes \
+    --systems=gear_jax,gear_jax_padded,flashbax --iters=20 --warmup=5 --mem_budget_gib="$(budget 8)" \
+    --json "$OUT/episodes_gpu.json" ||
+    echo "gpu_check: the episodes benchmark did not complete (log: $OUT/bench.log)"
+fi
+if want gather || want windows || want priorities || want pool || want episodes; then
   grep -E "Traceback|Error" "$OUT/bench.log" 2>/dev/null | cut -c1-300 | tail -n 10
   python -m gear_jax.bench.summary "$OUT"/*_gpu.json
 fi
