@@ -16,9 +16,11 @@ struct GatherPolicy {
   static constexpr int kUnroll = 4;  // vector loads per thread before their stores
   // From this many bytes a row gets a whole block, below it a warp. Measured on an H100 over PCIe
   // (scripts/gpu_gather_profile.py): a block per 4 KiB row ran two waves of blocks that each wait out
-  // several host round trips; a warp per row keeps every row of a batch in flight at once.
-  // GEAR_JAX_GATHER_BLOCK_ROW_BYTES overrides it, for such measurements.
-  static constexpr int64_t kWholeBlockRowBytes = 16384;
+  // several host round trips; a warp per row keeps every row of a batch in flight at once. Rows of
+  // 64 KiB too were gathered 6-10% faster by a warp than by a block (scripts/gpu_fixed_cost.py, two
+  // runs, B = 32 and 256; docs/BENCHMARKS.md, "second GPU round"); rows of 1 MiB were measured with a
+  // block only. GEAR_JAX_GATHER_BLOCK_ROW_BYTES overrides it, for such measurements.
+  static constexpr int64_t kWholeBlockRowBytes = 131072;
 };
 
 // The threads that copy one output row: a warp (small rows, several rows per block) or the whole block.

@@ -16,7 +16,7 @@
 # priorities_gpu.json/.png, pool_gpu.json. The device tool brings back at most 8 files a call: split
 # the stages over two calls (e.g. "build tests memcheck racecheck synccheck quickstart", then
 # "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
-# More stages, not in the default list: fixed_cost (scripts/gpu_fixed_cost.py: where the time of a small
+# More stages, not in the default list: torch (the torch suite), fixed_cost (scripts/gpu_fixed_cost.py: where the time of a small
 # call goes), episodes (the episodes suite on the GPU: step rings, padded rows, flashbax in HBM),
 # multihost and anakin (the examples with --platform=cuda; anakin needs gymnax and flashbax in .whl/).
 # GPU_CHECK_PRIORITY_ROWS (default 1000000,10000000,100000000) sets the priorities suite's table sizes.
@@ -141,7 +141,7 @@ fi
 # fixed_cost: where the time of a small call goes (scripts/gpu_fixed_cost.py): an empty jitted call,
 # jnp.take from HBM, sample alone, gather alone, sample_gather; a warp against a block per large row.
 if want fixed_cost; then
-  stage fixed_cost 150 30 "$OUT/fixed_cost.log" python scripts/gpu_fixed_cost.py --json "$OUT/fixed_cost_gpu.json"
+  stage fixed_cost 150 30 "$OUT/fixed_cost.log" python scripts/gpu_fixed_cost.py --json "$OUT/fixed_cost.json"
   grep -E "^row|^device" "$OUT/fixed_cost.log"
 fi
 
@@ -206,7 +206,13 @@ if want episodes; then
     --json "$OUT/episodes_gpu.json" ||
     echo "gpu_check: the episodes benchmark did not complete (log: $OUT/bench.log)"
 fi
-if want gather || want windows || want priorities || want pool || want episodes; then
+# torch: the hand-off of gathered batches to PyTorch on the GPU stream (DLPack).
+if want torch; then
+  stage torch 120 30 "$OUT/bench.log" python -m gear_jax.bench torch --iters=20 --warmup=5 \
+    --json "$OUT/torch_gpu.json" ||
+    echo "gpu_check: the torch benchmark did not complete (log: $OUT/bench.log)"
+fi
+if want gather || want windows || want priorities || want pool || want episodes || want torch; then
   grep -E "Traceback|Error" "$OUT/bench.log" 2>/dev/null | cut -c1-300 | tail -n 10
   python -m gear_jax.bench.summary "$OUT"/*_gpu.json
 fi
