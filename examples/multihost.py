@@ -47,6 +47,9 @@ compilation cache) and printed:
         learner_wait_s=0.0 wall_s=42.8 process_s=67.4
 (earlier runs of the same flags ended at 220.8 and 255.3: actors and learner interleave differently
 each run).
+On an H100 (docs/BENCHMARKS.md, "On an NVIDIA H100 (measured 2026-11-26)"), `--num_processes=1
+--platform=cuda --steps=1500` (one process, one GPU: a 1-shard job) ran 545-561 updates/s and ended at
+eval_return 196.6 and 330.4 in two runs.
 With --steps=1500 (about 45 s with a warm compilation cache), seed 0 ended at eval_return 255.1-397.1
 in four runs and seeds 1-3 at 120.8, 289.2 and 166.5 (the maximum is 500; an untrained policy scores
 about 10).
