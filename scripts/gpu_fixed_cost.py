@@ -56,7 +56,7 @@ def main():
             idx = jax.device_put(jnp.arange(b, dtype=jnp.int32) * 7 % rows, gpu)
             programs = {
                 "empty": (jax.jit(lambda k: k + 1), idx),
-                "jnp_take": (jax.jit(lambda i: jnp.take(hbm, i, axis=0)), idx),
+                "jnp_take": (jax.jit(lambda i, hbm=hbm: jnp.take(hbm, i, axis=0)), idx),
                 "sample": (jax.jit(lambda k, b=b: gj.sample(table, k, b).indices), key),
                 "gather": (jax.jit(lambda s: gj.gather(table, s)["x"]), smp),
                 "sample_gather": (jax.jit(lambda k, b=b: gj.sample_gather(table, k, b)[1]["x"]), key),
@@ -86,12 +86,12 @@ def main():
                 + f"; sample_gather / jnp_take {point['sample_gather'] / point['jnp_take']:.2f}",
                 flush=True,
             )
-        del hbm
+        hbm = None  # frees the device array before the next table
         table.close()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": gpu.device_kind, "revision": gj.build_info().get("revision"), "points": results},
-                      f, indent=1)
+            report = {"device": gpu.device_kind, "build": gj.build_info(), "points": results}
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
