@@ -12,8 +12,9 @@ Systems: `gear_jax`, the step-ring trajectory table (steps of every episode back
 an index of episodes; windows uniform over every valid start, episodes shorter than the window
 skipped); `gear_jax_padded`, today's padded trajectory table (one row of `max_steps` steps per
 episode; windows uniform in a uniformly picked row, short episodes padded); flashbax's trajectory
-buffer; torchrl's `ReplayBuffer(LazyTensorStorage, SliceSampler)`; Reverb (skipped with a note: its
-worker has no episode workload). A system this build or machine lacks is skipped with a note.
+buffer; torchrl's `ReplayBuffer(LazyTensorStorage, SliceSampler)`; Reverb (`--reverb_python`: a server
+in another interpreter, one item per window start referencing chunks of steps stored once). A system
+this build or machine lacks is skipped with a note.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import gear_jax as gj
 from gear_jax.bench.common import GEAR, Unavailable, parse_ints, parse_names
 from gear_jax.bench.data import CHUNK_BYTES, POOL_ROWS
 from gear_jax.bench.display import console, progress
+from gear_jax.bench.reverb_baseline import run_worker
 from gear_jax.bench.selection import measure
 from gear_jax.bench.systems import Step, System, import_torchrl
 
@@ -148,6 +150,7 @@ class EpisodeData:
         self.lengths = np.asarray(lengths, np.int64)
         self.step_bytes = step_bytes
         self.max_steps = max_steps
+        self.seed = seed
         self.ends = np.cumsum(self.lengths)
         self.starts = self.ends - self.lengths
         rng = np.random.default_rng(seed)
@@ -414,14 +417,63 @@ class TorchrlEpisodeSystem(EpisodeSystem):
         del self.buffer, self.storage
 
 
-def reverb_unavailable(args: argparse.Namespace) -> Unavailable:
-    """Why Reverb is skipped: its worker (benchmarks/reverb_worker.py) writes fixed-length rows of a
-    `Dataset`, not variable-length episodes in chunks, and has no episode workload yet."""
-    where = f"--reverb_python={args.reverb_python}" if args.reverb_python else "no --reverb_python given"
-    return Unavailable(
-        "the Reverb worker has no episode workload yet (it writes fixed-length rows, not variable-length "
-        f"episodes in chunks), so neither its memory nor its windows are measured ({where})"
+class ReverbEpisodeSystem(EpisodeSystem):
+    """Reverb: a local server in another interpreter (`benchmarks/reverb_worker.py`, its episodes
+    workload): the steps appended one by one through a `TrajectoryWriter`, one item per window of W
+    steps inside an episode (every valid start; episodes shorter than W make none), uniform sampling
+    through `reverb.TrajectoryDataset`. It fills and samples in one run of the worker, so its memory is
+    known once its windows are timed."""
+
+    name = "reverb"
+    interleavable = False  # timed inside its worker process
+    memory_measured_as = (
+        "growth of the Reverb worker's resident memory (VmRSS) while its server took the episodes"
     )
+
+    def __init__(self, work: EpisodeWorkload, python: str | None, timeout_s: float):
+        super().__init__(work)
+        if not python:
+            raise Unavailable(
+                "Reverb needs --reverb_python=PATH (an interpreter with dm-reverb; see docs/BENCHMARKS.md)"
+            )
+        self.python = python
+        self.timeout_s = timeout_s
+        self.result: dict[str, Any] | None = None
+
+    def latencies(
+        self, batch_sizes: list[int], warmup: int, iters: int, tick: Callable[[], None]
+    ) -> dict[int, np.ndarray]:
+        data = self.work.data
+        config = {
+            "episode_lengths": data.lengths.tolist(),
+            "step_bytes": data.step_bytes,
+            "window": self.work.window,
+            "seed": data.seed,
+            "batch_sizes": batch_sizes,
+            "warmup": warmup,
+            "iters": iters,
+        }
+        self.result = run_worker(self.python, config, self.timeout_s)
+        memory = self.result["memory"]
+        if memory["items"] != memory["items_expected"]:
+            raise Unavailable(f"Reverb's table holds {memory['items']} items, not {memory['items_expected']}")
+        for _ in range(len(batch_sizes) * iters):
+            tick()
+        return {int(b): np.asarray(v) for b, v in self.result["sample"].items()}
+
+    def nbytes(self) -> int:
+        if self.result is None:
+            raise RuntimeError("Reverb's memory is measured in the run that times its windows")
+        return int(self.result["memory"]["rss_growth_bytes"])
+
+    def describe(self) -> str | None:
+        if self.result is None:
+            return None
+        r = self.result
+        return (
+            f"reverb {r['versions']}: {r['memory']['items']} window items over {r['insert']['steps']} steps; "
+            f"appending them took {r['insert']['seconds']:.1f} s"
+        )
 
 
 EPISODE_SYSTEMS: dict[str, type[EpisodeSystem]] = {
@@ -529,9 +581,12 @@ def measure_point(
     index = index_bytes(work.data.episodes)
     memory: dict[str, dict[str, Any]] = {}
 
+    reverb: list[ReverbEpisodeSystem] = []
+
     def make(name: str) -> System:
-        if name == "reverb":
-            raise reverb_unavailable(args)
+        if name == "reverb":  # its memory is known once its windows are timed
+            reverb.append(ReverbEpisodeSystem(work, args.reverb_python, args.reverb_timeout))
+            return reverb[-1]
         system = EPISODE_SYSTEMS[name](work)
         try:
             memory[name] = memory_figures(system, index)
@@ -541,6 +596,9 @@ def measure_point(
         return system
 
     records = measure(work, point, OP, batch_sizes, args, note, make=make)
+    for system in reverb:
+        if system.result is not None:
+            memory[system.name] = memory_figures(system, index)
     for r in records:
         r["memory"] = memory[r["system"]]
     return records

@@ -11,6 +11,14 @@ sampling through `reverb.TrajectoryDataset` for each batch size, and prints JSON
 
 Config keys: rows, steps, item_bytes, seed, window (0: whole one-step rows), method ("uniform" or
 "prioritized"), priority_exponent, batch_sizes, warmup, iters, insert_batch (rows per timed insert).
+
+With `episode_lengths` (a list of ints) in the config, it holds variable-length episodes instead (the
+episodes suite): steps of `step_bytes` bytes (pool row g % POOL_ROWS for step g of the stream, as
+`EpisodeData`) appended one by one through a `TrajectoryWriter`, one item per window of `window` steps
+inside an episode (every valid start; episodes shorter than the window make none), uniform sampling.
+Reverb stores each step once, in chunks the items reference. The result then also holds
+`"memory": {"rss_growth_bytes": ..., "items": ...}`: how much the process's resident memory grew
+while its server took the episodes (VmRSS, after the TensorFlow import and before the server started).
 This file imports only the standard library, numpy, tensorflow, reverb and `data.py` beside it.
 """
 
@@ -40,7 +48,8 @@ def _load_data_module() -> Any:
     return module
 
 
-Dataset = _load_data_module().Dataset
+_data = _load_data_module()
+Dataset = _data.Dataset
 
 TABLE = "bench"
 
@@ -108,8 +117,68 @@ def sample(address: str, batch: int, warmup: int, iters: int) -> list[float]:
     return latencies
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (VmRSS of /proc/self/status), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmRSS line")
+
+
+def insert_episodes(
+    client: reverb.Client, lengths: list[int], step_bytes: int, window: int, seed: int
+) -> None:
+    """Appends every episode's steps and makes one item per window of `window` steps inside it."""
+    pool = np.random.default_rng(seed).integers(0, 256, (_data.POOL_ROWS, step_bytes), dtype=np.uint8)
+    g = 0
+    with client.trajectory_writer(num_keep_alive_refs=window) as writer:
+        for length in lengths:
+            for t in range(length):
+                writer.append({"x": pool[g % len(pool)]})
+                g += 1
+                if t >= window - 1:
+                    writer.create_item(TABLE, 1.0, {"x": writer.history["x"][-window:]})
+            writer.end_episode(clear_buffers=True)
+        writer.flush()
+
+
+def main_episodes(config: dict[str, Any]) -> dict[str, Any]:
+    """The episodes workload (see the module's docstring)."""
+    lengths = [int(n) for n in config["episode_lengths"]]
+    window = config["window"]
+    items = sum(max(0, n - window + 1) for n in lengths)
+    before = resident_bytes()
+    server = make_server({"method": "uniform", "window": window, "item_bytes": config["step_bytes"]}, items)
+    address = f"127.0.0.1:{server.port}"
+    client = reverb.Client(address)
+    start = time.perf_counter()
+    insert_episodes(client, lengths, config["step_bytes"], window, config["seed"])
+    insert_s = time.perf_counter() - start
+    held = client.server_info()[TABLE].current_size
+    grown = resident_bytes() - before
+    result = {
+        "versions": _versions(),
+        "insert": {"seconds": insert_s, "steps": sum(lengths)},
+        "memory": {"rss_growth_bytes": grown, "items": held, "items_expected": items},
+        "sample": {
+            str(b): sample(address, b, config["warmup"], config["iters"]) for b in config["batch_sizes"]
+        },
+    }
+    server.stop()
+    return result
+
+
+def _versions() -> dict[str, Any]:
+    return {"reverb": _version("dm-reverb"), "tensorflow": tf.__version__, "numpy": np.__version__}
+
+
 def main() -> None:
     config = json.load(sys.stdin)
+    if "episode_lengths" in config:
+        json.dump(main_episodes(config), sys.stdout)
+        sys.stdout.flush()
+        return
     data = Dataset(config["rows"], config["steps"], config["item_bytes"], config["seed"])
     window = config["window"]
     items = data.rows * (data.steps - window + 1 if window else 1)
@@ -118,7 +187,7 @@ def main() -> None:
     client = reverb.Client(address)
     insert_latencies = insert(client, data, window, config["insert_batch"])
     result = {
-        "versions": {"reverb": _version("dm-reverb"), "tensorflow": tf.__version__, "numpy": np.__version__},
+        "versions": _versions(),
         "insert": {"latencies_s": insert_latencies, "rows_per_call": config["insert_batch"]},
         "sample": {
             str(b): sample(address, b, config["warmup"], config["iters"]) for b in config["batch_sizes"]
