@@ -508,7 +508,7 @@ class Table:
                     f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
                 )
             priorities = self.max_priority or 1.0
-        checked = self._batches.ready(batch)
+        checked = self._batches.ready(batch, self._casting)
         if checked is None:
             if isinstance(batch, Mapping) and _rows.holds_device_tensor(batch.values()):
                 if self._spec.step_ring:  # the ring's steps are claimed in native code, from host memory
@@ -556,6 +556,8 @@ class Table:
             raise InvalidArgumentError(f"row must map field names to values, got {type(row).__name__}")
         if not self._spec.is_trajectory and not _rows.holds_device_tensor(row.values()):
             values = self._steps(row, self._casting, "row")
+            if type(row) is dict and writer is not None:  # the short path refused it: say why, once
+                self._steps.warn_general_path(row, self._casting, "row")
             priority = _rows.priority(priority)
             with AdmittedInserts(self, 1, timeout) as admitted:
                 claimed = native.claim()
