@@ -35,7 +35,20 @@ def check_table(table: Any, op: str) -> Table:
     return table
 
 
+def check_static(value: Any, name: str, op: str) -> None:
+    """Refuses a traced value for the argument `name`, which must be a static Python value (it fixes a
+    shape or the compiled call): a jit argument that was not marked static, typically."""
+    if isinstance(value, jax.core.Tracer):
+        raise InvalidArgumentError(
+            f"{op}: {name} is a traced value ({value}), but it must be a static Python value: it sets a "
+            f"shape or the compiled call. Mark it static, e.g. jax.jit(step, static_argnames=({name!r},)), "
+            f"or close over it (a constant, a global or functools.partial) instead of passing it as a "
+            "jitted function's argument"
+        )
+
+
 def check_batch_size(batch_size: Any, op: str) -> int:
+    check_static(batch_size, "batch_size", op)
     if (
         isinstance(batch_size, bool)
         or not isinstance(batch_size, (int, np.integer))
@@ -46,6 +59,7 @@ def check_batch_size(batch_size: Any, op: str) -> int:
 
 
 def check_method(method: Any, op: str, methods: Sequence[str] = tuple(METHODS)) -> str:
+    check_static(method, "method", op)
     if not isinstance(method, str) or method not in methods:
         raise InvalidArgumentError(f"{op}: method={method!r} is not one of {sorted(methods)}")
     return method
@@ -58,6 +72,7 @@ def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, 
     """The `method` word of a selection call: the method's number and the window law's flags
     (kernels/sample.h). With a window, episodes shorter than it are padded and masked ("pad") or never
     picked ("skip"); in a step ring, uniform windows are uniform over every valid window start."""
+    check_static(short_episodes, "short_episodes", op)
     if short_episodes not in SHORT_EPISODES:
         raise InvalidArgumentError(
             f"{op}: short_episodes={short_episodes!r} is not one of {list(SHORT_EPISODES)}"
@@ -76,6 +91,7 @@ def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, 
 
 
 def check_exponent(priority_exponent: Any, op: str) -> float:
+    check_static(priority_exponent, "priority_exponent", op)
     try:
         exponent = float(priority_exponent)
     except (TypeError, ValueError):
@@ -89,6 +105,7 @@ def check_window(window: Any, max_steps: int, op: str) -> int:
     """The window length (0 for None), at most the rows' `max_steps`."""
     if window is None:
         return 0
+    check_static(window, "window", op)
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
         raise InvalidArgumentError(f"{op}: window={window!r} must be None or a positive int")
     if window > max_steps:
@@ -146,6 +163,7 @@ def check_fields(spec: TableSpec, fields: Any, op: str) -> tuple[str, ...]:
     names = list(spec.fields)
     if fields is None:
         return tuple(names)
+    check_static(fields, "fields", op)
     if isinstance(fields, str):
         fields = (fields,)
     if not isinstance(fields, Sequence) or not all(isinstance(f, str) for f in fields):

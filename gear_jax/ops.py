@@ -401,6 +401,7 @@ def insert(
         errors surface at the next call on the table, and the call's row ids are -1.
     """
     table = _args.check_table(table, "insert")
+    _args.check_static(time_major, "time_major", "insert")
     arrays, b, steps = _rows.Batches(table.spec).traced(batch, table.casting, time_major, "insert")
     if isinstance(priorities, str):
         if priorities != "max":

@@ -527,18 +527,22 @@ class Table:
             lengths = _rows.lengths(lengths, rows, steps)
         return native.insert(arrays, rows, steps, lengths, priorities, timeout)
 
-    def add(self, row: Mapping[str, Any], priority: float = 1.0, timeout: float | None = None) -> int:
+    def add(self, row: Mapping[str, Any], priority: float | str = 1.0, timeout: float | None = None) -> int:
         """Inserts one row; returns its row id. The one-transition-per-call loop of a single environment.
 
         Args:
           row: one value per field, without a batch axis: of the field's shape for a transition table
             (numpy arrays, numpy or Python scalars, lists), `[T, *shape]` for a trajectory table. Values
-            are cast by the table's `casting` policy, as in `insert`.
-          priority: finite and >= 0.
+            are cast by the table's `casting` policy, as in `insert`. A batch of one (every value with one
+            more leading axis, of size 1, as a vector environment of one environment gives) is stored as
+            that one row; batches of more rows go through `insert`.
+          priority: finite and >= 0; or "max": the largest priority any row of the table was given so far
+            (`max_priority`, 1 while no row had one), as `insert(..., priorities="max")`.
           timeout: with a rate limiter, seconds to wait at most for the row to be admitted, as in `insert`.
 
         Raises:
-          InvalidArgumentError: as `insert`. Nothing is written then.
+          InvalidArgumentError: as `insert`; a value with a batch axis that is not a batch of one (the
+            message names `insert` and `v[0]`). Nothing is written then.
           RateLimiterTimeout, TableClosedError: as `insert`. Nothing is written then.
         """
         if timeout is not None:
@@ -547,16 +551,30 @@ class Table:
         if writer is not None and type(row) is dict:  # the short path: a row id, or -1 / -2
             try:
                 claimed = writer.add(row, self._casting == "strict", priority, timeout)
-            except TypeError:  # a priority that is not a number: refused below
+            except TypeError:  # a priority that is not a number: "max" below, or refused below
                 claimed = -1
             if claimed >= 0:
                 return claimed
         native = self._live()
         if not isinstance(row, Mapping):
             raise InvalidArgumentError(f"row must map field names to values, got {type(row).__name__}")
+        if isinstance(priority, str):
+            return self.add(row, self._named_priority(priority, "Table.add", "priority"), timeout)
+        try:
+            return self._add_general(native, row, priority, timeout)
+        except InvalidArgumentError as e:
+            one, hint = self._batch_of_one(row)
+            if one is None:
+                if hint is None:
+                    raise
+                raise InvalidArgumentError(f"{e}\n{hint}") from None
+        return self.add(one, priority, timeout)  # every value one axis shorter: the row it holds
+
+    def _add_general(self, native: Any, row: Mapping[str, Any], priority: Any, timeout: Any) -> int:
+        """`add`'s general path (any value type, casts, trajectory tables, device tensors)."""
         if not self._spec.is_trajectory and not _rows.holds_device_tensor(row.values()):
             values = self._steps(row, self._casting, "row")
-            if type(row) is dict and writer is not None:  # the short path refused it: say why, once
+            if type(row) is dict and self._row_writer is not None:  # the short path refused it: say why, once
                 self._steps.warn_general_path(row, self._casting, "row")
             priority = _rows.priority(priority)
             with AdmittedInserts(self, 1, timeout) as admitted:
@@ -574,6 +592,49 @@ class Table:
             for name, value in row.items()
         }
         return int(self.insert(batch, priorities=[_rows.priority(priority)], timeout=timeout)[0])
+
+    def _named_priority(self, priority: str, op: str, name: str) -> float:
+        """The priority a name stands for: "max" is `max_priority` (1 while no row had one)."""
+        if priority != "max":
+            raise InvalidArgumentError(
+                f'{op}: {name}={priority!r}; pass a number (finite, >= 0) or "max" (the largest priority '
+                "so far, `max_priority`)"
+            )
+        return self.max_priority or 1.0
+
+    def _batch_of_one(self, row: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        """For a row `add` refused: (the row without its batch axis, None) when every value is a batch of
+        one (a leading axis of size 1 more than a row has), else (None, a hint naming the fix when some
+        value has a batch axis, or None)."""
+        fields = self._spec.fields
+        if set(row) != set(fields):
+            return None, None
+        trajectory = self._spec.is_trajectory
+        batched: dict[str, int] = {}  # field name -> the size of its value's batch axis
+        for name, field in fields.items():
+            value = row[name]
+            try:
+                shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+            except (TypeError, ValueError):  # ragged lists and the like: the general path's message
+                return None, None
+            inner = shape[2:] if trajectory else shape[1:]
+            if len(shape) == len(field.shape) + (2 if trajectory else 1) and inner == field.shape:
+                batched[name] = int(shape[0])
+        if len(batched) == len(fields) and all(n == 1 for n in batched.values()):
+            return {name: row[name][0] for name in fields}, None
+        if not batched:
+            return None, None
+        listed = ", ".join(f"row[{name!r}]: {n}" for name, n in batched.items())
+        if any(n != 1 for n in batched.values()):
+            return None, (
+                f"Table.add stores one row, without a batch axis; these values have a batch axis ({listed}). "
+                "Store a batch with table.insert(batch), or pass one row: v[i] of each value"
+            )
+        others = sorted(set(fields) - set(batched))
+        return None, (
+            f"Table.add: some values have a leading batch axis of one ({listed}) and others not ({others}); "
+            "pass v[0] of the batched ones, or give every value the batch axis and call table.insert(batch)"
+        )
 
     def writer(self) -> EpisodeWriter:
         """A step-by-step writer of episodes into rows of this table (use as a context manager)."""

@@ -17,10 +17,14 @@ with exponent 1 picks every stored transition with the same probability, 1 / (tr
 An episode longer than a row (at most max_steps - n_step transitions) is cut: the row's last
 transition is marked truncated (bootstrapped like a truncation) and the episode goes on in a new row.
 
-    spec = transition_table_spec(gj.Field((4,), "float32"), gj.Field((), "int32"), 10_000, 64)
+`transition_table_spec(..., transitions=N)` sizes the table in transitions (as a DQN's `buffer_size`):
+a step ring that stores the runs back to back, without padding (see its docstring for what it holds);
+`transition_table_spec(obs, action, capacity, max_steps)` sizes it in rows of max_steps steps.
+
+    spec = transition_table_spec(env.observation_space, env.action_space, transitions=100_000, n_step=3)
     table = gj.Table.create(spec)
-    with TransitionWriter(table, n_step=3) as writer:       # in a gymnasium loop
-        writer.add(obs, action, reward, terminated, truncated, next_obs)
+    with TransitionWriter(table, n_step=3) as episode_writer:       # in a gymnasium loop
+        episode_writer.add(obs, action, reward, terminated, truncated, next_obs)
     t = sample_transitions(table, key, 256, n_step=3, gamma=0.99)   # inside jax.jit too
     target = t["reward"] + t["discount"] * q(t["next_obs"]).max(-1)  # masked by t["valid"]
 """
@@ -37,7 +41,7 @@ import numpy as np
 
 from gear_jax import _args, ops
 from gear_jax.casting import to_numpy
-from gear_jax.errors import InvalidArgumentError
+from gear_jax.errors import InvalidArgumentError, SpecError
 from gear_jax.spec import Field, TableSpec
 from gear_jax.table import Table
 from gear_jax.writers import EpisodeWriter
@@ -45,37 +49,99 @@ from gear_jax.writers import EpisodeWriter
 _ROLES = ("obs", "action", "reward", "terminated", "truncated")
 
 
-def transition_table_spec(obs: Field, action: Field, capacity: int, max_steps: int) -> TableSpec:
+EPISODES_PER_TRANSITIONS = 16  # `transitions=N` sizes the ring's episode index for runs of 16 on average
+
+
+def transition_table_spec(
+    obs: Any,
+    action: Any,
+    capacity: int | None = None,
+    max_steps: int | None = None,
+    *,
+    transitions: int | None = None,
+    n_step: int = 1,
+    episodes: int | None = None,
+    narrow: bool = True,
+) -> TableSpec:
     """The spec of a table for `TransitionWriter`: fields obs, action, reward (float32 scalar),
     terminated and truncated (bool scalars).
 
+    Sized in transitions, as a DQN replay buffer's `buffer_size`:
+    `transition_table_spec(env.observation_space, env.action_space, transitions=10_000)` is a step ring
+    (`TableSpec(step_capacity=...)`: runs of episodes back to back, no padding) that holds at least the
+    latest `transitions` transitions when these span at most `episodes` runs; with shorter runs its
+    index of `episodes` runs retires the oldest first, and it holds fewer. Its steps are
+    `(transitions + n_step * episodes + max_steps) * 16 / 15`: room for each run's final observation
+    and n_step - 1 padding steps, for the oldest run (retired whole) and for the sixteenth of the ring
+    that writers retire ahead (docs/ARCHITECTURE.md, "Step rings"), so it holds somewhat more than
+    `transitions` once full. New runs retire the oldest.
+
+    Sized in rows (the original form): `transition_table_spec(obs, action, capacity, max_steps)` is a
+    padded table of `capacity` rows of `max_steps` steps, each row one run of an episode of at most
+    max_steps - n_step transitions, however short the run.
+
     Args:
-      obs: the observation's `gear_jax.Field`.
-      action: the action's `gear_jax.Field`.
-      capacity: rows (runs of episodes) in the table.
-      max_steps: steps per row; a row holds up to max_steps - n_step transitions, so it must be at least
-        n_step + 1 (checked by the writer and the samplers).
+      obs: the observation's `gear_jax.Field`, or a gymnasium or gymnax space (`Field.from_space`).
+      action: the action's `gear_jax.Field`, or a space.
+      capacity: rows (runs of episodes) of a padded table; not with `transitions`.
+      max_steps: steps per row of a padded table; a row holds up to max_steps - n_step transitions, so it
+        must be at least n_step + 1 (checked by the writer and the samplers). With `transitions`: the
+        longest run (default min(transitions, 1000) + n_step steps; longer episodes are cut into runs).
+      transitions: the transitions the table holds (a step ring, see above); not with `capacity`.
+      n_step: the n of the n-step returns the table will be written and read with (`transitions` only:
+        it sizes the ring's room for final observations and padding).
+      episodes: `transitions` only: the runs the ring's index holds (default transitions / 16, at least 1).
+      narrow: read a space's 64-bit dtypes as 32-bit (gymnasium's Discrete is int64), as `from_spaces`.
+
+    Raises:
+      InvalidArgumentError: obs or action is neither a Field nor a space gear_jax reads; both or neither
+        of `capacity` and `transitions`; sizes that are not positive ints.
     """
-    for name, field in (("obs", obs), ("action", action)):
-        if not isinstance(field, Field):
+    op = "transition_table_spec"
+    fields = {}
+    for name, value in (("obs", obs), ("action", action)):
+        try:
+            fields[name] = Field.from_space(value, narrow=narrow)
+        except SpecError as e:
             raise InvalidArgumentError(
-                f"transition_table_spec: {name} must be a gear_jax.Field, got {type(field).__name__}; "
-                f"write e.g. gj.Field((4,), 'float32')"
+                f"{op}: {name} must be a gear_jax.Field or a gymnasium or gymnax space, got "
+                f"{type(value).__name__} ({e}); write e.g. gj.Field((4,), 'float32') or "
+                f"env.observation_space"
+            ) from None
+    fields.update(reward=Field((), "float32"), terminated=Field((), "bool"), truncated=Field((), "bool"))
+    if transitions is None:
+        if capacity is None or max_steps is None:
+            raise InvalidArgumentError(
+                f"{op}: give the size in transitions, transitions=N (as a DQN's buffer_size), or in rows, "
+                f"capacity=rows and max_steps=steps per row; got capacity={capacity!r}, "
+                f"max_steps={max_steps!r}"
             )
-    return TableSpec(
-        fields={
-            "obs": obs,
-            "action": action,
-            "reward": Field((), "float32"),
-            "terminated": Field((), "bool"),
-            "truncated": Field((), "bool"),
-        },
-        capacity=capacity,
-        max_steps=max_steps,
-    )
+        if episodes is not None:
+            raise InvalidArgumentError(f"{op}: episodes= sizes a table made with transitions=; drop it")
+        return TableSpec(fields=fields, capacity=capacity, max_steps=max_steps)
+    if capacity is not None:
+        raise InvalidArgumentError(
+            f"{op}: capacity={capacity!r} (rows) and transitions={transitions!r} both size the table; "
+            "give one: transitions=N for N transitions, or capacity= and max_steps= for rows"
+        )
+    n = _check_n_step(n_step, op)
+    count = _check_size(transitions, "transitions", op)
+    runs = max(1, count // EPISODES_PER_TRANSITIONS) if episodes is None else None
+    runs = _check_size(episodes, "episodes", op) if runs is None else runs
+    longest = min(count, 1_000) + n if max_steps is None else _check_size(max_steps, "max_steps", op)
+    # Retirement frees whole runs, and writers retire a sixteenth of the ring ahead of what they need.
+    steps = -(-(count + n * runs + longest) * 16 // 15)
+    return TableSpec(fields=fields, capacity=runs, max_steps=longest, step_capacity=steps)
+
+
+def _check_size(value: Any, name: str, op: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InvalidArgumentError(f"{op}: {name}={value!r} must be an int >= 1")
+    return int(value)
 
 
 def _check_n_step(n_step: Any, op: str) -> int:
+    _args.check_static(n_step, "n_step", op)
     if isinstance(n_step, bool) or not isinstance(n_step, (int, np.integer)) or n_step < 1:
         raise InvalidArgumentError(f"{op}: n_step={n_step!r} must be an int >= 1")
     return int(n_step)
