@@ -1,10 +1,10 @@
 """CleanRL's single-file DQN for JAX, with a gear_jax table as its replay buffer.
 
 Adapted from CleanRL's `cleanrl/dqn_jax.py` (https://github.com/vwxyzjn/cleanrl/blob/
-fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/cleanrl/dqn_jax.py, MIT license, notice below). Only the
-replay buffer is ported: `cleanrl_utils.buffers.ReplayBuffer` becomes a gear_jax table made from the
-environment's spaces, `rb.add` becomes `rb.insert`, and the jitted `update` samples and gathers its own
-batch (`gj.sample_gather`) instead of taking numpy arrays from `rb.sample`. The README's "Porting a CleanRL
+fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/cleanrl/dqn_jax.py, MIT license, notice below). Only the replay
+buffer is ported: `cleanrl_utils.buffers.ReplayBuffer` becomes a gear_jax table made from the environment's
+spaces, `rb.add` becomes `rb.insert`, and the jitted `update` samples and gathers its own batch
+(`gj.sample_gather`) instead of taking numpy arrays from `rb.sample`. The README's "Porting a CleanRL
 script" shows that diff, and tests/examples/test_cleanrl_ports.py checks that it matches this file.
 
 The rest follows the repository's house style and today's packages, not the DQN: absl flags instead of

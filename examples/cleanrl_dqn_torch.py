@@ -1,13 +1,13 @@
 """CleanRL's single-file DQN for PyTorch, with a gear_jax table as its replay buffer.
 
 Adapted from CleanRL's `cleanrl/dqn.py` (https://github.com/vwxyzjn/cleanrl/blob/
-fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/cleanrl/dqn.py, MIT license, notice below). Only the
-replay buffer is ported: `cleanrl_utils.buffers.ReplayBuffer` becomes a gear_jax table made from the
-environment's spaces, `rb.add` becomes `rb.insert`, and `rb.sample(batch_size)` becomes a draw of a
-`gj.torch.Sampler` (a dict of torch tensors, read as attributes as SB3's samples are). The actions are
-stored as int64 `(1,)` (the index torch's `gather` takes) and the dones as float32 (`1 - dones` of a bool
-tensor raises in torch). The README's "Porting a CleanRL
-script" shows that diff, and tests/examples/test_cleanrl_ports.py checks that it matches this file.
+fe8d8a03c41a7ef5b523e2e354bd01c363e786bb/cleanrl/dqn.py, MIT license, notice below). Only the replay buffer
+is ported: `cleanrl_utils.buffers.ReplayBuffer` becomes a gear_jax table made from the environment's spaces,
+`rb.add` becomes `rb.insert`, and `rb.sample(batch_size)` becomes a draw of a `gj.torch.Sampler` (a dict of
+torch tensors, read as attributes as SB3's samples are). The actions are stored as int64 `(1,)` (the index
+torch's `gather` takes) and the dones as float32 (`1 - dones` of a bool tensor raises in torch). The
+README's "Porting a CleanRL script" shows that diff, and tests/examples/test_cleanrl_ports.py checks that it
+matches this file.
 
 The rest follows the repository's house style and today's packages, not the DQN: absl flags instead of
 tyro (`args` is absl's FLAGS, so every `args.x` reads as before); absl.logging instead of tensorboard and

@@ -15,6 +15,7 @@ from gear_jax.transitions import TransitionWriter, sample_transitions, transitio
 # -- Table.add of a batch of one --------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # lists take the general path, with a warning
 def test_add_stores_a_batch_of_one_as_its_row(make_table):
     """A vector environment of one environment hands out (1, 4) observations and (1,) actions."""
     table = make_table()
