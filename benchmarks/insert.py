@@ -148,7 +148,8 @@ IN_PROCESS: dict[str, Callable[[int, np.ndarray], Insert]] = {
     "flashbax": flashbax_insert,
     "torchrl": torchrl_insert,
 }
-SYSTEMS = (GEAR, *IN_PROCESS, "reverb")
+SYSTEMS = (GEAR, *IN_PROCESS, "reverb", "sb3")
+ONE_ROW_ONLY = ("sb3",)  # systems of the one-row points only (`one_row`)
 
 
 def reverb_latencies(item_bytes: int, batch: int, args: argparse.Namespace) -> np.ndarray:
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
             if writers != 1:
                 continue
             chunk = Dataset(batch, 1, item_bytes).as_array()[:, 0]
-            for name in [s for s in args.systems if s != GEAR]:
+            for name in [s for s in args.systems if s != GEAR and s not in ONE_ROW_ONLY]:
                 try:
                     latencies = baseline_latencies(name, rows, chunk, args)
                 except Exception as e:  # noqa: BLE001 - a baseline failing is reported, not fatal

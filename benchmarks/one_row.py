@@ -1,13 +1,20 @@
 """One-row inserts, part of the `insert` suite: the loop of a single environment that cannot batch.
 
-Each call stores one CartPole transition as gymnasium hands it out (float32 observations, an int64 action
-from `action_space.sample()`, a Python float reward, a Python bool flag) into a table of 5 fields. A
+Each call stores one CartPole transition into a table of 5 fields in the SB3 / CleanRL layout (float32
+obs and next_obs, int32 action, float32 reward, float32 `done`, so that a learner computes 1 - done). A
 timed iteration is `ROWS_PER_ITER` calls, so that the timer's own cost does not count.
 
-Systems (op `add_one_row`): gear_jax `table.add(row)`; numpy, the row write of a replay buffer kept as
-preallocated arrays (SB3's ReplayBuffer.add: one `buffer[pos] = value` per field); flashbax (a jitted,
-donated item-buffer `add` of one item); torchrl (`ReplayBuffer.add` of one TensorDict). And op
-`insert_one_row`: gear_jax `table.insert` of a batch of one row, the batch API used for one row.
+The values come as gymnasium hands them out (`transitions`: float32 observations, an int64 action from
+`action_space.sample()`, a Python float reward, a Python bool flag), or already typed as the fields are
+(`typed_transitions`: int32, float32), to show what the casts cost.
+
+Systems and ops: gear_jax `add_one_row` (`table.add(row)`, gymnasium's values), `add_one_row_typed` (the
+same, typed values), `insert_one_row` (`table.insert` of a batch of one row as a gymnasium vector env
+with one environment hands it out: int64[1] actions, float64[1] rewards, bool[1] flags) and
+`insert_one_row_typed`; numpy `add_one_row`, the row write of a replay buffer kept as preallocated arrays
+(SB3's ReplayBuffer.add: one `buffer[pos] = value` per field); sb3 `add_one_row`, stable-baselines3's own
+`ReplayBuffer.add` of a batch of one environment (where it is installed); flashbax (a jitted, donated
+item-buffer `add` of one item); torchrl (`ReplayBuffer.add` of one TensorDict).
 """
 
 from __future__ import annotations
@@ -32,10 +39,10 @@ FIELDS = {
     "action": gj.Field((), "int32"),
     "reward": gj.Field((), "float32"),
     "next_obs": gj.Field((4,), "float32"),
-    "terminated": gj.Field((), "bool"),
+    "done": gj.Field((), "float32"),
 }
 ROW_BYTES = sum(f.step_bytes for f in FIELDS.values())
-SYSTEMS = (GEAR, "numpy", "flashbax", "torchrl")
+SYSTEMS = (GEAR, "numpy", "sb3", "flashbax", "torchrl")
 Step = Callable[[int], Any]
 
 
@@ -49,9 +56,26 @@ def transitions(count: int, seed: int = 0) -> list[dict[str, Any]]:
             "action": np.int64(rng.integers(2)),
             "reward": 1.0,
             "next_obs": obs[i + 1],
-            "terminated": bool(i % 50 == 49),
+            "done": bool(i % 50 == 49),
         }
         for i in range(count)
+    ]
+
+
+def typed_transitions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with every value already of its field's dtype (numpy scalars and arrays)."""
+    return [{k: np.asarray(v, FIELDS[k].dtype)[()] for k, v in row.items()} for row in rows]
+
+
+def vector_env_batches(rows: list[dict[str, Any]], typed: bool) -> list[dict[str, np.ndarray]]:
+    """`rows` as batches of one: gymnasium's vector-env dtypes (int64, float64, bool), or typed."""
+    gym = {"action": np.int64, "reward": np.float64, "done": np.bool_}
+    return [
+        {
+            k: np.asarray(v, FIELDS[k].dtype if typed else gym.get(k, FIELDS[k].dtype))[None]
+            for k, v in row.items()
+        }
+        for row in rows
     ]
 
 
@@ -63,9 +87,7 @@ def gear_add(table: gj.Table, rows: list[dict[str, Any]]) -> Step:
     return step
 
 
-def gear_insert(table: gj.Table, rows: list[dict[str, Any]]) -> Step:
-    batches = [{k: np.asarray(v)[None] for k, v in row.items()} for row in rows]
-
+def gear_insert(table: gj.Table, batches: list[dict[str, np.ndarray]]) -> Step:
     def step(i: int) -> None:
         for batch in batches:
             table.insert(batch)
@@ -76,7 +98,7 @@ def gear_insert(table: gj.Table, rows: list[dict[str, Any]]) -> Step:
 def numpy_add(capacity: int, rows: list[dict[str, Any]]) -> Step:
     buffers = {name: np.zeros((capacity, *f.shape), f.dtype) for name, f in FIELDS.items()}
     obs, action, reward = buffers["obs"], buffers["action"], buffers["reward"]
-    next_obs, terminated = buffers["next_obs"], buffers["terminated"]
+    next_obs, done = buffers["next_obs"], buffers["done"]
     position = [0]
 
     def step(i: int) -> None:
@@ -86,9 +108,36 @@ def numpy_add(capacity: int, rows: list[dict[str, Any]]) -> Step:
             action[pos] = row["action"]
             reward[pos] = row["reward"]
             next_obs[pos] = row["next_obs"]
-            terminated[pos] = row["terminated"]
+            done[pos] = row["done"]
             pos = (pos + 1) % capacity
         position[0] = pos
+
+    return step
+
+
+def sb3_add(capacity: int, rows: list[dict[str, Any]]) -> Step:
+    try:
+        import gymnasium
+        from stable_baselines3.common.buffers import ReplayBuffer
+    except ImportError as e:
+        raise Unavailable(f"stable-baselines3 is not installed ({e})") from None
+    obs_space = gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    buffer = ReplayBuffer(capacity, obs_space, gymnasium.spaces.Discrete(2), device="cpu", n_envs=1)
+    infos: list[dict[str, Any]] = [{}]
+    batches = [
+        (
+            r["obs"][None],
+            r["next_obs"][None],
+            np.array([r["action"]]),
+            np.array([r["reward"]]),
+            np.array([r["done"]]),
+        )
+        for r in rows
+    ]
+
+    def step(i: int) -> None:
+        for obs, next_obs, action, reward, done in batches:
+            buffer.add(obs, next_obs, action, reward, done, infos)
 
     return step
 
@@ -136,10 +185,13 @@ def run(args: argparse.Namespace, capacity: int, note: Callable[[str], None]) ->
         records.append(make_record(point, system, op, latencies, ROWS_PER_ITER, ROWS_PER_ITER * ROW_BYTES))
 
     if GEAR in args.systems:
+        typed = typed_transitions(rows)
         with gj.Table.create(gj.TableSpec(FIELDS, capacity)) as table:
             measure(GEAR, "add_one_row", gear_add(table, rows))
-            measure(GEAR, "insert_one_row", gear_insert(table, rows))
-    makers = {"numpy": numpy_add, "flashbax": flashbax_add, "torchrl": torchrl_add}
+            measure(GEAR, "add_one_row_typed", gear_add(table, typed))
+            measure(GEAR, "insert_one_row", gear_insert(table, vector_env_batches(rows, typed=False)))
+            measure(GEAR, "insert_one_row_typed", gear_insert(table, vector_env_batches(rows, typed=True)))
+    makers = {"numpy": numpy_add, "sb3": sb3_add, "flashbax": flashbax_add, "torchrl": torchrl_add}
     for name in [s for s in args.systems if s in makers]:
         try:
             measure(name, "add_one_row", makers[name](capacity, rows))

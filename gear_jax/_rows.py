@@ -20,7 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gear_jax.casting import cast, refuse, to_numpy, traced_cast_problem
+from gear_jax.casting import (
+    cast,
+    general_path_reason,
+    refuse,
+    short_cast,
+    to_numpy,
+    traced_cast_problem,
+    warn_slow_path,
+)
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import TableSpec
 
@@ -160,6 +168,10 @@ class Batches:
         self.names = list(spec.fields)
         self.lead = 2 if spec.is_trajectory else 1
         self.layout = "[B, T, *shape]" if spec.is_trajectory else "[B, *shape]"
+        self._warned: set[str] = set()  # fields whose general path was warned about
+        # Each field's numpy kind and itemsize ("f4i4b1"), for the native insert's conversions of arrays
+        # of other dtypes (`short_cast`).
+        self.native_types = "".join(f"{f.dtype.kind}{f.dtype.itemsize}" for f in spec.fields.values())
         # (name, dtype, ndim, shape) of every field, for the checks of `ready`.
         self._ready_layout = [
             (name, f.dtype, self.lead + len(f.shape), tuple(f.shape)) for name, f in spec.fields.items()
@@ -212,10 +224,14 @@ class Batches:
             )
         return rows, steps
 
-    def ready(self, batch: Any) -> tuple[list[np.ndarray], int, int] | None:
-        """The common batch, checked without casting or copying: a dict of C-contiguous numpy arrays, each
-        of its field's dtype and shape, all with the same rows (and steps), at least one row. None for
-        anything else, which `host` converts or refuses."""
+    def ready(self, batch: Any, casting: str = "fit") -> tuple[list[np.ndarray], int, int] | None:
+        """The common batch, checked without numpy's casting machinery: a dict of C-contiguous numpy
+        (or JAX) arrays of the fields' shapes, all with the same rows (and steps), at least one row, each
+        of its field's dtype or of one the native insert converts under `casting` (`short_cast`:
+        gymnasium's int64 actions, float64 rewards and bool flags; pass `native_types` to the insert).
+        None for anything else, which `host` converts or refuses; both store the same values. A value
+        the native conversion finds out of range makes the insert raise OverflowError before anything
+        is written: `Table.insert` then takes `host`, which refuses it by name."""
         if type(batch) is not dict or len(batch) != len(self._ready_layout):
             return None
         arrays = []
@@ -223,14 +239,19 @@ class Batches:
         lead = self.lead
         for name, dtype, ndim, shape in self._ready_layout:
             array = batch.get(name)
+            if type(array) is not np.ndarray:
+                if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
+                    return None
+                array = np.asarray(array)  # a CPU array in place; a device array's one copy to the host
             if (
-                type(array) is not np.ndarray
-                or (array.dtype is not dtype and array.dtype != dtype)
-                or array.ndim != ndim
+                array.ndim != ndim
                 or array.shape[lead:] != shape
                 or not array.flags.c_contiguous
             ):
                 return None
+            if array.dtype is not dtype and array.dtype != dtype:
+                if not short_cast(array.dtype, dtype, casting):
+                    return None  # the native insert converts the others (`native_types`)
             if lead_shape is None:
                 lead_shape = array.shape[:lead]
             elif array.shape[:lead] != lead_shape:
@@ -267,7 +288,18 @@ class Batches:
         refuse(problems, casting)
         assert lead_shape is not None
         rows, steps = self.rows_and_steps(lead_shape)
+        self.warn_general_path(batch, casting, "batch")
         return arrays, rows, steps
+
+    def warn_general_path(self, batch: Mapping[str, Any], casting: str, what: str) -> None:
+        """Warns once per field (SlowPathWarning) whose value made a stored batch take `host`."""
+        for name, field in self.spec.fields.items():
+            if name in self._warned:
+                continue
+            why = general_path_reason(batch[name], field.dtype, casting)
+            if why:
+                self._warned.add(name)
+                warn_slow_path(f"{what}[{name!r}]", why, field.dtype)
 
     def traced(self, batch: Any, casting: str, time_major: bool, op: str) -> tuple[list[jax.Array], int, int]:
         """Arrays of a compiled insert (traced or concrete), cast by the policy as far as their dtypes

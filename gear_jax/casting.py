@@ -19,6 +19,8 @@ field of an insert is refused: the error names every refused field at once.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +28,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from gear_jax.errors import InvalidArgumentError
+from gear_jax.errors import InvalidArgumentError, SlowPathWarning
 
 CASTING_POLICIES = ("fit", "strict")
 _PYTHON_VALUES = (bool, int, float, list, tuple)
@@ -177,6 +179,64 @@ def refuse(problems: list[str], casting: str) -> None:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def short_cast(src: np.dtype, dst: np.dtype, casting: str) -> bool:
+    """Whether the native short path (xla_ffi/row_writer.h, ConvertElements) converts arrays of `src`
+    into `dst` under `casting`: bools into any numeric dtype, integers into integers (each value checked
+    against the range) and float32/float64 into float32/float64 (checked against overflow) under "fit",
+    and the safe casts (small integers into floats, widening) under both policies. Values it refuses go
+    the general path, which refuses them with a message."""
+    if src.byteorder == ">" or dst.byteorder == ">" or src.kind not in "biuf" or dst.kind not in "biuf":
+        return False
+    if dst.kind == "f" and dst.itemsize not in (4, 8) or src.kind == "f" and src.itemsize not in (4, 8):
+        return False  # float16, and bfloat16 (kind "V"), go the general path
+    if casting == "strict":
+        return bool(np.can_cast(src, dst, "safe"))
+    if src.kind == "b":
+        return True
+    if src.kind in "iu":
+        return dst.kind in "iu" or 2 * src.itemsize <= dst.itemsize
+    return dst.kind == "f"
+
+
+def general_path_reason(value: Any, dtype: np.dtype, casting: str) -> str:
+    """Why `value` (one field's part of a stored insert or row) made it take the general path, with the
+    fix; "" when the value is one the short path takes (another field was the cause), and for JAX arrays
+    and PyTorch tensors, whose conversion is the general path's work anyway."""
+    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+        value = np.asarray(value)
+    elif type(value).__module__.startswith("torch"):
+        return ""
+    if isinstance(value, np.ndarray):
+        if not value.flags.c_contiguous:
+            return "is not C-contiguous; pass np.ascontiguousarray(...)"
+        if value.dtype == dtype or short_cast(value.dtype, dtype, casting):
+            return ""
+        return f"is {value.dtype}, which the short path does not convert into {dtype}; pass {dtype} values"
+    if isinstance(value, np.generic):
+        return (
+            ""
+            if value.dtype == dtype or short_cast(value.dtype, dtype, casting)
+            else (
+                f"is a numpy {value.dtype} scalar, which the short path does not convert into {dtype}; pass "
+                f"{dtype} values"
+            )
+        )
+    if type(value) in (bool, int, float):
+        return ""
+    return f"is a {type(value).__module__}.{type(value).__name__}; pass numpy arrays (np.asarray(...))"
+
+
+def warn_slow_path(what: str, why: str, dtype: np.dtype) -> None:
+    """Issues the SlowPathWarning for `what` (e.g. "batch['obs']")."""
+    warnings.warn(
+        f"{what} {why}: this call took the general path, several times the cost of the native short "
+        f"path, storing the same values. Warned once per table and field.",
+        SlowPathWarning,
+        stacklevel=4,
+    )
+
+
 class StepConverter:
     """Checks and converts one step: a mapping of every field to one value of the field's shape.
 
@@ -186,6 +246,7 @@ class StepConverter:
 
     def __init__(self, fields: Mapping[str, Any]):
         self.fields = dict(fields)
+        self._warned: set[str] = set()  # fields whose general path was warned about
 
     def __call__(self, step: Any, casting: str, what: str = "step") -> list[np.ndarray]:
         """One array per field, in field order; raises naming every refused field."""
@@ -203,6 +264,17 @@ class StepConverter:
                 values.append(array)
         refuse(problems, casting)
         return values
+
+    def warn_general_path(self, step: Mapping[str, Any], casting: str, what: str) -> None:
+        """Warns once per field (SlowPathWarning) whose value made a stored step take this path after the
+        short path refused it."""
+        for name, field in self.fields.items():
+            if name in self._warned:
+                continue
+            why = general_path_reason(step[name], field.dtype, casting)
+            if why:
+                self._warned.add(name)
+                warn_slow_path(f"{what}[{name!r}]", why, field.dtype)
 
     def refuse_keys(self, step: Any, what: str) -> None:
         got = sorted(map(str, step)) if isinstance(step, Mapping) else type(step).__name__

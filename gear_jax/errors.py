@@ -51,3 +51,10 @@ class OutOfSpaceError(GearJaxError, RuntimeError):
 class NotEnoughRowsError(GearJaxError, RuntimeError):
     """A selection on the host (`gear_jax.host`) found no selectable row, or fewer than the batch for
     fifo, lifo and topk; insert rows (or wait for the writers) and sample again."""
+
+
+class SlowPathWarning(UserWarning):
+    """An insert or one-row write took the general (Python) path: values of a type the native short path
+    does not take (a list, a JAX array, a non-contiguous array, a dtype it does not convert). The same
+    values are stored, at several times the cost; the message names the field and the fix. Issued once
+    per table and field."""

@@ -521,11 +521,35 @@ class Table:
         arrays, rows, steps = checked
         if rows == 0:
             return np.zeros((0,), np.int32)
+        if rows == 1 and self._row_writer is not None and lengths is None:  # a vector env of one env
+            row = self._insert_one(arrays, priorities, timeout)
+            if row >= 0:
+                return np.array([row], np.int32)
         if priorities is not None:  # None: 1 for every row (the native default)
             priorities = _rows.priorities(priorities, rows)
         if lengths is not None:  # None: `steps` for every row
             lengths = _rows.lengths(lengths, rows, steps)
-        return native.insert(arrays, rows, steps, lengths, priorities, timeout)
+        types = self._batches.native_types  # arrays of other dtypes are converted natively (`ready`)
+        try:
+            return native.insert(arrays, rows, steps, lengths, priorities, timeout, True, types)
+        except OverflowError:  # a value the native cast could not store: the general path names it
+            arrays, rows, steps = self._batches.host(batch, self._casting)
+            return native.insert(arrays, rows, steps, lengths, priorities, timeout)
+
+    def _insert_one(self, arrays: list[np.ndarray], priorities: Any, timeout: float | None) -> int:
+        """A checked batch of one row through the one-row short path (`_row_writer.add`); its row, or -1
+        when that path does not take it (the caller then inserts it as a batch)."""
+        if priorities is None:
+            priority = 1.0
+        elif type(priorities) in (float, int):
+            priority = float(priorities)
+        else:
+            return -1
+        step = {name: array[0] for name, array in zip(self._batches.names, arrays)}
+        claimed = self._row_writer.add(step, self._casting == "strict", priority, timeout)
+        if claimed == -2:
+            self._live()  # closed: raises TableClosedError
+        return claimed
 
     def add(self, row: Mapping[str, Any], priority: float | str = 1.0, timeout: float | None = None) -> int:
         """Inserts one row; returns its row id. The one-transition-per-call loop of a single environment.

@@ -89,6 +89,8 @@ class EpisodeWriter:
                 n: v.cpu() if _rows.is_device_tensor(v) else v for n, v in step.items()
             }  # device tensors: one copy to the host, checked and cast as host values
             converted = self._convert(host, table.casting)
+            if type(step) is dict and not _rows.holds_device_tensor(step.values()):
+                self._convert.warn_general_path(host, table.casting, "step")
             fields = spec.fields.values()
             self._packer.stage_step(
                 [np.ascontiguousarray(np.asarray(v, f.dtype)) for v, f in zip(converted, fields)]
@@ -134,6 +136,8 @@ class EpisodeWriter:
             values = {**step, **on_device, **dict(zip(host, converted))}
         else:
             values = dict(zip(spec.fields, self._convert(step, table.casting)))
+            if type(step) is dict:
+                self._convert.warn_general_path(step, table.casting, "step")
         if self._row is None:
             self._row = int(native.claim())
         for name, value in values.items():

@@ -66,11 +66,19 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& field
                             int32_t steps,
                             const std::optional<py::array_t<int32_t, py::array::c_style>>& lengths,
                             const std::optional<py::array_t<float, py::array::c_style>>& priorities,
-                            const std::optional<double>& timeout, bool admit) {
+                            const std::optional<double>& timeout, bool admit,
+                            const std::string& field_types) {
   const TableView& view = self.table().view();
   if (static_cast<int32_t>(fields.size()) != view.num_fields) {
     throw std::invalid_argument("expected one array per field");
   }
+  // `field_types`: each field's numpy kind and itemsize as two characters ("f4i4b1"), or empty when
+  // every array already has its field's dtype. An array of another dtype is converted here, before
+  // anything is claimed (ConvertElements: the casts gear_jax.casting.short_cast lets through).
+  if (!field_types.empty() && field_types.size() != 2 * fields.size()) {
+    throw std::invalid_argument("field_types needs a kind and an itemsize per field");
+  }
+  std::vector<std::vector<uint8_t>> converted(field_types.empty() ? 0 : fields.size());
   if (batch < 0) throw std::invalid_argument("batch must be >= 0");
   if (steps < 1 || steps > view.max_steps) throw std::invalid_argument("steps outside [1, max_steps]");
   if ((lengths && lengths->size() != batch) || (priorities && priorities->size() != batch)) {
@@ -83,6 +91,23 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& field
       throw std::invalid_argument("field " + std::to_string(f) + " is not a C-contiguous array");
     }
     const int64_t expected = batch * steps * view.fields[f].step_bytes;
+    if (!field_types.empty()) {
+      const char kind = field_types[2 * f];
+      const int32_t itemsize = field_types[2 * f + 1] - '0';
+      const char src_kind = array.dtype().kind();
+      const auto src_size = static_cast<int32_t>(array.itemsize());
+      if ((src_kind != kind || src_size != itemsize) && array.size() * itemsize == expected) {
+        std::vector<uint8_t>& out = converted[f];
+        out.resize(static_cast<size_t>(expected));
+        if (!ConvertElements(static_cast<const uint8_t*>(array.data()), src_kind, src_size, out.data(), kind,
+                             itemsize, array.size())) {
+          throw std::overflow_error("field " + std::to_string(f) +
+                                    ": a value does not fit the field's dtype");
+        }
+        data[f] = out.data();
+        continue;
+      }
+    }
     if (array.nbytes() != expected) {
       throw std::invalid_argument("field " + std::to_string(f) + " holds " + std::to_string(array.nbytes()) +
                                   " bytes, expected " + std::to_string(expected));
@@ -508,7 +533,8 @@ PYBIND11_MODULE(_native, m) {
           [](OpenTable& self, uint64_t next_step) { gear::RestoreStepCursor(self.table(), next_step); },
           py::arg("next_step"))
       .def("insert", &gear::Insert, py::arg("fields"), py::arg("batch"), py::arg("steps"), py::arg("lengths"),
-           py::arg("priorities"), py::arg("timeout") = py::none(), py::arg("admit") = true)
+           py::arg("priorities"), py::arg("timeout") = py::none(), py::arg("admit") = true,
+           py::arg("field_types") = std::string())
       .def("claim", &OpenTable::Claim)
       .def("commit", &gear::CommitAdmitted, py::arg("row"), py::arg("length"), py::arg("priority"),
            py::arg("timeout") = py::none(), py::arg("reserved") = false)

@@ -85,10 +85,43 @@ double ReadFloat(const uint8_t* p, int32_t size) {
   return f;
 }
 
-// Converts `count` contiguous elements between numeric types of the same kind (integers signed or not,
-// floats of 4 or 8 bytes); false when the pair is not one the short path converts or a value does not fit.
+}  // namespace
+
+bool SafeCast(char src_kind, int32_t src_size, char dst_kind, int32_t dst_size) {
+  if (src_kind == 'b') return dst_kind == 'b' || IsInteger(dst_kind) || dst_kind == 'f';
+  if (src_kind == 'f') return dst_kind == 'f' && dst_size >= src_size;
+  if (!IsInteger(src_kind)) return false;
+  if (dst_kind == 'f') return 2 * src_size <= dst_size;  // int8/16 into float32, int32 into float64
+  if (!IsInteger(dst_kind)) return false;
+  if (src_kind == dst_kind) return dst_size >= src_size;
+  return src_kind == 'u' && dst_size > src_size;  // unsigned into a wider signed integer
+}
+
 bool ConvertElements(const uint8_t* src, char src_kind, int32_t src_size, uint8_t* dst, char dst_kind,
                      int32_t dst_size, int64_t count) {
+  if (src_kind == 'b' && src_size == 1) {  // bools into any numeric field: 0 or 1
+    for (int64_t i = 0; i < count; ++i) {
+      const bool b = src[i] != 0;
+      uint8_t* out = dst + i * dst_size;
+      if (dst_kind == 'b' && dst_size == 1) {
+        *out = b ? 1 : 0;
+      } else if (IsInteger(dst_kind)) {
+        WriteInteger(out, Int(b ? 1 : 0), dst_kind, dst_size);
+      } else if (dst_kind != 'f' || !WriteFloat(out, b ? 1.0 : 0.0, dst_size)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (IsInteger(src_kind) && dst_kind == 'f') {  // only where the cast is safe: every value is exact
+    if (!SafeCast(src_kind, src_size, dst_kind, dst_size)) return false;
+    for (int64_t i = 0; i < count; ++i) {
+      const Int v = ReadInteger(src + i * src_size, src_kind, src_size);
+      if (!WriteFloat(dst + i * dst_size, static_cast<double>(static_cast<int64_t>(v)), dst_size))
+        return false;
+    }
+    return true;
+  }
   if (IsInteger(src_kind) && IsInteger(dst_kind)) {
     for (int64_t i = 0; i < count; ++i) {
       if (!WriteInteger(dst + i * dst_size, ReadInteger(src + i * src_size, src_kind, src_size), dst_kind,
@@ -107,13 +140,14 @@ bool ConvertElements(const uint8_t* src, char src_kind, int32_t src_size, uint8_
   return false;
 }
 
+namespace {
+
 // A Python bool, int or float (not a subclass) for a scalar field, written into `dst` when it fits.
 // Returns 1 written, 0 not this kind of value, -1 this kind but it does not take the short path.
 int WritePythonScalar(PyObject* value, const StepFieldType& type, uint8_t* dst) {
-  if (PyBool_Check(value)) {
-    if (type.kind != 'b') return -1;
-    *dst = value == Py_True ? 1 : 0;
-    return 1;
+  if (PyBool_Check(value)) {  // a bool casts safely into every numeric field (a float32 `done`)
+    const uint8_t b = value == Py_True ? 1 : 0;
+    return ConvertElements(&b, 'b', 1, dst, type.kind, type.itemsize, 1) ? 1 : -1;
   }
   if (PyFloat_CheckExact(value)) {
     return type.kind == 'f' && WriteFloat(dst, PyFloat_AS_DOUBLE(value), type.itemsize) ? 1 : -1;
@@ -263,8 +297,10 @@ bool RowWriter::Pack(py::handle step, bool strict) {
       source_[f] = data;
       continue;
     }
-    if (strict || !ConvertElements(data, kind, static_cast<int32_t>(view.itemsize), staged, type.kind,
-                                   type.itemsize, step_bytes_[f] / type.itemsize)) {
+    const auto itemsize = static_cast<int32_t>(view.itemsize);
+    if ((strict && !SafeCast(kind, itemsize, type.kind, type.itemsize)) ||
+        !ConvertElements(data, kind, itemsize, staged, type.kind, type.itemsize,
+                         step_bytes_[f] / type.itemsize)) {
       return Refuse();
     }
     source_[f] = staged;

@@ -17,6 +17,20 @@
 
 namespace gear {
 
+// True when numpy casts values of (src_kind, src_size) into (dst_kind, dst_size) safely: a bool into
+// anything numeric, an integer or float into a wider one of its kind, an unsigned into a wider signed
+// integer, an integer of 1 or 2 bytes into float32 and of up to 4 into float64. Kinds as numpy's ('b',
+// 'i', 'u', 'f').
+bool SafeCast(char src_kind, int32_t src_size, char dst_kind, int32_t dst_size);
+
+// Converts `count` contiguous elements of (src_kind, src_size) into (dst_kind, dst_size) under the "fit"
+// casting policy (gear_jax/casting.py): within a kind when every value fits (integers in range, floats
+// that do not overflow to infinity), and the safe casts across kinds (bools into anything numeric,
+// small integers into floats). False when the pair is not converted here or a value does not fit; the
+// caller then takes the general path, which casts or refuses with a message.
+bool ConvertElements(const uint8_t* src, char src_kind, int32_t src_size, uint8_t* dst, char dst_kind,
+                     int32_t dst_size, int64_t count);
+
 // A field as the short path sees it: numpy's kind ('b' bool, 'i' signed, 'u' unsigned, 'f' float; anything
 // else never takes the short path), the element size and the step's shape.
 struct StepFieldType {

@@ -511,22 +511,29 @@ def test_insert_one_row_against_a_numpy_row_write(tmp_path: Path) -> None:
         "--item_bytes=64",
         "--batch_size=1",
         "--writers=1",
-        "--systems=gear_jax,numpy",
+        "--systems=gear_jax,numpy,sb3",
     )
-    one_row = [r for r in report["records"] if r["op"].endswith("_one_row")]
+    one_row = [r for r in report["records"] if "_one_row" in r["op"]]
+    sb3 = {("sb3", "add_one_row")} if any(r["system"] == "sb3" for r in one_row) else set()
+    if not sb3:  # not installed here: skipped with a note, never a made-up number
+        assert any(n.startswith("skipped sb3 add_one_row") for n in report["notes"]), report["notes"]
     assert {(r["system"], r["op"]) for r in one_row} == {
         ("gear_jax", "add_one_row"),
+        ("gear_jax", "add_one_row_typed"),
         ("gear_jax", "insert_one_row"),
+        ("gear_jax", "insert_one_row_typed"),
         ("numpy", "add_one_row"),
-    }
-    for r in one_row:  # a CartPole transition: obs and next_obs float32[4], int32, float32, bool
-        assert r["point"] == {"table_rows": 300, "writers": 1, "item_bytes": 41, "batch_size": 1}
+    } | sb3
+    for r in one_row:  # a CartPole transition: obs and next_obs float32[4], int32, float32, float32 done
+        assert r["point"] == {"table_rows": 300, "writers": 1, "item_bytes": 44, "batch_size": 1}
         assert r["throughput"]["items_per_s"] > 0 and r["iters"] == report["config"]["iters"]
     gear_add = next(r for r in one_row if r["op"] == "add_one_row" and r["system"] == "gear_jax")
     numpy_add = next(r for r in one_row if r["system"] == "numpy")
     assert gear_add["speedup_vs_numpy"] == pytest.approx(
         numpy_add["latency_s"]["p50"] / gear_add["latency_s"]["p50"]
     )
+    # The insert points of batches never run the one-row-only baseline.
+    assert not [r for r in report["records"] if r["system"] == "sb3" and r["op"] == "insert"]
 
 
 def test_actor_learner(tmp_path: Path) -> None:

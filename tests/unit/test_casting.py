@@ -2,6 +2,7 @@
 writes (xla_ffi/row_writer.h), which must store and refuse exactly what the general path does."""
 
 import itertools
+import warnings
 import types
 
 import gymnasium
@@ -311,3 +312,113 @@ def test_python_ints_never_wrap_in_64_bit_fields(make_table):
     row = table.add({"u": 2**64 - 1, "i": -(2**63)})
     assert int(table.columns["u"][row, 0]) == 2**64 - 1 and int(table.columns["i"][row, 0]) == -(2**63)
     assert table.size == 1
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    data=st.data(),
+    dtype=st.sampled_from(FIELD_DTYPES),
+    shape=st.sampled_from([(), (2,)]),
+    strict=st.booleans(),
+)
+def test_the_native_batch_casts_store_and_refuse_what_the_general_path_does(data, dtype, shape, strict):
+    # A dict of numpy arrays takes Batches.ready (native casts); a read-only mapping of the same arrays
+    # takes Batches.host (numpy's casts and the policy's checks). Both must store or refuse the same.
+    spec = gj.TableSpec(fields={"x": gj.Field(shape, dtype), "y": gj.Field((), "int32")}, capacity=4)
+    value_dtype = data.draw(st.sampled_from(VALUE_DTYPES))
+    value = data.draw(
+        hnp.arrays(value_dtype, (2, *shape), elements=hnp.from_dtype(value_dtype, allow_nan=True))
+    )
+    y = np.array([1, 2], np.int32)
+    with gj.Table.create(spec, casting="strict" if strict else "fit") as table:
+        outcomes = []
+        for batch in ({"x": value, "y": y}, types.MappingProxyType({"x": value, "y": y})):
+            try:
+                rows = table.insert(batch)
+                outcomes.append(np.stack([stored(table, r)["x"] for r in rows]).tobytes())
+            except gj.InvalidArgumentError as e:
+                outcomes.append(f"refused: {e}")
+        assert outcomes[0] == outcomes[1], (value, outcomes)
+        assert table.size == (0 if isinstance(outcomes[0], str) else 4)
+
+
+GYMNASIUM_DQN = {  # the SB3 / CleanRL convention: done as float32, so that a learner computes 1 - done
+    "obs": gj.Field((4,), "float32"),
+    "action": gj.Field((), "int32"),
+    "reward": gj.Field((), "float32"),
+    "next_obs": gj.Field((4,), "float32"),
+    "done": gj.Field((), "float32"),
+}
+
+
+def gymnasium_batch(n):
+    # What a gymnasium vector env hands out: float32 observations, int64 actions, float64 rewards, bool
+    # flags.
+    return {
+        "obs": np.full((n, 4), 0.5, np.float32),
+        "action": np.arange(n, dtype=np.int64) % 2,
+        "reward": np.ones(n, np.float64),
+        "next_obs": np.full((n, 4), 0.25, np.float32),
+        "done": np.arange(n) % 2 == 1,
+    }
+
+
+def test_gymnasium_values_take_the_native_short_path(make_table, recwarn):
+    table = make_table(fields=GYMNASIUM_DQN, capacity=16)
+    batch = gymnasium_batch(3)
+    checked = table._batches.ready(batch, "fit")
+    assert checked is not None  # no detour through numpy's casts: the native insert converts
+    arrays, rows, steps = checked
+    assert (rows, steps) == (3, 1) and [a.dtype for a in arrays] == [a.dtype for a in batch.values()]
+    assert table._batches.native_types == "f4i4f4f4f4"
+    inserted = table.insert(batch)
+    assert table.columns["action"][inserted, 0].tolist() == [0, 1, 0]
+    assert table.columns["done"][inserted, 0].tolist() == [0.0, 1.0, 0.0]
+    assert table.columns["reward"][inserted, 0].dtype == np.float32
+    # One-row writes: a Python bool or a numpy bool into the float32 `done` field, numpy int64 actions.
+    for done in (True, np.bool_(False)):
+        row = {"obs": batch["obs"][0], "action": np.int64(1), "reward": 1.0, "next_obs": batch["obs"][0]}
+        row["done"] = done
+        assert table._row_writer.pack(row, False)  # the native short path takes it
+        r = table.add(row)
+        assert table.columns["done"][r, 0] == float(bool(done)) and table.columns["action"][r, 0] == 1
+    assert not [w for w in recwarn if issubclass(w.category, gj.SlowPathWarning)]
+    # Under "strict" an int64 action is refused by name, on both paths.
+    table.casting = "strict"
+    with pytest.raises(gj.InvalidArgumentError, match="action"):
+        table.insert(batch)
+    assert table._batches.ready(batch, "strict") is None
+    assert table.size == 5
+
+
+def test_int64_actions_out_of_range_are_refused_on_the_short_path_too(make_table):
+    table = make_table(fields=GYMNASIUM_DQN, capacity=16)
+    batch = gymnasium_batch(2)
+    batch["action"] = np.array([1, 2**40], np.int64)
+    # The native insert finds the value that does not fit before anything is claimed; the general path
+    # then refuses it by name.
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['action'\].*range"):
+        table.insert(batch)
+    with pytest.raises(OverflowError, match="field 1"):
+        arrays, rows, steps = table._batches.ready(batch, "fit")
+        table._native.insert(arrays, rows, steps, None, None, None, True, table._batches.native_types)
+    assert table.size == 0
+    batch["action"] = np.array([1, 2**31 - 1], np.int64)  # the edge fits
+    table.insert(batch)
+    assert table.columns["action"][:2, 0].tolist() == [1, 2**31 - 1]
+
+
+def test_the_general_path_warns_once_per_field_naming_the_fix(make_table):
+    table = make_table(fields=GYMNASIUM_DQN, capacity=16)
+    batch = gymnasium_batch(2)
+    batch["obs"] = batch["obs"].tolist()  # a list: only the general path takes it
+    with pytest.warns(gj.SlowPathWarning, match=r"batch\['obs'\] is a builtins.list; pass numpy arrays"):
+        table.insert(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gj.SlowPathWarning)
+        table.insert(batch)  # warned once: silent now
+    row = {k: v[0] for k, v in gymnasium_batch(1).items()}
+    row["next_obs"] = np.arange(8, dtype=np.float32)[::2]  # not C-contiguous
+    with pytest.warns(gj.SlowPathWarning, match=r"row\['next_obs'\] is not C-contiguous"):
+        table.add(row)
+    assert table.size == 5

@@ -299,7 +299,7 @@ def test_torch_tensor_inserts_wait_and_give_back(make_table):
 
 
 @pytest.mark.parametrize("closer", ["same_open", "creator_of_an_attached_open"])
-@pytest.mark.parametrize("op", ["await_samples", "insert", "add", "end_episode"])
+@pytest.mark.parametrize("op", ["await_samples", "insert", "insert_one", "add", "end_episode"])
 def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
     table = limited(make_table, min_size_to_sample=4, samples_per_insert=1, error_buffer=1)  # [3, 5]
     table.insert(rows(5))  # inserts wait from here on, samples may go
@@ -310,7 +310,8 @@ def test_close_from_another_thread_ends_a_wait(make_table, op, closer):
         waiting.await_samples(2)  # the next sample waits
     calls = {  # each op's call, and the native call in which it waits
         "await_samples": (lambda: waiting.await_samples(1), "await_samples"),
-        "insert": (lambda: waiting.insert(rows(1)), "insert"),
+        "insert": (lambda: waiting.insert(rows(2)), "insert"),
+        "insert_one": (lambda: waiting.insert(rows(1)), "add"),  # a batch of one: the one-row short path
         "add": (lambda: waiting.add({"x": 1}), "add"),
         "end_episode": (writer.end_episode, "commit"),
     }
