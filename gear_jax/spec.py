@@ -275,7 +275,8 @@ class TableSpec:
         """The spec of one field per gymnasium or gymnax space (see `Field.from_space`).
 
         `TableSpec.from_spaces({"obs": env.observation_space, "action": env.action_space, "reward":
-        Field(), "done": Field(dtype="bool")}, capacity=10_000)`; a gymnax environment's spaces are
+        Field(), "done": Field()}, capacity=10_000)` (float32 `done`, so that a learner computes `1 - done`;
+        gymnasium's bools are cast into it on the fast path); a gymnax environment's spaces are
         `env.observation_space(params)` and `env.action_space(params)`.
 
         Args:

@@ -236,7 +236,7 @@ def test_prioritized_matches_cpu_exactly(make_table, gpu, exponent):
     [
         {"a": gj.Field((4,), "float32"), "b": gj.Field((), "int32")},  # 16-byte and 4-byte steps
         {"a": gj.Field((3,), "int16"), "b": gj.Field((), "bool")},  # 6-byte and 1-byte steps
-        {"a": gj.Field((128, 160), "uint8"), "b": gj.Field((5,), "float64")},  # 20 KiB rows: still a warp each
+        {"a": gj.Field((128, 160), "uint8"), "b": gj.Field((5,), "float64")},  # 20 KiB rows: a warp each
         {"a": gj.Field((256, 512), "uint8"), "b": gj.Field((5,), "float64")},  # a block per row (>= 128 KiB)
     ],
 )
