@@ -61,6 +61,13 @@ def state_priority(states: np.ndarray) -> np.ndarray:
     return (states & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.float32)
 
 
+# `RowWriter.add`'s batch_axis (xla_ffi/row_writer.h): values may come as a batch of one row, every value
+# or none (Table.add), or must (Table.insert).
+BATCH_OF_ONE_OR_ROW = 1
+BATCH_OF_ONE = 2
+_ONE_PRIORITY = (type(None), float, int)  # priorities an insert of one row passes to the short path
+
+
 class Table:
     """A replay table in named shared host memory.
 
@@ -508,6 +515,16 @@ class Table:
                     f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
                 )
             priorities = self.max_priority or 1.0
+        writer = self._row_writer
+        one_priority = type(priorities) in _ONE_PRIORITY
+        if writer is not None and type(batch) is dict and lengths is None and one_priority:
+            # A batch of one row (a vector env of one env): the one-row short path, values checked natively.
+            priority = 1.0 if priorities is None else priorities
+            claimed = writer.add(batch, self._casting == "strict", priority, timeout, BATCH_OF_ONE)
+            if claimed >= 0:
+                return np.array([claimed], np.int32)
+            if claimed == -2:
+                self._live()  # closed: raises TableClosedError
         checked = self._batches.ready(batch, self._casting)
         if checked is None:
             if isinstance(batch, Mapping) and _rows.holds_device_tensor(batch.values()):
@@ -521,10 +538,6 @@ class Table:
         arrays, rows, steps = checked
         if rows == 0:
             return np.zeros((0,), np.int32)
-        if rows == 1 and self._row_writer is not None and lengths is None:  # a vector env of one env
-            row = self._insert_one(arrays, priorities, timeout)
-            if row >= 0:
-                return np.array([row], np.int32)
         if priorities is not None:  # None: 1 for every row (the native default)
             priorities = _rows.priorities(priorities, rows)
         if lengths is not None:  # None: `steps` for every row
@@ -535,21 +548,6 @@ class Table:
         except OverflowError:  # a value the native cast could not store: the general path names it
             arrays, rows, steps = self._batches.host(batch, self._casting)
             return native.insert(arrays, rows, steps, lengths, priorities, timeout)
-
-    def _insert_one(self, arrays: list[np.ndarray], priorities: Any, timeout: float | None) -> int:
-        """A checked batch of one row through the one-row short path (`_row_writer.add`); its row, or -1
-        when that path does not take it (the caller then inserts it as a batch)."""
-        if priorities is None:
-            priority = 1.0
-        elif type(priorities) in (float, int):
-            priority = float(priorities)
-        else:
-            return -1
-        step = {name: array[0] for name, array in zip(self._batches.names, arrays)}
-        claimed = self._row_writer.add(step, self._casting == "strict", priority, timeout)
-        if claimed == -2:
-            self._live()  # closed: raises TableClosedError
-        return claimed
 
     def add(self, row: Mapping[str, Any], priority: float | str = 1.0, timeout: float | None = None) -> int:
         """Inserts one row; returns its row id. The one-transition-per-call loop of a single environment.
@@ -574,7 +572,7 @@ class Table:
         writer = self._row_writer
         if writer is not None and type(row) is dict:  # the short path: a row id, or -1 / -2
             try:
-                claimed = writer.add(row, self._casting == "strict", priority, timeout)
+                claimed = writer.add(row, self._casting == "strict", priority, timeout, BATCH_OF_ONE_OR_ROW)
             except TypeError:  # a priority that is not a number: "max" below, or refused below
                 claimed = -1
             if claimed >= 0:

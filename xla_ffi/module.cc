@@ -582,10 +582,11 @@ PYBIND11_MODULE(_native, m) {
              return std::make_unique<gear::RowWriter>(std::move(table), std::move(names), std::move(types));
            }),
            py::arg("table"), py::arg("fields"))
-      .def("pack", &gear::RowWriter::Pack, py::arg("step"), py::arg("strict"))
+      .def("pack", &gear::RowWriter::Pack, py::arg("step"), py::arg("strict"),
+           py::arg("batch_axis") = int32_t{gear::RowWriter::kNone})
       .def("write_packed", &gear::RowWriter::WritePacked, py::arg("row"), py::arg("step"))
       .def("add", &gear::RowWriter::Add, py::arg("row"), py::arg("strict"), py::arg("priority"),
-           py::arg("timeout") = py::none())
+           py::arg("timeout") = py::none(), py::arg("batch_axis") = int32_t{gear::RowWriter::kNone})
       .def("stage_packed", &gear::RowWriter::StagePacked)
       .def("stage_step", &gear::RowWriter::StageStep, py::arg("values"))
       .def_property_readonly("staged_steps", &gear::RowWriter::staged_steps)

@@ -260,10 +260,11 @@ void RowWriter::Release() {
   packed_ = false;
 }
 
-bool RowWriter::Pack(py::handle step, bool strict) {
+bool RowWriter::Pack(py::handle step, bool strict, int32_t batch_axis) {
   Release();
   PyObject* dict = step.ptr();
   if (!PyDict_CheckExact(dict) || PyDict_Size(dict) != static_cast<Py_ssize_t>(types_.size())) return false;
+  bool with_axis = false, without_axis = false;  // values seen with a batch axis of one, and without
   for (size_t f = 0; f < types_.size(); ++f) {
     const StepFieldType& type = types_[f];
     if (type.kind != 'b' && !IsInteger(type.kind) && type.kind != 'f') return Refuse();
@@ -277,6 +278,7 @@ bool RowWriter::Pack(py::handle step, bool strict) {
       const int scalar = WritePythonScalar(value, type, staged);
       if (scalar == 1) {
         source_[f] = staged;
+        without_axis = true;
         continue;
       }
       if (scalar == -1) return Refuse();
@@ -288,10 +290,17 @@ bool RowWriter::Pack(py::handle step, bool strict) {
       return Refuse();
     }
     buffer_held_[f] = true;
-    bool same_shape = view.ndim == static_cast<int>(type.shape.size());
-    for (int d = 0; same_shape && d < view.ndim; ++d) same_shape = view.shape[d] == type.shape[d];
+    // One leading axis of size 1 more than a step has: a batch of one, the same bytes as its row.
+    const int axis =
+        batch_axis != kNone && view.ndim == static_cast<int>(type.shape.size()) + 1 && view.shape[0] == 1 ? 1
+                                                                                                          : 0;
+    bool same_shape = view.ndim == static_cast<int>(type.shape.size()) + axis;
+    for (int d = 0; same_shape && d < static_cast<int>(type.shape.size()); ++d) {
+      same_shape = view.shape[d + axis] == type.shape[d];
+    }
     const char kind = FormatKind(view.format);
     if (!same_shape || kind == 0 || !PyBuffer_IsContiguous(&view, 'C')) return Refuse();
+    (axis == 1 ? with_axis : without_axis) = true;
     const auto* data = static_cast<const uint8_t*>(view.buf);
     if (kind == type.kind && view.itemsize == type.itemsize) {
       source_[f] = data;
@@ -304,6 +313,10 @@ bool RowWriter::Pack(py::handle step, bool strict) {
       return Refuse();
     }
     source_[f] = staged;
+  }
+  if ((batch_axis == kNone && with_axis) || (batch_axis == kAllOrNone && with_axis && without_axis) ||
+      (batch_axis == kRequired && without_axis)) {
+    return Refuse();  // the general path accepts or refuses it with a message
   }
   packed_ = true;
   return true;
@@ -329,11 +342,12 @@ void RowWriter::WritePacked(int64_t row, int32_t step) {
   Release();
 }
 
-int64_t RowWriter::Add(py::handle row, bool strict, double priority, std::optional<double> timeout) {
+int64_t RowWriter::Add(py::handle row, bool strict, double priority, std::optional<double> timeout,
+                       int32_t batch_axis) {
   if (table_->closed()) return -2;
   if (!std::isfinite(priority) || priority < 0 || priority > FLT_MAX) return -1;
   if (table_->table().step_ring()) return -1;  // Table.add of a step ring inserts whole episodes
-  if (!Pack(row, strict)) return -1;
+  if (!Pack(row, strict, batch_axis)) return -1;
   RateLimiter& limiter = table_->table().rate_limiter();
   std::optional<InsertReservation> reservation;  // gives the insert back if the row is not published
   if (limiter.enabled()) {

@@ -51,13 +51,18 @@ class RowWriter {
   // Checks and converts `step` (a dict of every field name to one step's value) under the casting
   // policy ("strict": only the field's own dtype for typed values). True when every value took the
   // short path; the packed step is then held until WritePacked or the next Pack.
-  bool Pack(pybind11::handle step, bool strict);
+  // `batch_axis`: whether values may come with a leading batch axis of size 1 (a batch of one row, as a
+  // vector environment of one environment hands it out): kNone never (a step), kAllOrNone every value
+  // or none (Table.add), kRequired every value (Table.insert of one row).
+  enum BatchAxis : int32_t { kNone = 0, kAllOrNone = 1, kRequired = 2 };
+  bool Pack(pybind11::handle step, bool strict, int32_t batch_axis = kNone);
   // Copies the packed step into step `step` of `row` (a row this process holds).
   void WritePacked(int64_t row, int32_t step);
   // Pack, wait for the table's rate limiter to admit one insert (up to `timeout` seconds; None: no
   // limit), claim a row, write step 0, commit it with length 1 and `priority`. Returns the row, -1 when
   // the general path must run instead (nothing claimed or written), -2 when the table is closed.
-  int64_t Add(pybind11::handle row, bool strict, double priority, std::optional<double> timeout);
+  int64_t Add(pybind11::handle row, bool strict, double priority, std::optional<double> timeout,
+              int32_t batch_axis = kNone);
 
   // Step rings take whole episodes: a writer stages its episode in this process's memory, one step of
   // every field after the other, and inserts it at its end (nothing is in the table before: a writer

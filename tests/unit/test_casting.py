@@ -322,14 +322,16 @@ def test_python_ints_never_wrap_in_64_bit_fields(make_table):
     strict=st.booleans(),
 )
 def test_the_native_batch_casts_store_and_refuse_what_the_general_path_does(data, dtype, shape, strict):
-    # A dict of numpy arrays takes Batches.ready (native casts); a read-only mapping of the same arrays
-    # takes Batches.host (numpy's casts and the policy's checks). Both must store or refuse the same.
+    # A dict of numpy arrays takes the native paths (a batch of one: the one-row short path; more rows:
+    # Batches.ready and the native insert's casts); a read-only mapping of the same arrays takes
+    # Batches.host (numpy's casts and the policy's checks). Both must store or refuse the same.
     spec = gj.TableSpec(fields={"x": gj.Field(shape, dtype), "y": gj.Field((), "int32")}, capacity=4)
     value_dtype = data.draw(st.sampled_from(VALUE_DTYPES))
+    n = data.draw(st.sampled_from([1, 2]))  # a batch of one takes the one-row short path
     value = data.draw(
-        hnp.arrays(value_dtype, (2, *shape), elements=hnp.from_dtype(value_dtype, allow_nan=True))
+        hnp.arrays(value_dtype, (n, *shape), elements=hnp.from_dtype(value_dtype, allow_nan=True))
     )
-    y = np.array([1, 2], np.int32)
+    y = np.arange(1, n + 1, dtype=np.int32)
     with gj.Table.create(spec, casting="strict" if strict else "fit") as table:
         outcomes = []
         for batch in ({"x": value, "y": y}, types.MappingProxyType({"x": value, "y": y})):
@@ -339,7 +341,7 @@ def test_the_native_batch_casts_store_and_refuse_what_the_general_path_does(data
             except gj.InvalidArgumentError as e:
                 outcomes.append(f"refused: {e}")
         assert outcomes[0] == outcomes[1], (value, outcomes)
-        assert table.size == (0 if isinstance(outcomes[0], str) else 4)
+        assert table.size == (0 if isinstance(outcomes[0], str) else 2 * n)
 
 
 GYMNASIUM_DQN = {  # the SB3 / CleanRL convention: done as float32, so that a learner computes 1 - done
@@ -422,3 +424,20 @@ def test_the_general_path_warns_once_per_field_naming_the_fix(make_table):
     with pytest.warns(gj.SlowPathWarning, match=r"row\['next_obs'\] is not C-contiguous"):
         table.add(row)
     assert table.size == 5
+
+
+def test_a_batch_of_one_row_takes_the_one_row_short_path(make_table, monkeypatch):
+    table = make_table(fields=GYMNASIUM_DQN, capacity=16)
+    calls = []
+    monkeypatch.setattr(table._batches, "ready", lambda *a: calls.append(a) or None)  # must not be reached
+    rows = table.insert(gymnasium_batch(1), priorities=0.0)
+    assert rows.dtype == np.int32 and rows.tolist() == [0] and not calls
+    assert table.row_status()["priority"][0] == 0.0  # a priority of 0 is kept, not replaced by the default
+    assert table.columns["done"][0, 0] == 0.0 and table.columns["action"][0, 0] == 0
+    monkeypatch.undo()
+    # A Python scalar beside batch-of-one arrays is no batch: refused by name, nothing written.
+    batch = gymnasium_batch(1)
+    batch["reward"] = 1.0
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['reward'\]"):
+        table.insert(batch)
+    assert table.size == 1
