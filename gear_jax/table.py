@@ -506,6 +506,16 @@ class Table:
           RateLimiterTimeout: the rate limiter did not admit the rows in time. Nothing is written.
           TableClosedError: the table was closed while the insert waited. Nothing is written.
         """
+        writer = self._row_writer
+        one_row = writer is not None and type(batch) is dict and lengths is None  # maybe a batch of one
+        if one_row and timeout is None and type(priorities) in _ONE_PRIORITY:
+            # A batch of one row (a vector env of one env): the one-row short path, values checked natively
+            # (a closed table answers -2, refused by `_live` below). -1: not a batch of one, or refused.
+            priority = 1.0 if priorities is None else priorities
+            claimed = writer.add(batch, self._casting == "strict", priority, None, BATCH_OF_ONE)
+            if claimed >= 0:
+                return np.array([claimed], np.int32)
+            one_row = False
         native = self._live()
         if timeout is not None:
             timeout = check_timeout(timeout, "Table.insert")
@@ -515,10 +525,7 @@ class Table:
                     f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
                 )
             priorities = self.max_priority or 1.0
-        writer = self._row_writer
-        one_priority = type(priorities) in _ONE_PRIORITY
-        if writer is not None and type(batch) is dict and lengths is None and one_priority:
-            # A batch of one row (a vector env of one env): the one-row short path, values checked natively.
+        if one_row and type(priorities) in _ONE_PRIORITY:  # with a timeout, or priorities="max"
             priority = 1.0 if priorities is None else priorities
             claimed = writer.add(batch, self._casting == "strict", priority, timeout, BATCH_OF_ONE)
             if claimed >= 0:
