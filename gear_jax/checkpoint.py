@@ -819,9 +819,21 @@ def _open_checkpoint_once(root: Path) -> _Checkpoint:
     return _Checkpoint(root, spec, manifest, columns, checksums, fds)
 
 
+def _open_for_reading(name: str, data_fd: int) -> int:
+    """`name` in the data directory opened for reading without blocking: O_NONBLOCK, so that a FIFO or a
+    device in its place cannot hang the open (the caller checks the type with fstat), cleared again."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=data_fd)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _read_manifest(root: Path, data_fd: int) -> dict[str, Any]:
     try:
-        fd = os.open(MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+        fd = _open_for_reading(MANIFEST, data_fd)
     except FileNotFoundError:
         raise _refuse(root, f"no {MANIFEST}: this is not a gear_jax checkpoint") from None
     except OSError as e:
@@ -829,6 +841,8 @@ def _read_manifest(root: Path, data_fd: int) -> dict[str, Any]:
             raise _refuse(root, f"{MANIFEST} is a symbolic link; refusing to follow it") from None
         raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO would block the read forever
+            raise _refuse(root, f"{MANIFEST} is not a regular file")
         text = os.read(fd, MAX_MANIFEST_BYTES + 1)
     finally:
         os.close(fd)
@@ -958,7 +972,7 @@ def _check_layout(root: Path, manifest: dict[str, Any], spec: TableSpec) -> tupl
 def _open_column(root: Path, data_fd: int, column: _Column) -> int:
     """The column's file, opened for reading after checking it is a regular file of the manifest's size."""
     try:
-        fd = os.open(column.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=data_fd)
+        fd = _open_for_reading(column.file, data_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise _refuse(

@@ -345,9 +345,7 @@ def test_save_while_another_process_writes_holds_only_committed_rows(tmp_path, t
                 lengths = status["length"][rows]
                 used = np.arange(steps)[None, :] < lengths[:, None]
                 assert (v == v[:, :1])[used].all(), "a row mixes steps of two episodes"
-                assert (loaded.columns["p"][rows] == expected).all(axis=2)[used].all(), (
-                    "a torn row was saved"
-                )
+                assert (loaded.columns["p"][rows] == expected).all(axis=2)[used].all(), "a torn row was saved"
                 assert (
                     lengths == np.where(status["priority"][rows] == 2.0, steps, v[:, 0] % steps + 1)
                 ).all()
@@ -504,6 +502,30 @@ def test_refuses_symbolic_links(tmp_path, saved_checkpoint):
     os.unlink(path / "current")
     os.symlink("../elsewhere", path / "current")
     refused(path, "'current' points at '../elsewhere', outside the checkpoint directory")
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "length.bin"])
+def test_a_fifo_in_place_of_a_file_is_refused_without_blocking(saved_checkpoint, name):
+    # Opening a FIFO for reading blocks until a writer opens it: the load must refuse it, not hang.
+    path, data, _ = saved_checkpoint
+    (data / name).unlink()
+    os.mkfifo(data / name)
+    outcome = {}
+
+    def load():
+        try:
+            gj.Table.load(path)
+        except BaseException as e:  # reported to the test thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():  # free the blocked open before failing
+        os.close(os.open(data / name, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail(f"Table.load blocked on a FIFO named {name}")
+    assert isinstance(outcome.get("error"), gj.CheckpointError), outcome
+    assert "is not a regular file" in str(outcome["error"]) and name in str(outcome["error"])
 
 
 def test_refuses_spec_and_size_mismatches(saved_checkpoint):
