@@ -148,11 +148,20 @@ def lengths(value: Any, rows: int, steps: int) -> np.ndarray:
 def traced_lengths(value: Any, rows: int, op: str) -> jax.Array:
     """Lengths of a compiled insert as int32[rows], checked at trace time for dtype and shape; the handler
     checks each lies in [1, T] at run time."""
+    if not isinstance(value, jax.Array):  # host values: checked here, before JAX narrows them to int32
+        host = np.asarray(value)
+        if host.dtype.kind in "iu" and host.size and (host.min() < 0 or host.max() > np.iinfo(np.int32).max):
+            raise InvalidArgumentError(
+                f"{op}: lengths hold {host.max() if host.max() > 0 else host.min()}, outside int32 (and "
+                "outside [1, T]); pass each row's steps used"
+            )
     n = jnp.asarray(value)
     if n.shape != (rows,) or not jnp.issubdtype(n.dtype, jnp.integer):
         raise InvalidArgumentError(
             f"{op}: lengths have shape {n.shape} and dtype {n.dtype}; expected integers of shape ({rows},)"
         )
+    if n.dtype.itemsize > 4 or n.dtype == jnp.uint32:  # traced wide integers: clipped, never wrapped, so
+        n = jnp.clip(n, 0, np.iinfo(np.int32).max)  # that the handler refuses them as outside [1, T]
     return n.astype(jnp.int32)
 
 

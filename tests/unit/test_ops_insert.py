@@ -82,6 +82,21 @@ def test_trajectory_rows_with_lengths(make_table):
     np.testing.assert_array_equal(valid, np.arange(6)[None, :] < lengths[:, None])
 
 
+def test_lengths_beyond_int32_are_refused_never_wrapped(make_table):
+    # 2**32 + 1 wraps to 1 as int32: a length that looks valid. Host values are refused at trace time,
+    # traced int64 ones (with x64 on) are clipped so that the handler refuses them as outside [1, T].
+    table = make_table(fields=FIELDS, capacity=16, max_steps=6)
+    batch = random_batch(np.random.default_rng(2), 2, steps=5)
+    wide = np.array([3, 2**32 + 1], np.int64)
+    with pytest.raises(gj.InvalidArgumentError, match=r"insert: lengths hold 4294967297, outside int32"):
+        jax.jit(lambda b: gj.insert(table, b, lengths=wide))(batch)
+    with jax.enable_x64(True):
+        with pytest.raises(gj.EXECUTION_ERRORS, match="length"):
+            rows = jax.jit(lambda b, n: gj.insert(table, b, lengths=n))(batch, jnp.asarray(wide))
+            jax.block_until_ready(rows)
+    assert table.size == 0
+
+
 def test_inserts_inside_lax_scan_run_every_iteration_in_order(make_table):
     table = make_table(fields={"x": gj.Field((2,), "float32"), "i": gj.Field((), "int32")}, capacity=1000)
     per_step, steps = 7, 20
