@@ -92,15 +92,20 @@ def cast_rule(
 
     Returns (check, why): check is "" when the cast is refused (`why` says why, starting with "has dtype"),
     "none" for the same dtype or a safe cast, "range" when every value must lie in the target's integer
-    range, "overflow" when no finite float may overflow the target, "exact" when Python ints must be
-    exactly representable as the target float. `source_name` is the dtype as the user wrote it (a torch
-    dtype, say); `astype` the conversion a message suggests.
+    range, "overflow" when no finite float may overflow the target, "exact" when integers (Python ints,
+    or int64 into float64, which numpy calls safe) must be exactly representable as the target float.
+    `source_name` is the dtype as the user wrote it (a torch dtype, say); `astype` the conversion a
+    message suggests.
     """
     name = source_name or str(source)
     convert = astype or f".astype('{target}')"
-    if source == target or np.can_cast(source, target, casting="safe"):
-        return "none", ""
     source_kind, target_kind = kind(source), kind(target)
+    if source == target:
+        return "none", ""
+    if np.can_cast(source, target, casting="safe"):
+        if source_kind == "i" and target_kind == "f" and 2 * source.itemsize > target.itemsize:
+            return "exact", ""  # numpy's safe int64 -> float64 rounds above 2**53: each value is checked
+        return "none", ""
     if source_kind not in _KIND_NAMES:
         return "", f"has dtype {name}, which no field stores; convert it to {target} first"
     if source_kind != target_kind and not (python_values and source_kind in "bi" and target_kind in "if"):
@@ -142,7 +147,10 @@ def cast(value: Any, dtype: np.dtype, casting: str, what: str = "value") -> tupl
         return array.astype(dtype), ""  # every value is in range: the cast is exact
     with np.errstate(all="ignore"):  # overflows are found below, not warned about
         result = array.astype(dtype)
-        exact = check != "exact" or np.array_equal(result.astype(array.dtype), array)
+        # An integer becomes an infinity only by overflowing (and the way back may even give it back).
+        exact = check != "exact" or (
+            bool(np.isfinite(result).all()) and np.array_equal(result.astype(array.dtype), array)
+        )
     if check == "overflow":
         overflow = np.isinf(result) & np.isfinite(array)
         if overflow.any():

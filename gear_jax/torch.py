@@ -186,6 +186,9 @@ def _cast_tensor(t: torch.Tensor, dtype: np.dtype, casting: str) -> tuple[torch.
         overflow = torch.isinf(converted) & torch.isfinite(t)
         if bool(overflow.any()):
             return None, f"holds {t[overflow].flatten()[0].item()}, beyond {dtype}'s range"
+    if check == "exact" and t.numel():  # int64 into float64: above 2**53 integers round
+        if not bool(torch.isfinite(converted).all()) or not bool((converted.to(t.dtype) == t).all()):
+            return None, f"holds integers that {dtype} does not represent exactly; cast it first"
     return converted, ""
 
 

@@ -441,3 +441,31 @@ def test_a_batch_of_one_row_takes_the_one_row_short_path(make_table, monkeypatch
     with pytest.raises(gj.InvalidArgumentError, match=r"batch\['reward'\]"):
         table.insert(batch)
     assert table.size == 1
+
+
+def test_integers_a_float_field_cannot_hold_exactly_are_refused(make_table):
+    # numpy calls int64 -> float64 safe, but 2**53 + 1 rounds; and an integer that overflows a float16
+    # becomes an infinity (whose way back to int64 can even give the integer back). Neither is stored.
+    table = make_table(fields={"f": gj.Field((), "float64"), "h": gj.Field((), "float16")}, capacity=8)
+    for casting in ("fit", "strict"):
+        table.casting = casting
+        with pytest.raises(gj.InvalidArgumentError, match=r"batch\['f'\] holds integers that float64"):
+            table.insert({"f": np.array([1, 2**53 + 1], np.int64), "h": np.zeros(2, np.float16)})
+        with pytest.raises(gj.InvalidArgumentError, match=r"row\['f'\] holds integers that float64"):
+            table.add({"f": 2**53 + 1, "h": 0.0})
+        with pytest.raises(gj.InvalidArgumentError, match=r"row\['h'\] holds"):
+            table.add({"f": 0.0, "h": -(2**63)})
+        table.insert({"f": np.array([2**53, -(2**53)], np.int64), "h": np.zeros(2, np.float16)})
+        table.add({"f": 2**60, "h": -2048})  # exactly representable: stored
+    assert table.size == 6
+    assert table.columns["f"][:, 0].tolist()[:3] == [2.0**53, -(2.0**53), 2.0**60]
+    assert table.columns["h"][2, 0] == -2048
+
+
+def test_torch_int64_tensors_a_float64_field_cannot_hold_exactly_are_refused(make_table):
+    torch = pytest.importorskip("torch")
+    table = make_table(fields={"f": gj.Field((), "float64")}, capacity=4)
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['f'\] holds integers that float64"):
+        table.insert({"f": torch.tensor([1, 2**53 + 1], dtype=torch.int64)})
+    table.insert({"f": torch.tensor([3, 2**53], dtype=torch.int64)})
+    assert table.columns["f"][:, 0].tolist()[:2] == [3.0, 2.0**53] and table.size == 2
