@@ -65,6 +65,16 @@ def check_method(method: Any, op: str, methods: Sequence[str] = tuple(METHODS)) 
     return method
 
 
+def check_distinct_picks(batch_size: int, method: str, capacity: int, op: str) -> None:
+    """fifo, lifo and topk pick distinct rows: a batch larger than the table can never be filled (and its
+    scratch memory, sized for the batch, could not even be allocated)."""
+    if method in ("fifo", "lifo", "topk") and batch_size > capacity:
+        raise InvalidArgumentError(
+            f"{op}: batch_size={batch_size} exceeds the table's capacity ({capacity}); {method} picks "
+            "distinct rows, so at most capacity of them"
+        )
+
+
 SHORT_EPISODES = ("pad", "skip")
 
 

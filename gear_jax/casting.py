@@ -35,7 +35,7 @@ _PYTHON_VALUES = (bool, int, float, list, tuple)
 
 
 def check_casting(casting: Any) -> str:
-    if casting not in CASTING_POLICIES:
+    if type(casting) is not str or casting not in CASTING_POLICIES:
         raise InvalidArgumentError(f"casting={casting!r} must be one of {CASTING_POLICIES}")
     return casting
 

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gear_jax._version import __version__
-from gear_jax.errors import CheckpointError, SpecError
+from gear_jax.errors import CheckpointError, InvalidArgumentError, SpecError
 from gear_jax.spec import TableSpec
 from gear_jax.table import STATE_GENERATION_SHIFT, state_generation, state_priority
 
@@ -175,6 +175,20 @@ def _table_views(table: Table) -> dict[str, np.ndarray]:
 # -- saving ------------------------------------------------------------------------------------------
 
 
+def checkpoint_path(path: Any, op: str) -> Path:
+    """`path` (a str or os.PathLike of str) as a Path; InvalidArgumentError naming `op` otherwise."""
+    try:
+        text = os.fspath(path)
+    except TypeError:
+        text = None
+    if not isinstance(text, str) or not text:
+        raise InvalidArgumentError(
+            f"{op}: path={path!r} must be a non-empty str or os.PathLike (e.g. pathlib.Path) naming the "
+            "checkpoint directory"
+        )
+    return Path(text)
+
+
 def save(table: Table, path: str | os.PathLike[str]) -> None:
     """Writes a checkpoint of `table` to the directory `path` (see the module docstring for the layout
     and the crash-safety argument). Replaces an earlier checkpoint at `path` atomically.
@@ -199,12 +213,12 @@ def save(table: Table, path: str | os.PathLike[str]) -> None:
       CheckpointError: `path` exists and is not a gear_jax checkpoint directory (a file, or a
         non-empty directory without the `current` link), or the table is closed.
     """
+    root = checkpoint_path(path, "Table.save")
     if table.closed:
         raise CheckpointError(
             f"checkpoint '{path}': can not save a closed table ({table.name!r}); save before closing it"
         )
     native = table.native
-    root = Path(os.fspath(path))
     root_fd = _open_checkpoint_root(root)
     try:
         lock_fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=root_fd)
@@ -237,7 +251,13 @@ def _open_checkpoint_root(root: Path) -> int:
     """The checkpoint directory `root`, made (mode 0700, parent fsynced) when missing; refuses a path
     that holds something else."""
     try:
-        os.mkdir(root, 0o700)
+        try:
+            os.mkdir(root, 0o700)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"checkpoint '{root}': its parent directory '{root.parent}' does not exist; create it first "
+                "(the save makes the checkpoint directory itself, not its parents)"
+            ) from None
         parent_fd = os.open(root.parent if str(root.parent) else ".", os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(parent_fd)
@@ -710,7 +730,7 @@ def load(
     """Reads the checkpoint at `path` into a new table made by `create(spec)` (a fresh table: every
     row empty, generation 0); see `Table.load`. A table of another kind (padded rows or step ring) or
     spec than the checkpoint's is refused (CheckpointError naming both) and closed."""
-    checkpoint = _open_checkpoint(Path(os.fspath(path)))
+    checkpoint = _open_checkpoint(checkpoint_path(path, "Table.load"))
     try:
         table = create(checkpoint.spec)
         try:

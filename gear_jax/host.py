@@ -201,10 +201,12 @@ def _selection(
     table: Table, batch_size: Any, method: Any, priority_exponent: Any, window: Any, op: str
 ) -> tuple[int, str, float, int]:
     b = _args.check_batch_size(batch_size, op)
+    method = _args.check_method(method, op)
+    _args.check_distinct_picks(b, method, table.capacity, op)
     _args.check_fits(op, b * PICK_BYTES, f"the row ids, generations and probabilities of {b} picks", True)
     return (
         b,
-        _args.check_method(method, op),
+        method,
         _args.check_exponent(priority_exponent, op),
         _args.check_window(window, table.max_steps, op),
     )

@@ -148,6 +148,7 @@ def _sample_call(
     """The checked arguments and attributes of a sample custom call, the batch size and the window."""
     _args.check_batch_size(batch_size, op)
     _args.check_method(method, op)
+    _args.check_distinct_picks(batch_size, method, table.capacity, op)
     exponent = _args.check_exponent(priority_exponent, op)
     win = _args.check_window(window, table.max_steps, op)
     attrs = {

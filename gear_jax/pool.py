@@ -46,8 +46,9 @@ def configure_pool(max_tables: int | None = None, max_bytes: int | None = None) 
     tables = current["max_tables"] if max_tables is None else max_tables
     nbytes = current["max_bytes"] if max_bytes is None else max_bytes
     for name, value in (("max_tables", tables), ("max_bytes", nbytes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InvalidArgumentError(f"configure_pool: {name}={value!r} must be an int >= 0")
+        limit = 2**63 - 1 if name == "max_tables" else 2**64 - 1
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+            raise InvalidArgumentError(f"configure_pool: {name}={value!r} must be an int in [0, {limit}]")
     _native.pool_configure(tables, nbytes)
 
 

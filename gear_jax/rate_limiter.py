@@ -155,7 +155,12 @@ def check_count(n: Any, op: str) -> int:
     """`n` (a number of samples) as an int >= 1; InvalidArgumentError naming `op` otherwise."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise InvalidArgumentError(f"{op}: n={n!r} must be an integer >= 1 (the samples of the next step)")
+    if n > _MAX_COUNT:
+        raise InvalidArgumentError(f"{op}: n={n!r} is beyond any count a table holds (at most {_MAX_COUNT})")
     return int(n)
+
+
+_MAX_COUNT = 2**63 - 1  # the limiter's counts are int64
 
 
 def _number(value: Any, name: str, op: str = "RateLimiter") -> float:

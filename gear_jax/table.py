@@ -232,6 +232,10 @@ class Table:
         """
         _check_name(name, "Table.attach", creating=False)
         check_casting(casting)
+        if spec is not None and not isinstance(spec, TableSpec):
+            raise InvalidArgumentError(
+                f"Table.attach: spec={spec!r} must be a gear_jax.TableSpec (or None to take the table's own)"
+            )
         try:
             native = _native.NativeTable.attach(name, bool(pin))
         except GearJaxError:  # TableNotFoundError, TableMismatchError: raised by the native module

@@ -1,0 +1,54 @@
+"""Bad arguments that used to escape as raw Python or native errors (TypeError, AttributeError,
+std::bad_alloc) or were accepted silently: each is refused with a gear_jax error naming the argument."""
+
+import jax
+import numpy as np
+import pytest
+
+import gear_jax as gj
+
+
+@pytest.fixture
+def table(make_table):
+    t = make_table(fields={"x": gj.Field((), "float32")}, capacity=8)
+    t.insert({"x": np.zeros(4, np.float32)})
+    return t
+
+
+@pytest.mark.parametrize("path", [None, 5, b"/tmp/a-checkpoint", ""])
+def test_checkpoint_paths_that_are_not_paths(table, path):
+    with pytest.raises(gj.InvalidArgumentError, match=r"Table.save: path=.* must be a non-empty str"):
+        table.save(path)
+    with pytest.raises(gj.InvalidArgumentError, match=r"Table.load: path=.* must be a non-empty str"):
+        gj.Table.load(path)
+
+
+def test_a_save_under_a_missing_parent_names_it(table, tmp_path):
+    path = tmp_path / "missing" / "ckpt"
+    with pytest.raises(gj.CheckpointError, match=r"its parent directory '.*missing' does not exist"):
+        table.save(path)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_counts_casting_specs_and_pool_limits(table):
+    with pytest.raises(gj.InvalidArgumentError, match=r"await_samples: n=9223372036854775808 is beyond"):
+        table.await_samples(2**63)
+    with pytest.raises(gj.InvalidArgumentError, match=r"casting=array\(\['fit'\]"):
+        table.casting = np.array(["fit"])  # compares equal elementwise: once stored as the policy
+    assert table.casting == "fit"
+    with pytest.raises(gj.InvalidArgumentError, match=r"Table.attach: spec=5 must be a gear_jax.TableSpec"):
+        gj.Table.attach(table.name, spec=5)
+    before = gj.pool_stats()
+    with pytest.raises(gj.InvalidArgumentError, match=r"configure_pool: max_bytes=18446744073709551616"):
+        gj.configure_pool(max_bytes=2**64)
+    assert gj.pool_stats()["max_bytes"] == before["max_bytes"]
+
+
+@pytest.mark.parametrize("method", ["fifo", "lifo", "topk"])
+def test_distinct_picks_beyond_the_capacity_are_refused_by_name(table, method):
+    # These methods pick distinct rows: 2**28 of them from 8 rows once ended in std::bad_alloc.
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch_size=268435456 exceeds the table's capacity"):
+        gj.sample(table, jax.random.key(0), 2**28, method=method)
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch_size=9 exceeds the table's capacity \(8\)"):
+        gj.host.sample(table, 0, 9, method=method)
+    assert np.asarray(gj.sample(table, jax.random.key(0), 4, method=method).indices).shape == (4,)
