@@ -6,7 +6,8 @@ Two policies, chosen per table (`Table.create(..., casting=...)`, or `table.cast
   buffers do. Within floats any cast is made (float64 into float32 loses precision, as every float32
   buffer does), unless a finite value would overflow to infinity. Within integers (signed or not) a
   cast is made when every value lies in the field's range (gymnasium's int64 actions into int32).
-  Safe casts across kinds are made too (bool into int, int8 into float32).
+  Safe casts across kinds are made too (bool into int, int8 into float32; int64 into float64, which
+  numpy calls safe, only when every value is exact, as for Python ints).
 - "strict": arrays and numpy scalars must have the field's dtype or one that casts to it safely (int8
   into int32, float32 into float64); anything else is refused.
 
