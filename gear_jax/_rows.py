@@ -22,12 +22,11 @@ import numpy as np
 
 from gear_jax.casting import (
     cast,
-    general_path_reason,
     refuse,
     short_cast,
     to_numpy,
     traced_cast_problem,
-    warn_slow_path,
+    warn_general_path,
 )
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import TableSpec
@@ -252,11 +251,7 @@ class Batches:
                 if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
                     return None
                 array = np.asarray(array)  # a CPU array in place; a device array's one copy to the host
-            if (
-                array.ndim != ndim
-                or array.shape[lead:] != shape
-                or not array.flags.c_contiguous
-            ):
+            if array.ndim != ndim or array.shape[lead:] != shape or not array.flags.c_contiguous:
                 return None
             if array.dtype is not dtype and array.dtype != dtype:
                 if not short_cast(array.dtype, dtype, casting):
@@ -301,14 +296,8 @@ class Batches:
         return arrays, rows, steps
 
     def warn_general_path(self, batch: Mapping[str, Any], casting: str, what: str) -> None:
-        """Warns once per field (SlowPathWarning) whose value made a stored batch take `host`."""
-        for name, field in self.spec.fields.items():
-            if name in self._warned:
-                continue
-            why = general_path_reason(batch[name], field.dtype, casting)
-            if why:
-                self._warned.add(name)
-                warn_slow_path(f"{what}[{name!r}]", why, field.dtype)
+        """Warns once per field whose value made a stored batch take `host` (`warn_general_path`)."""
+        warn_general_path(batch, self.spec.fields, casting, what, self._warned)
 
     def traced(self, batch: Any, casting: str, time_major: bool, op: str) -> tuple[list[jax.Array], int, int]:
         """Arrays of a compiled insert (traced or concrete), cast by the policy as far as their dtypes

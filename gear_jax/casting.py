@@ -236,14 +236,24 @@ def general_path_reason(value: Any, dtype: np.dtype, casting: str) -> str:
     return f"is a {type(value).__module__}.{type(value).__name__}; pass numpy arrays (np.asarray(...))"
 
 
-def warn_slow_path(what: str, why: str, dtype: np.dtype) -> None:
-    """Issues the SlowPathWarning for `what` (e.g. "batch['obs']")."""
-    warnings.warn(
-        f"{what} {why}: this call took the general path, several times the cost of the native short "
-        f"path, storing the same values. Warned once per table and field.",
-        SlowPathWarning,
-        stacklevel=4,
-    )
+def warn_general_path(
+    values: Mapping[str, Any], fields: Mapping[str, Any], casting: str, what: str, warned: set[str]
+) -> None:
+    """Issues the SlowPathWarning for each field of `fields` whose value in `values` (a stored insert's
+    batch or row, e.g. `what`="batch") made the call take the general path, once per field: the names
+    warned about are kept in `warned`."""
+    for name, field in fields.items():
+        if name in warned:
+            continue
+        why = general_path_reason(values[name], field.dtype, casting)
+        if why:
+            warned.add(name)
+            warnings.warn(
+                f"{what}[{name!r}] {why}: this call took the general path, several times the cost of the "
+                "native short path, storing the same values. Warned once per table and field.",
+                SlowPathWarning,
+                stacklevel=5,
+            )
 
 
 class StepConverter:
@@ -275,15 +285,8 @@ class StepConverter:
         return values
 
     def warn_general_path(self, step: Mapping[str, Any], casting: str, what: str) -> None:
-        """Warns once per field (SlowPathWarning) whose value made a stored step take this path after the
-        short path refused it."""
-        for name, field in self.fields.items():
-            if name in self._warned:
-                continue
-            why = general_path_reason(step[name], field.dtype, casting)
-            if why:
-                self._warned.add(name)
-                warn_slow_path(f"{what}[{name!r}]", why, field.dtype)
+        """Warns once per field whose value made a stored step take this path (`warn_general_path`)."""
+        warn_general_path(step, self.fields, casting, what, self._warned)
 
     def refuse_keys(self, step: Any, what: str) -> None:
         got = sorted(map(str, step)) if isinstance(step, Mapping) else type(step).__name__

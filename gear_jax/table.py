@@ -510,17 +510,6 @@ class Table:
           RateLimiterTimeout: the rate limiter did not admit the rows in time. Nothing is written.
           TableClosedError: the table was closed while the insert waited. Nothing is written.
         """
-        writer = self._row_writer
-        one_row = writer is not None and type(batch) is dict and lengths is None  # maybe a batch of one
-        if one_row and timeout is None and type(priorities) in _ONE_PRIORITY:
-            # A batch of one row (a vector env of one env): the one-row short path, values checked natively
-            # (a closed table answers -2, refused by `_live` below). -1: not a batch of one, or refused.
-            priority = 1.0 if priorities is None else priorities
-            claimed = writer.add(batch, self._casting == "strict", priority, None, BATCH_OF_ONE)
-            if claimed >= 0:
-                return np.array([claimed], np.int32)
-            one_row = False
-        native = self._live()
         if timeout is not None:
             timeout = check_timeout(timeout, "Table.insert")
         if isinstance(priorities, str):
@@ -529,13 +518,20 @@ class Table:
                     f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
                 )
             priorities = self.max_priority or 1.0
-        if one_row and type(priorities) in _ONE_PRIORITY:  # with a timeout, or priorities="max"
+        writer = self._row_writer
+        if (
+            writer is not None
+            and type(batch) is dict
+            and lengths is None
+            and type(priorities) in _ONE_PRIORITY
+        ):
+            # A batch of one row (a vector env of one env): the one-row short path, values checked natively.
+            # -1: not a batch of one (or a value it does not take); -2: closed, refused by `_live` below.
             priority = 1.0 if priorities is None else priorities
             claimed = writer.add(batch, self._casting == "strict", priority, timeout, BATCH_OF_ONE)
             if claimed >= 0:
                 return np.array([claimed], np.int32)
-            if claimed == -2:
-                self._live()  # closed: raises TableClosedError
+        native = self._live()
         checked = self._batches.ready(batch, self._casting)
         if checked is None:
             if isinstance(batch, Mapping) and _rows.holds_device_tensor(batch.values()):
