@@ -51,6 +51,15 @@ LOGNORMAL_MAX_STEPS = 1000
 LOGNORMAL_MEAN_FRACTION = 0.1  # mean / max of the lognormal lengths
 LOGNORMAL_SIGMA = 1.0
 FLASHBAX_ADD_STEPS = 65536  # steps per flashbax `add` call while filling (one compiled shape)
+VALID_CALLS = 20  # untimed calls whose windows measure the share of usable steps
+VALID_KEYS = 1 << 30  # their keys: far from the timed calls'
+
+
+def same_episode_fraction(episodes: np.ndarray) -> float:
+    """The share of the steps of windows `episodes` ([B, W] episode ids) in the episode of their
+    window's first step."""
+    episodes = np.asarray(episodes)
+    return float(np.mean(episodes == episodes[:, :1]))
 
 
 def check_lengths(text: str) -> list[str]:
@@ -217,13 +226,32 @@ class EpisodeWorkload:
 
 
 class EpisodeSystem(System):
-    """A system holding the episodes; subclasses fill themselves and say what they hold in `nbytes`."""
+    """A system holding the episodes; subclasses fill themselves and say what they hold in `nbytes`.
+
+    `valid_fraction[B]`: the share of the steps of B windows that a learner can use (inside the
+    episode the window starts in), measured on VALID_CALLS untimed calls before the timed ones (see
+    `usable_fraction`); absent where a system's windows cannot be read back here (Reverb's)."""
 
     work: EpisodeWorkload
     memory_measured_as = ""
 
+    def __init__(self, work: EpisodeWorkload):
+        super().__init__(work)
+        self.valid_fraction: dict[int, float] = {}
+
     def work_per_step(self, batch_size: int) -> tuple[int, int]:
         return batch_size, self.work.bytes_per_step(batch_size)
+
+    def usable_fraction(self, result: Any) -> float:
+        """The share of the steps of one call's windows (`result`, what the step returns) a learner
+        can use."""
+        raise NotImplementedError
+
+    def measure_valid(self, step: Callable[[int], Any], batch_size: int) -> None:
+        """Fills `valid_fraction[batch_size]` from VALID_CALLS calls of `step` at keys the timed calls
+        do not use."""
+        fractions = [self.usable_fraction(step(VALID_KEYS + i)) for i in range(VALID_CALLS)]
+        self.valid_fraction[batch_size] = float(np.mean(fractions))
 
     def nbytes(self) -> int:
         """Bytes of host memory the system holds the episodes in (`memory_measured_as` says how)."""
@@ -279,7 +307,12 @@ class PaddedTableSystem(EpisodeSystem):
             key = jax.random.fold_in(jax.random.key(0), i)
             return gj.sample_gather(table, key, batch_size, window=window, fields=("x",), **options)[1]
 
-        return lambda i: jax.block_until_ready(run(i))
+        step = lambda i: jax.block_until_ready(run(i))  # noqa: E731
+        self.measure_valid(step, batch_size)
+        return step
+
+    def usable_fraction(self, result: Any) -> float:
+        return float(np.mean(np.asarray(result["valid"])))
 
     def describe(self) -> str:
         data = self.work.data
@@ -368,7 +401,12 @@ class FlashbaxEpisodeSystem(EpisodeSystem):
     def make_step(self, batch_size: int) -> Step:
         sample = jax.jit(self._buffer(batch_size).sample)
         key = jax.random.key(0)
-        return lambda i: jax.block_until_ready(sample(self.state, jax.random.fold_in(key, i)))
+        step = lambda i: jax.block_until_ready(sample(self.state, jax.random.fold_in(key, i)))  # noqa: E731
+        self.measure_valid(step, batch_size)
+        return step
+
+    def usable_fraction(self, result: Any) -> float:
+        return same_episode_fraction(result.experience["episode"])  # windows cross episodes
 
     def close(self) -> None:
         jax.tree_util.tree_map(lambda x: x.delete(), self.state)
@@ -411,7 +449,12 @@ class TorchrlEpisodeSystem(EpisodeSystem):
 
     def make_step(self, batch_size: int) -> Step:
         picks = batch_size * self.work.window
-        return lambda i: self.buffer.sample(batch_size=picks)
+        step = lambda i: self.buffer.sample(batch_size=picks)  # noqa: E731
+        self.measure_valid(step, batch_size)
+        return step
+
+    def usable_fraction(self, result: Any) -> float:
+        return same_episode_fraction(result["episode"].reshape(-1, self.work.window).numpy())
 
     def close(self) -> None:
         del self.buffer, self.storage
@@ -554,6 +597,7 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
                 point = {"lengths": kind, "steps": requested, "step_bytes": step_bytes, "window": window}
                 records += measure_point(EpisodeWorkload(data, window), point, batch_sizes, args, note)
     print_memory(records)
+    print_valid_steps(records)
     return records
 
 
@@ -580,14 +624,14 @@ def measure_point(
     """The records of every system at `point`, each with the memory the system held the episodes in."""
     index = index_bytes(work.data.episodes)
     memory: dict[str, dict[str, Any]] = {}
-
+    made: dict[str, EpisodeSystem] = {}
     reverb: list[ReverbEpisodeSystem] = []
 
     def make(name: str) -> System:
         if name == "reverb":  # its memory is known once its windows are timed
             reverb.append(ReverbEpisodeSystem(work, args.reverb_python, args.reverb_timeout))
             return reverb[-1]
-        system = EPISODE_SYSTEMS[name](work)
+        system = made[name] = EPISODE_SYSTEMS[name](work)
         try:
             memory[name] = memory_figures(system, index)
         except BaseException:
@@ -601,7 +645,56 @@ def measure_point(
             memory[system.name] = memory_figures(system, index)
     for r in records:
         r["memory"] = memory[r["system"]]
+        system = made.get(r["system"])
+        if system is not None and r["point"]["batch_size"] in system.valid_fraction:
+            r["valid_step_fraction"] = system.valid_fraction[r["point"]["batch_size"]]
+    add_valid_step_speedups(records)
     return records
+
+
+def add_valid_step_speedups(records: list[dict[str, Any]]) -> None:
+    """Adds `valid_step_speedup_vs_<system>` to gear_jax's records: the speedup in usable steps per
+    second (its `speedup_vs_<system>` x its valid step fraction / the system's), where both fractions
+    are known. The speedup per call compares calls of B windows of W steps; a system whose windows hold
+    padding or cross into other episodes gives a learner fewer usable steps per call."""
+    for r in records:
+        if r["system"] != GEAR or "valid_step_fraction" not in r:
+            continue
+        for other in records:
+            usable = other.get("valid_step_fraction")
+            if other["point"] != r["point"] or other["system"] == GEAR or not usable:
+                continue
+            per_call = other["latency_s"]["p50"] / r["latency_s"]["p50"]
+            r[f"valid_step_speedup_vs_{other['system']}"] = per_call * r["valid_step_fraction"] / usable
+
+
+def print_valid_steps(records: list[dict[str, Any]]) -> None:
+    """Prints each system's share of usable steps per call and gear_jax's speedup in usable steps."""
+    rows = [r for r in records if "valid_step_fraction" in r]
+    if not rows:
+        return
+    table = RichTable(title="usable steps per call (inside the window's episode), gear_jax's speedup in them")
+    for name in ("point", "system", "usable steps", "gear_jax speedup per call", "in usable steps/s"):
+        table.add_column(name, justify="left" if name in ("point", "system") else "right")
+    gear = {json_key(r["point"]): r for r in rows if r["system"] == GEAR}
+    for r in rows:
+        point = " ".join(f"{k}={v}" for k, v in r["point"].items())
+        target = gear.get(json_key(r["point"]), {})
+        per_call = r["latency_s"]["p50"] / target["latency_s"]["p50"] if target and target is not r else None
+        usable = target.get(f"valid_step_speedup_vs_{r['system']}")
+        table.add_row(
+            point,
+            r["system"],
+            f"{r['valid_step_fraction']:.1%}",
+            f"{per_call:.2f}x" if per_call is not None else "",
+            f"{usable:.2f}x" if usable is not None else "",
+        )
+    console.print(table)
+
+
+def json_key(point: dict[str, Any]) -> str:
+    """A point as a hashable key."""
+    return repr(sorted(point.items()))
 
 
 def print_memory(records: list[dict[str, Any]]) -> None:

@@ -78,6 +78,9 @@ def check_distinct_picks(batch_size: int, method: str, capacity: int, op: str) -
 SHORT_EPISODES = ("pad", "skip")
 
 
+METHOD_MASK = 0xFF  # the method's number in a method word; the window law's flags above it (kernels/sample.h)
+
+
 def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, op: str) -> int:
     """The `method` word of a selection call: the method's number and the window law's flags
     (kernels/sample.h). With a window, episodes shorter than it are padded and masked ("pad") or never

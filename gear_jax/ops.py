@@ -435,30 +435,51 @@ def insert(
 
 
 def total_weight(
-    table: Table, priority_exponent: float = 1.0, after: Any = None
+    table: Table,
+    priority_exponent: float = 1.0,
+    after: Any = None,
+    window: int | None = None,
+    short_episodes: str = "pad",
 ) -> tuple[jax.Array, jax.Array]:
-    """The total weight of the rows `sample(..., method="prioritized")` can pick, and their number.
+    """The total weight of the rows `sample(..., method="prioritized")` can pick, and their number; or,
+    with a window, the weight uniform windows weigh the table by.
 
     Args:
       table: a gear_jax.Table (static).
       priority_exponent: a >= 0 (static): row i weighs p_i^a.
       after: any array this call must run after (e.g. the result of `update_priorities`).
+      window: None; or the window of `sample(table, key, B, "uniform", window=window,
+        short_episodes=short_episodes)` (static): each selectable row then weighs what that law weighs it
+        by, instead of p^a: in a step ring, its number of valid window starts (every window equally
+        likely; a row shorter than the window counts 1 with short_episodes="pad", 0 with "skip"); in a
+        padded table with short_episodes="skip", 1 when it offers a window (rows uniform among those).
+        A draw across tables that weighs each by this total, then draws inside it by `sample`, follows
+        the law of one table holding them all (the sharded tables' global uniform windows). A padded
+        table with short_episodes="pad" weighs every row 1, as priority_exponent=0 does.
+      short_episodes: "pad" or "skip", with `window` (static).
 
     Returns:
       (total, count): float32[] the sum of p^a over the selectable rows (committed, even generation,
       priority > 0), accumulated in float64 and rounded once; int32[] the number of selectable rows.
-      With a = 0, total == count. A table with no selectable row gives (0, 0).
+      With a = 0, total == count. A table with no selectable row gives (0, 0). With a window: the sum of
+      the rows' weights under its law (exact below 2**24) and the number of rows of positive weight.
 
     Raises:
-      InvalidArgumentError: a bad exponent (at trace time).
+      InvalidArgumentError: a bad exponent, window or short_episodes (at trace time).
       gear_jax.EXECUTION_ERRORS: at run time, when the total overflows a float32 or the table was
         closed since the function was traced.
     """
     table = _args.check_table(table, "total_weight")
     exponent = _args.check_exponent(priority_exponent, "total_weight")
+    win = _args.check_window(window, table.max_steps, "total_weight")
+    law = _args.method_word(table.spec, "uniform", win, short_episodes, "total_weight") & ~_args.METHOD_MASK
     out_types = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
     total, count = jax.ffi.ffi_call(_ffi.TOTAL_WEIGHT, out_types, has_side_effect=False)(
-        _after(after), priority_exponent=np.float32(exponent), **_attrs(table)
+        _after(after),
+        priority_exponent=np.float32(exponent),
+        window=np.int32(win),
+        window_law=np.int32(law),
+        **_attrs(table),
     )
     return total, count
 

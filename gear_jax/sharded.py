@@ -38,11 +38,15 @@ Bytes per step on each device (b = B / S picks per device, R bytes per gathered 
 `ShardedSample.selectable` is the global count N of selectable rows; `importance_weights` forms
 (N * P)^-beta normalized by the maximum over the global batch.
 
-Shards may be step rings (`TableSpec(..., step_capacity=N)`). Every mode and method works on them
-except uniform windows in `global` mode and `short_episodes="skip"` in `global` mode, which are refused
-for `local`: the global draw weighs each shard by its count of rows and places picks with `sample_at`,
-neither of which counts windows, so its law would be uniform over episodes, not the one-table law of a
-step ring (uniform over every window start). In `local` mode each shard draws its picks by that law.
+Shards may be step rings (`TableSpec(..., step_capacity=N)`); every mode and method works on them.
+Global uniform windows whose law does not weigh every row alike (a step ring's, where every valid window
+start is equally likely, and short_episodes="skip", where rows without a window are never picked) weigh
+each shard by its total under that law (`total_weight(..., window=W)`: its count of valid window starts,
+or of rows offering a window), draw each pick's owner by those totals, and each shard then draws the
+picks it owns from its own table by the one-table law (`sample` of B picks, the k-th it owns taking the
+k-th): a shard's share times the law within it is the law of one table holding every shard's rows. Each
+shard then samples B picks rather than B / S (the selection, not the gather: only owned picks are read);
+a shard that empties between its total and its draw raises as an empty table does.
 """
 
 from __future__ import annotations
@@ -375,7 +379,9 @@ def sample(
       window: for trajectory tables, steps per window; None for whole rows.
       fields: fields to gather; default all.
       after: an array this sample must run after (e.g. `update_priorities`' result).
-      short_episodes: as for `gear_jax.sample`; "skip" only with mode="local".
+      short_episodes: as for `gear_jax.sample`. In global mode, uniform windows of step rings and
+        uniform windows with "skip" follow the law of one table holding every shard's rows (the
+        module's docstring says how).
 
     Returns:
       (ShardedSample, batch): the batch holds [B / S, ...] per field (or [B / S, window, ...]) and
@@ -405,15 +411,14 @@ def sample(
         )
     win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
     _args.method_word(st.spec, method, win, short_episodes, "sharded.sample")  # its checks
-    ring_uniform = st.spec.step_ring and method == "uniform"
-    if mode == "global" and win > 0 and (short_episodes == "skip" or ring_uniform):
-        # The global draw weighs shards by their rows (total_weight) and places picks with sample_at,
-        # neither of which counts windows: its law would not be the one-table law.
-        raise InvalidArgumentError(
-            "sharded.sample: mode='global' draws windows of whole rows; uniform windows of step rings (every "
-            'valid window equally likely) and short_episodes="skip" need mode="local" (each device draws '
-            "its picks from its own shard by the one-table law)"
-        )
+    # Uniform windows whose law weighs rows by their windows (step rings) or skips the short ones: the
+    # shards are weighed under that law and draw their own picks by it (the module's docstring).
+    window_law = (
+        mode == "global"
+        and method == "uniform"
+        and win > 0
+        and (st.spec.step_ring or short_episodes == "skip")
+    )
     exponent = 0.0 if method == "uniform" else _args.check_exponent(priority_exponent, "sharded.sample")
     per_device = int(batch_size) // num_shards
     me = lax.axis_index(st.axis)
@@ -422,7 +427,13 @@ def sample(
     # alone, which exponent 0 gives without a power per row.
     needs_total = mode == "global" and method in ("uniform", "prioritized")
     total, count = st._on_my_shard(
-        lambda t: ops.total_weight(t, exponent if needs_total else 0.0, after=after)
+        lambda t: ops.total_weight(
+            t,
+            exponent if needs_total else 0.0,
+            after=after,
+            window=window if window_law else None,
+            short_episodes=short_episodes,
+        )
     )
     selectable = lax.psum(count, st.axis)
 
@@ -453,6 +464,10 @@ def sample(
 
     if method in ORDERED_METHODS:
         owner, smp = _merge_ordered(st, window_key, int(batch_size), method, window, selectable, after)
+    elif window_law:
+        owner, smp = _draw_by_window_law(
+            st, select_key, window_key, int(batch_size), total, window, short_episodes, after
+        )
     else:
         owner, smp = _draw_global(
             st, select_key, window_key, int(batch_size), exponent, total, method, window, after
@@ -516,6 +531,73 @@ def _route(
     return out
 
 
+def _owners(
+    st: ShardedTable, select_key: jax.Array, batch_size: int, total: jax.Array
+) -> tuple[jax.Array, ...]:
+    """(owner shard of each of the B picks, drawn in proportion to the shards' totals; this shard's
+    cumulative start; the whole; each pick's target in [0, whole)), the same on every device."""
+    num_shards = st.num_shards
+    totals = lax.all_gather(total, st.axis)  # [S], the same on every device
+    bounds = jnp.cumsum(totals)  # inclusive; computed identically everywhere
+    whole = bounds[-1]
+    starts_of_shards = jnp.concatenate([jnp.zeros((1,), bounds.dtype), bounds[:-1]])
+    u = jax.random.uniform(select_key, (batch_size,), jnp.float32)
+    targets = jnp.minimum(u * whole, jnp.nextafter(whole, jnp.float32(0)))
+    owner = jnp.clip(jnp.searchsorted(bounds, targets, side="right"), 0, num_shards - 1).astype(jnp.int32)
+    return owner, starts_of_shards[lax.axis_index(st.axis)], whole, targets
+
+
+def _draw_by_window_law(
+    st: ShardedTable,
+    select_key: jax.Array,
+    window_key: jax.Array,
+    batch_size: int,
+    total: jax.Array,
+    window: int | None,
+    short_episodes: str,
+    after: Any,
+) -> tuple[jax.Array, Sample]:
+    """Global uniform windows under a law that weighs rows by their windows (`total` is this shard's
+    `total_weight(..., window=W)`): each pick's owner drawn by the shards' totals, then each shard's
+    `sample` of B picks by the one-table law, its k-th owned pick taking the k-th. (owner of each of
+    the B picks, this shard's Sample of B slots, the failed-pick marker where another shard owns the
+    pick.) Probabilities are the shard's sample probabilities times its share of the whole."""
+    me = lax.axis_index(st.axis)
+    owner, _, whole, _ = _owners(st, select_key, batch_size, total)
+    mine = (owner == me) & (whole > 0)
+    rank = jnp.clip(jnp.cumsum(mine.astype(jnp.int32)) - 1, 0, batch_size - 1)
+
+    def draw(t: Table) -> tuple[jax.Array, ...]:
+        smp = ops.sample(
+            t,
+            jax.random.fold_in(window_key, me),
+            batch_size,
+            window=window,
+            after=after,
+            short_episodes=short_episodes,
+        )
+        return smp.indices, smp.generations, smp.probabilities, smp.starts
+
+    def owns_none(t: Table) -> tuple[jax.Array, ...]:  # a shard of total 0 owns no pick
+        zeros = jnp.zeros((batch_size,), jnp.int32)
+        return zeros, jnp.ones((batch_size,), jnp.uint32), jnp.zeros((batch_size,), jnp.float32), zeros
+
+    branch = jnp.where(whole > 0, jnp.where(total > 0, 1, 0), 1)  # every shard empty: the table's error
+    indices, generations, probabilities, starts = lax.switch(
+        branch, [lambda: st._on_my_shard(owns_none), lambda: st._on_my_shard(draw)]
+    )
+    scale = total / jnp.where(whole > 0, whole, 1)
+    smp = Sample(
+        jnp.where(mine, indices[rank], 0),
+        jnp.where(mine, generations[rank], jnp.uint32(1)),
+        jnp.where(mine, probabilities[rank] * scale, 0.0).astype(jnp.float32),
+        jnp.where(mine, starts[rank], 0),
+        window=_args.check_window(window, st.spec.max_steps, "sharded.sample"),
+        table_handle=None,
+    )
+    return owner, smp
+
+
 def _draw_global(
     st: ShardedTable,
     select_key: jax.Array,
@@ -530,17 +612,10 @@ def _draw_global(
     """Uniform and prioritized picks over every shard: (owner shard of each of the B picks, this
     shard's Sample of B slots, the failed-pick marker where another shard owns the pick). Probabilities
     are p_i^a / W over every shard."""
-    num_shards = st.num_shards
     me = lax.axis_index(st.axis)
-    totals = lax.all_gather(total, st.axis)  # [S], the same on every device
-    bounds = jnp.cumsum(totals)  # inclusive; computed identically everywhere
-    whole = bounds[-1]
-    starts_of_shards = jnp.concatenate([jnp.zeros((1,), bounds.dtype), bounds[:-1]])
-    u = jax.random.uniform(select_key, (batch_size,), jnp.float32)
-    targets = jnp.minimum(u * whole, jnp.nextafter(whole, jnp.float32(0)))
-    owner = jnp.clip(jnp.searchsorted(bounds, targets, side="right"), 0, num_shards - 1).astype(jnp.int32)
+    owner, my_start, whole, targets = _owners(st, select_key, batch_size, total)
     mine = (owner == me) & (whole > 0)
-    local_targets = jnp.where(mine, jnp.maximum(targets - starts_of_shards[me], 0.0), -1.0)
+    local_targets = jnp.where(mine, jnp.maximum(targets - my_start, 0.0), -1.0)
 
     def draw(t: Table) -> Sample:
         return ops.sample_at(

@@ -8,6 +8,7 @@
 #include "atomics.h"
 #include "philox.h"
 #include "priority_index.h"
+#include "sample_at.h"
 #include "selection.h"
 
 namespace gear {
@@ -222,6 +223,21 @@ bool IsSampleMethod(int32_t method) {
     if (static_cast<int32_t>(m.method) == method) return true;
   }
   return false;
+}
+
+KernelStatus UniformWindowTotalCpu(const TableView& t, const WindowLaw& law, float* total, int32_t* count) {
+  const int64_t claimed = ClaimedRows(t);
+  int64_t weight = 0, rows = 0;
+  for (int64_t row = 0; row < claimed; ++row) {
+    if (!StateSelectable(LoadAcquire(&t.state[row])) || !LengthUsable(t, row)) continue;
+    const int64_t w =
+        UniformWindowWeight(LoadRelaxed(&t.length[row]), law.window, law.skip_short, law.uniform_starts);
+    weight += w;
+    rows += w > 0;
+  }
+  *total = static_cast<float>(weight);
+  *count = static_cast<int32_t>(std::min<int64_t>(rows, INT32_MAX));
+  return {};
 }
 
 int64_t ClaimedRows(const TableView& t) {

@@ -25,8 +25,10 @@ constexpr unsigned kFullMask = 0xffffffffu;
 int64_t Tiles(int64_t rows) { return (rows + SampleAtPolicy::kTileRows - 1) / SampleAtPolicy::kTileRows; }
 
 // One block per tile: the sum of the tile's weights and (when `counts` is given) its selectable rows.
+// A law that counts windows weighs rows by UniformWindowWeight and counts the rows of positive weight.
 __global__ void __launch_bounds__(SampleAtPolicy::kSumThreads)
-    TileSumsKernel(TableView t, float exponent, const int64_t* claimed, double* sums, int32_t* counts) {
+    TileSumsKernel(TableView t, float exponent, WindowLaw law, const int64_t* claimed, double* sums,
+                   int32_t* counts) {
   constexpr int kThreads = SampleAtPolicy::kSumThreads;
   using SumReduce = cub::BlockReduce<double, kThreads>;
   using CountReduce = cub::BlockReduce<int32_t, kThreads>;
@@ -43,6 +45,14 @@ __global__ void __launch_bounds__(SampleAtPolicy::kSumThreads)
     if (row >= rows) break;
     const uint64_t s = device::LoadAcquire(&t.state[row]);
     if (!StateSelectable(s)) continue;
+    if (law.counts_windows()) {
+      const int32_t length = device::LoadRelaxed(&t.length[row]);
+      if (!LengthInRange(length, t.max_steps)) continue;
+      const int64_t w = UniformWindowWeight(length, law.window, law.skip_short, law.uniform_starts);
+      selectable += w > 0;
+      weight += static_cast<double>(w);
+      continue;
+    }
     ++selectable;
     weight += PriorityWeight(s, exponent);
   }
@@ -235,8 +245,9 @@ size_t TotalWeightScratchBytes(int64_t rows) {
   return carver.bytes();
 }
 
-cudaError_t TotalWeightCuda(const TableView& table, float priority_exponent, int64_t rows, void* scratch,
-                            float* total, int32_t* count, DeviceError* error, cudaStream_t stream) {
+cudaError_t TotalWeightCuda(const TableView& table, float priority_exponent, const WindowLaw& law,
+                            int64_t rows, void* scratch, float* total, int32_t* count, DeviceError* error,
+                            cudaStream_t stream) {
   ScratchCarver carver(scratch);
   TotalWeightScratch memory(carver, rows);
   const int64_t tiles = Tiles(rows);
@@ -244,7 +255,7 @@ cudaError_t TotalWeightCuda(const TableView& table, float priority_exponent, int
     if (cudaError_t status = StoreClaimedRows(table, memory.claimed, stream); status != cudaSuccess)
       return status;
     TileSumsKernel<<<static_cast<unsigned>(tiles), SampleAtPolicy::kSumThreads, 0, stream>>>(
-        table, priority_exponent, memory.claimed, memory.sums, memory.counts);
+        table, priority_exponent, law, memory.claimed, memory.sums, memory.counts);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   }
   TotalWeightFinishKernel<<<1, SampleAtPolicy::kFinishThreads, 0, stream>>>(
@@ -269,7 +280,7 @@ cudaError_t SampleAtCuda(const TableView& table, const SampleAtRequest& request,
     return status;
   if (memory.tiles > 0) {
     TileSumsKernel<<<static_cast<unsigned>(memory.tiles), SampleAtPolicy::kSumThreads, 0, stream>>>(
-        table, request.priority_exponent, memory.claimed, memory.sums, nullptr);
+        table, request.priority_exponent, WindowLaw{}, memory.claimed, memory.sums, nullptr);
     if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
     cudaError_t status = cub::DeviceScan::InclusiveSum(memory.scan_temp, memory.scan_bytes, memory.sums,
                                                        memory.prefix, memory.tiles, stream);

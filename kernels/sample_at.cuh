@@ -30,8 +30,10 @@ namespace gear {
 size_t TotalWeightScratchBytes(int64_t rows);
 
 // Writes float32 *total and int32 *count (device addresses). Returns the first failing launch's status.
-cudaError_t TotalWeightCuda(const TableView& table, float priority_exponent, int64_t rows, void* scratch,
-                            float* total, int32_t* count, DeviceError* error, cudaStream_t stream);
+// With a law that counts windows (WindowLaw), rows weigh UniformWindowWeight instead of p^a.
+cudaError_t TotalWeightCuda(const TableView& table, float priority_exponent, const WindowLaw& law,
+                            int64_t rows, void* scratch, float* total, int32_t* count, DeviceError* error,
+                            cudaStream_t stream);
 
 // Bytes of device scratch memory SampleAtCuda needs (0: pass nullptr).
 size_t SampleAtScratchBytes(const SampleAtRequest& request, int64_t rows);

@@ -18,6 +18,12 @@
 //    in, and a pick that lands on it gets the marker.
 //  - total weight with exponent 0 (the count alone, which the sharded layer asks for) reads the table's
 //    counter of selectable rows instead of the rows.
+//  - total weight of uniform windows (a window and a law, WindowLaw): each selectable row of a length in
+//    range weighs UniformWindowWeight (selection.h) instead of p^a: the number of its windows (step
+//    rings) or 1 when it offers one (short_episodes="skip"); the count is of the rows of positive
+//    weight. Always a scan of the claimed rows: a sharded draw weighs each shard by this total, then
+//    the shard draws its picks by the one-table law (a shard's share of the draw times that law is the
+//    law of one table holding every shard's rows).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +40,19 @@ struct SampleAtRequest {
   uint32_t seed0 = 0, seed1 = 0;  // the window starts' seed words
   int64_t batch_size = 0;         // number of targets
 };
+
+// The window law a total weight counts by: none (window 0, or neither flag: rows weigh p^a), or the
+// flags of SampleRequest (skip_short, uniform_starts) with the window's length.
+struct WindowLaw {
+  int32_t window = 0;
+  bool skip_short = false;
+  bool uniform_starts = false;
+  GEAR_HD bool counts_windows() const { return window > 0 && (skip_short || uniform_starts); }
+};
+
+// The total weight of uniform windows (see the top of this file) on the CPU.
+KernelStatus UniformWindowTotalCpu(const TableView& table, const WindowLaw& law, float* total,
+                                   int32_t* count);
 
 // Whether a target names a pick of this table: >= 0 and not NaN.
 GEAR_HD bool TargetIsMine(float target) { return target >= 0.0f; }

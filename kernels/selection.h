@@ -80,6 +80,15 @@ GEAR_HD int64_t WindowCount(int32_t length, int32_t window, bool skip_short) {
   return starts > 0 ? starts : (skip_short ? 0 : 1);
 }
 
+// What a selectable row of `length` steps weighs in uniform picks of windows under a sample's law
+// (SampleRequest::skip_short, uniform_starts): its count of windows with uniform_starts (every valid
+// window equally likely), else 1 when it offers a window (rows uniform). The total of these weights over
+// a table is what a draw across tables (sharded tables) weighs that table by.
+GEAR_HD int64_t UniformWindowWeight(int32_t length, int32_t window, bool skip_short, bool uniform_starts) {
+  const int64_t count = WindowCount(length, window, skip_short);
+  return uniform_starts ? count : (count > 0 ? 1 : 0);
+}
+
 // Rejection step of uniform picks with a window: whether candidate draw `attempt` of pick `pick`, a
 // selectable row of `length` steps, is kept, and its window's start. With `uniform_starts` (every valid
 // window of the table equally likely, rows weighted by WindowCount) the start is drawn uniform in

@@ -236,12 +236,17 @@ ffi::Error InsertImpl(ffi::Buffer<ffi::F32> priorities, ffi::Buffer<ffi::S32> le
 
 ffi::Error TotalWeightImpl(ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32> total,
                            ffi::ResultBuffer<ffi::S32> count, int64_t handle, int64_t spec_hash,
-                           float priority_exponent) {
+                           float priority_exponent, int32_t window, int32_t window_law) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
   if (ffi::Error error = CheckTotalWeight(priority_exponent, total->element_count(), count->element_count());
       error.failure()) {
     return error;
+  }
+  WindowLaw law;
+  if (ffi::Error error = CheckWindowLaw(window, window_law, &law); error.failure()) return error;
+  if (law.counts_windows()) {
+    return KernelFailure(UniformWindowTotalCpu(table->view(), law, total->typed_data(), count->typed_data()));
   }
   if (priority_exponent == 0.0f) {  // the count alone (sample_at.h): the table's counter
     const int32_t selectable = SelectableCount(LoadRelaxed(table->view().selectable));
@@ -356,7 +361,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxTotalWeightCpu, gear::TotalWeightImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>()  // count: int32[] selectable rows
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
-                                  .Attr<float>("priority_exponent"));
+                                  .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window")        // windows of uniform picks (0: none)
+                                  .Attr<int32_t>("window_law"));  // their law's flags (sample.h)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleAtCpu, gear::SampleAtImpl,
                               ffi::Ffi::Bind()

@@ -645,7 +645,7 @@ ffi::Error InsertImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::F32>
 ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
                            ffi::AnyBuffer /*after*/, ffi::ResultBuffer<ffi::F32> total,
                            ffi::ResultBuffer<ffi::S32> count, int64_t handle, int64_t spec_hash,
-                           float priority_exponent) {
+                           float priority_exponent, int32_t window, int32_t window_law) {
   constexpr const char* kOp = "total_weight";
   ScopedDevice scope(device);
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
@@ -655,13 +655,17 @@ ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllo
       error.failure()) {
     return error;
   }
-  if (priority_exponent == 0.0f) {  // the count alone (sample_at.h): the table's counter
+  WindowLaw law;
+  if (ffi::Error error = CheckWindowLaw(window, window_law, &law); error.failure()) return error;
+  if (priority_exponent == 0.0f && !law.counts_windows()) {  // the count alone (sample_at.h): the counter
     return Launched(TotalFromCounterCuda(t.view, total->typed_data(), count->typed_data(), stream), kOp);
   }
   std::shared_ptr<IndexSlot> slot;
-  if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, kOp, &slot);
-      error.failure()) {
-    return error;
+  if (!law.counts_windows()) {  // windows are counted by the scan below
+    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, kOp, &slot);
+        error.failure()) {
+      return error;
+    }
   }
   if (slot != nullptr) {
     return Launched(TotalWeightIndexedCuda(t.view, slot->index->DeviceView(), total->typed_data(),
@@ -674,7 +678,7 @@ ffi::Error TotalWeightImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllo
       error.failure()) {
     return error;
   }
-  return Launched(TotalWeightCuda(t.view, priority_exponent, rows, memory, total->typed_data(),
+  return Launched(TotalWeightCuda(t.view, priority_exponent, law, rows, memory, total->typed_data(),
                                   count->typed_data(), t.side->error_device, stream),
                   kOp);
 }
@@ -814,7 +818,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxTotalWeightCuda, gear::TotalWeightImpl,
                                   .Ret<ffi::Buffer<ffi::S32>>()              // count: int32[] selectable rows
                                   .Attr<int64_t>("handle")
                                   .Attr<int64_t>("spec_hash")
-                                  .Attr<float>("priority_exponent"));
+                                  .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window")        // windows of uniform picks (0: none)
+                                  .Attr<int32_t>("window_law"));  // their law's flags (sample.h)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleAtCuda, gear::SampleAtImpl,
                               ffi::Ffi::Bind()

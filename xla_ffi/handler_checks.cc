@@ -123,6 +123,18 @@ ffi::Error CheckTotalWeight(float priority_exponent, size_t total, size_t count)
   return ffi::Error::Success();
 }
 
+ffi::Error CheckWindowLaw(int32_t window, int32_t window_law, WindowLaw* law) {
+  if (window < 0 || (window_law & ~(kSkipShortFlag | kUniformStartsFlag)) != 0) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "total_weight",
+                   "window = " + std::to_string(window) + " and window_law = " + std::to_string(window_law) +
+                       " must be >= 0 and a combination of the skip_short and uniform_starts flags");
+  }
+  law->window = window;
+  law->skip_short = (window_law & kSkipShortFlag) != 0;
+  law->uniform_starts = (window_law & kUniformStartsFlag) != 0;
+  return ffi::Error::Success();
+}
+
 ffi::Error PrepareSampleAt(size_t seed_words, size_t targets, float priority_exponent, int32_t window,
                            size_t indices, size_t generations, size_t probabilities, size_t starts,
                            SampleAtRequest* request) {

@@ -53,6 +53,10 @@ ffi::Error PrepareOrderedCandidates(size_t seed_words, int32_t method, int32_t w
 // total_weight: checks the exponent and that both results are scalars.
 ffi::Error CheckTotalWeight(float priority_exponent, size_t total, size_t count);
 
+// total_weight: the window law of its attributes (window >= 0; window_law: the kSkipShortFlag and
+// kUniformStartsFlag bits of a sample's method word, nothing else).
+ffi::Error CheckWindowLaw(int32_t window, int32_t window_law, WindowLaw* law);
+
 // sample_at: checks the seed, the exponent, the window and one result entry per target, and fills
 // *request (all but the seed words).
 ffi::Error PrepareSampleAt(size_t seed_words, size_t targets, float priority_exponent, int32_t window,

@@ -454,3 +454,25 @@ def test_prioritized_windows_that_skip_short_episodes_are_refused_on_both(gpu, m
     for device in (CPU, gpu):
         with pytest.raises(Exception, match="gear_jax.sample: prioritized windows pad short episodes"):
             run_on(device, forged, jnp.zeros(2, jnp.uint32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("short_episodes", ["pad", "skip"])
+def test_total_weight_of_uniform_windows_matches_cpu(gpu, make_ring, short_episodes):
+    """`total_weight(window=W)` (what global uniform windows of sharded rings weigh each shard by): the
+    CUDA tile sums count the same windows and rows as the CPU's scan, and both the windows of the
+    selectable episodes as the ring holds them."""
+    table = make_ring()
+    fill(table, np.random.default_rng(11))
+    zero = jnp.zeros((), jnp.float32)
+
+    def total(x):
+        return gj.total_weight(table, 0.0, after=x, window=WINDOW, short_episodes=short_episodes)
+
+    cpu_total, cpu_count = run_on(CPU, total, zero)
+    gpu_total, gpu_count = run_on(gpu, total, zero)
+    assert float(gpu_total) == float(cpu_total) and int(gpu_count) == int(cpu_count)
+    status = table.row_status()
+    held = (status["generation"] % 2 == 0) & (status["priority"] > 0) & (status["length"] > 0)
+    weights = [max(int(n) - WINDOW + 1, 0 if short_episodes == "skip" else 1) for n in status["length"][held]]
+    assert float(cpu_total) == sum(weights) and int(cpu_count) == sum(w > 0 for w in weights)

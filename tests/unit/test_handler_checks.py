@@ -50,11 +50,15 @@ def raw_sample(table, device, seed_words=2, method=0, exponent=1.0, window=0, ba
     return jax.block_until_ready(jax.jit(call)(seed))
 
 
-def raw_total_weight(table, device, exponent=1.0, count_shape=()):
+def raw_total_weight(table, device, exponent=1.0, count_shape=(), window=0, window_law=0):
     def call(after):
         types = [jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct(count_shape, jnp.int32)]
         return jax.ffi.ffi_call(_ffi.TOTAL_WEIGHT, types)(
-            after, priority_exponent=np.float32(exponent), **attrs(table)
+            after,
+            priority_exponent=np.float32(exponent),
+            window=np.int32(window),
+            window_law=np.int32(window_law),
+            **attrs(table),
         )
 
     return jax.block_until_ready(jax.jit(call)(jax.device_put(np.zeros((), np.int32), device)))
@@ -159,6 +163,10 @@ def test_total_weight_checks(make_table, device):
         gj.EXECUTION_ERRORS, match="gear_jax.total_weight: the total and the count must be scalars"
     ):
         raw_total_weight(table, device, count_shape=(2,))
+    with pytest.raises(gj.EXECUTION_ERRORS, match="gear_jax.total_weight: window = -1 and window_law = 0"):
+        raw_total_weight(table, device, window=-1)
+    with pytest.raises(gj.EXECUTION_ERRORS, match="a combination of the skip_short and uniform_starts flags"):
+        raw_total_weight(table, device, window=1, window_law=1)
 
 
 def test_sample_at_checks(make_table, device):

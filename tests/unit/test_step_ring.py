@@ -6,6 +6,7 @@ every sampling law with windows against its exact distribution (chi-square); and
 refusals, jit inserts with lengths, priorities, the pool, the rate limiter, the host calls and torch.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -479,51 +480,131 @@ def test_torch_sampler_gives_windows_of_a_ring():
 
 
 SHARDED = """
+    import json, sys
     import jax, numpy as np, gear_jax as gj
     from jax.sharding import Mesh, PartitionSpec as P
     from gear_jax import sharded
 
+    ring = sys.argv[1] == "ring"
     mesh = Mesh(np.array(jax.devices()), ("d",))
-    spec = gj.TableSpec({"t": gj.Field((), "int32")}, capacity=32, step_capacity=256, max_steps=20)
+    spec = gj.TableSpec({"t": gj.Field((), "int32")}, capacity=32, max_steps=40,
+                        **({"step_capacity": 256} if ring else {}))
     st = sharded.ShardedTable.create(spec, mesh, "d")
-    for s in range(2):
-        lengths = np.array([5, 12, 20])
-        t = np.zeros((3, 20), np.int32)
+    for s, lengths in enumerate(json.loads(sys.argv[2])):
+        lengths = np.array(lengths)
+        t = np.zeros((len(lengths), 40), np.int32)
         for i, length in enumerate(lengths):
             t[i, :length] = 1000 * (10 * s + i) + np.arange(length)
         st.shard(s).insert({"t": t}, lengths=lengths)
 
-    def draw(method, mode, short_episodes):
+    def draw(method, mode, short_episodes, calls):
         def body(key):
             smp, batch = sharded.sample(st, key, 64, method=method, mode=mode, window=6,
                                         short_episodes=short_episodes)
-            return batch["t"], batch["valid"]
-        mapped = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=(P("d"), P("d")))
-        t, valid = jax.jit(mapped)(jax.random.key(0))
-        return np.asarray(t), np.asarray(valid)
+            return batch["t"], batch["valid"], smp.probabilities
+        mapped = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=(P("d"),) * 3))
+        out = [mapped(jax.random.key(k)) for k in range(calls)]
+        return [np.concatenate([np.asarray(o[n]) for o in out]) for n in range(3)]
 
-    for method, mode, short in [("uniform", "local", "skip"), ("prioritized", "global", "pad")]:
-        t, valid = draw(method, mode, short)
+    for method, mode, short in [("uniform", "local", "skip"), ("prioritized", "global", "pad"),
+                                ("uniform", "global", "skip"), ("uniform", "global", "pad")]:
+        t, valid, probabilities = draw(method, mode, short, 1 if mode == "local" else 150)
         for row, ok in zip(t, valid):
             n = ok.sum()
             assert ok[:n].all() and n >= (6 if short == "skip" else 5)
             assert (np.diff(row[:n]) == 1).all() and len(set(row[:n] // 1000)) == 1
-        print(method, mode, "shards", sorted(set((t[valid] // 10000).tolist())))
-    try:
-        draw("uniform", "global", "pad")
-    except gj.InvalidArgumentError as e:
-        print("refused:", "mode=\\"local\\"" in str(e))
+        assert (probabilities > 0).all()
+        print(method, mode, short, "shards", sorted(set((t[valid] // 10000).tolist())))
+        if method == "uniform" and mode == "global":  # (shard, episode, start) of every window
+            print("windows", short, json.dumps(np.unique(t[:, 0], return_counts=True)[1].tolist()),
+                  json.dumps(np.unique(t[:, 0]).tolist()))
 """
 
+SHARD_LENGTHS = [[5, 12, 20], [30, 8]]  # episodes of each of two shards; windows of 6 steps
 
-def test_sharded_step_rings_sample_windows_of_every_shard():
-    """A ShardedTable of step rings: local uniform windows (uniform over each shard's window starts)
-    and global prioritized windows stay inside episodes and come from both shards; global uniform
-    windows, whose law would not be the one-table law, are refused for mode="local"."""
+
+def window_law(lengths, short_episodes, ring):
+    """{first step's value: probability} of one table holding every shard's episodes: every valid
+    window start equally likely in a step ring, rows uniform then a start in a padded table."""
+    cells = {}
+    rows = [
+        (s, i, n)
+        for s, shard in enumerate(lengths)
+        for i, n in enumerate(shard)
+        if short_episodes == "pad" or n >= 6
+    ]
+    windows = sum(max(n - 5, 1) for _, _, n in rows)
+    for s, i, n in rows:
+        for start in range(max(n - 5, 1)):
+            cells[1000 * (10 * s + i) + start] = 1 / windows if ring else 1 / len(rows) / max(n - 5, 1)
+    return cells
+
+
+@pytest.mark.parametrize("kind", ["ring", "padded"])
+def test_sharded_uniform_windows_follow_the_one_table_law(kind):
+    """A ShardedTable of two shards: local uniform windows and global prioritized windows stay inside
+    episodes and come from both shards; global uniform windows (a step ring's law: every valid window
+    start of every shard equally likely; short_episodes="skip" on padded rows: rows with a window
+    uniform, then a start) follow the law of one table holding both shards, by chi-square."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SHARDED)], capture_output=True, text=True, timeout=240, env=env
+        [sys.executable, "-c", textwrap.dedent(SHARDED), kind, json.dumps(SHARD_LENGTHS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "uniform local shards [0, 1]" in done.stdout and "prioritized global shards [0, 1]" in done.stdout
-    assert "refused: True" in done.stdout
+    for label in (
+        "uniform local skip",
+        "prioritized global pad",
+        "uniform global skip",
+        "uniform global pad",
+    ):
+        assert f"{label} shards [0, 1]" in done.stdout, done.stdout
+    for short in ("skip", "pad"):
+        if kind == "padded" and short == "pad":
+            law = window_law(SHARD_LENGTHS, short, ring=False)  # rows uniform: today's global draw
+        else:
+            law = window_law(SHARD_LENGTHS, short, ring=kind == "ring")
+        line = next(x for x in done.stdout.splitlines() if x.startswith(f"windows {short} "))
+        counts_text, values_text = line.split(" ", 2)[2].rsplit(" [", 1)
+        observed = dict(zip(json.loads("[" + values_text), json.loads(counts_text)))
+        assert set(observed) <= set(law), sorted(set(observed) - set(law))
+        keys = sorted(law)
+        counts = np.array([observed.get(k, 0) for k in keys])
+        expected = np.array([law[k] for k in keys]) * counts.sum()
+        assert stats.chisquare(counts, expected).pvalue > P_THRESHOLD, (short, counts, expected.round(1))
+
+
+@pytest.mark.parametrize("short_episodes", ["pad", "skip"])
+def test_total_weight_of_uniform_windows_counts_them(short_episodes):
+    """`total_weight(window=W)`: a ring's count of valid window starts (a short episode 1 under "pad",
+    0 under "skip") and its rows of positive weight; a padded table's rows offering a window under
+    "skip"; an episode of priority 0 counts in neither."""
+    window = 8
+    with filled_ring(LENGTHS) as ring:
+        total, count = jax.jit(lambda: gj.total_weight(ring, window=window, short_episodes=short_episodes))()
+        weights = [max(n - window + 1, 0 if short_episodes == "skip" else 1) for n in LENGTHS]
+        assert float(total) == sum(weights) and int(count) == sum(w > 0 for w in weights)
+    priorities = np.ones(len(LENGTHS), np.float32)
+    priorities[-1] = 0.0  # the longest episode is not selectable
+    with filled_ring(LENGTHS, priorities=priorities) as ring:
+        total, count = jax.jit(lambda: gj.total_weight(ring, window=window, short_episodes=short_episodes))()
+        assert float(total) == sum(weights[:-1]) and int(count) == sum(w > 0 for w in weights[:-1])
+    spec = gj.TableSpec(FIELDS, capacity=32, max_steps=max(LENGTHS))
+    with gj.Table.create(spec, reuse=False) as padded:
+        padded.insert(padded_batch(list(range(len(LENGTHS))), LENGTHS), lengths=np.array(LENGTHS))
+        total, count = jax.jit(
+            lambda: gj.total_weight(padded, window=window, short_episodes=short_episodes)
+        )()
+        rows = sum(n >= window for n in LENGTHS) if short_episodes == "skip" else len(LENGTHS)
+        assert float(total) == rows and int(count) == rows
+
+
+def test_total_weight_refuses_a_bad_window_by_name():
+    with filled_ring(LENGTHS) as ring:
+        with pytest.raises(InvalidArgumentError, match="window=100"):
+            gj.total_weight(ring, window=100)
+        with pytest.raises(InvalidArgumentError, match="short_episodes='drop'"):
+            gj.total_weight(ring, window=4, short_episodes="drop")
