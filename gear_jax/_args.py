@@ -78,9 +78,6 @@ def check_distinct_picks(batch_size: int, method: str, capacity: int, op: str) -
 SHORT_EPISODES = ("pad", "skip")
 
 
-METHOD_MASK = 0xFF  # the method's number in a method word; the window law's flags above it (kernels/sample.h)
-
-
 def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, op: str) -> int:
     """The `method` word of a selection call: the method's number and the window law's flags
     (kernels/sample.h). With a window, episodes shorter than it are padded and masked ("pad") or never
@@ -101,6 +98,12 @@ def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, 
     if window > 0 and method == "uniform" and spec.step_ring:
         word |= _native.UNIFORM_STARTS_FLAG
     return word
+
+
+def window_law(spec: TableSpec, window: int, short_episodes: Any, op: str) -> int:
+    """The window law's flags of uniform picks of `window` steps (method_word's, without the method)."""
+    word = method_word(spec, "uniform", window, short_episodes, op)
+    return word & (_native.SKIP_SHORT_FLAG | _native.UNIFORM_STARTS_FLAG)
 
 
 def check_exponent(priority_exponent: Any, op: str) -> float:

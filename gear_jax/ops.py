@@ -472,7 +472,7 @@ def total_weight(
     table = _args.check_table(table, "total_weight")
     exponent = _args.check_exponent(priority_exponent, "total_weight")
     win = _args.check_window(window, table.max_steps, "total_weight")
-    law = _args.method_word(table.spec, "uniform", win, short_episodes, "total_weight") & ~_args.METHOD_MASK
+    law = _args.window_law(table.spec, win, short_episodes, "total_weight")
     out_types = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
     total, count = jax.ffi.ffi_call(_ffi.TOTAL_WEIGHT, out_types, has_side_effect=False)(
         _after(after),

@@ -466,7 +466,7 @@ def sample(
         owner, smp = _merge_ordered(st, window_key, int(batch_size), method, window, selectable, after)
     elif window_law:
         owner, smp = _draw_by_window_law(
-            st, select_key, window_key, int(batch_size), total, window, short_episodes, after
+            st, select_key, window_key, int(batch_size), total, win, short_episodes, after
         )
     else:
         owner, smp = _draw_global(
@@ -553,7 +553,7 @@ def _draw_by_window_law(
     window_key: jax.Array,
     batch_size: int,
     total: jax.Array,
-    window: int | None,
+    window: int,
     short_episodes: str,
     after: Any,
 ) -> tuple[jax.Array, Sample]:
@@ -592,7 +592,7 @@ def _draw_by_window_law(
         jnp.where(mine, generations[rank], jnp.uint32(1)),
         jnp.where(mine, probabilities[rank] * scale, 0.0).astype(jnp.float32),
         jnp.where(mine, starts[rank], 0),
-        window=_args.check_window(window, st.spec.max_steps, "sharded.sample"),
+        window=window,
         table_handle=None,
     )
     return owner, smp
