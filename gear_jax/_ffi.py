@@ -10,7 +10,7 @@ UPDATE_PRIORITIES = "gear_jax_update_priorities"
 TOTAL_WEIGHT = "gear_jax_total_weight"
 SAMPLE_AT = "gear_jax_sample_at"
 ORDERED_CANDIDATES = "gear_jax_ordered_candidates"
-SAMPLE_GATHER = "gear_jax_sample_gather"  # CPU only
+SAMPLE_GATHER = "gear_jax_sample_gather"
 INSERT = "gear_jax_insert"
 
 REGISTERED_PLATFORMS: list[str] = []

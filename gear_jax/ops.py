@@ -249,12 +249,13 @@ def sample_gather(
     priority_update: tuple[Sample, Any] | None = None,
     short_episodes: str = "pad",
 ) -> tuple[Sample, dict[str, jax.Array]]:
-    """`sample` then `gather` of the picks, in one custom call on the CPU: the common learner step.
+    """`sample` then `gather` of the picks, in one custom call: the common learner step.
 
     The same as `s = sample(table, key, batch_size, method, priority_exponent, window, after)` followed
     by `gather(table, s, fields)`, with the same picks and data for the same key, at a lower cost per call
-    (one custom call and one table lookup instead of two; the gather finds the picked rows' states in the
-    cache). On other platforms it is exactly those two calls.
+    (one custom call and one table lookup instead of two; on the CPU the gather finds the picked rows'
+    states in the cache, on a CUDA GPU the sample's and the gather's kernels are enqueued by one handler).
+    On other platforms it is exactly those two calls.
 
     Args:
       table: as for `sample`.
@@ -301,7 +302,7 @@ def sample_gather(
         )
         return (*picks, *data)
 
-    results = jax.lax.platform_dependent(*args, cpu=fused, default=separate)
+    results = jax.lax.platform_dependent(*args, cpu=fused, cuda=fused, default=separate)
     s = Sample(*results[:6], window=win, table_handle=table.handle)
     return s, _batch(chosen, results[6:])
 

@@ -1,5 +1,7 @@
 #include "sample.cuh"
 
+#include <cstdlib>
+
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <cub/block/block_radix_sort.cuh>
@@ -79,12 +81,9 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
 // same bit for bit: the picks match the CPU's only while this device index exists (a table keeps at most
 // PriorityIndexes::kMaxDeviceIndexes; past them the handler passes none and the picks keep the law, not
 // the CPU's rows), as for prioritized picks.
-__global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
-                                  PriorityTreeView lengths, bool by_index, SampleResult out) {
-  const int64_t i = ThreadIndex();
-  if (i >= r.batch_size) return;
-  r = Seeded(r, seed);
-  const int64_t rows = *claimed;
+// `r` is seeded (Seeded); `rows` is the claimed-row count.
+__device__ void PickUniform(const TableView& t, const SampleRequest& r, int64_t i, int64_t rows,
+                            const PriorityTreeView& lengths, bool by_index, SampleResult out) {
   const uint32_t pick = static_cast<uint32_t>(i);
   const bool windowed = Windowed(r);
   const bool by_length = windowed && r.uniform_starts && by_index && TreeTotal(lengths) > 0.0;
@@ -123,6 +122,14 @@ __global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* 
   out.indices[i] = -1;
 }
 
+// One thread per pick, the claimed rows read by StoreClaimedRows before it.
+__global__ void UniformPickKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
+                                  PriorityTreeView lengths, bool by_index, SampleResult out) {
+  const int64_t i = ThreadIndex();
+  if (i >= r.batch_size) return;
+  PickUniform(t, Seeded(r, seed), i, *claimed, lengths, by_index, out);
+}
+
 // A row's weight in the exact fallback, as sample.cc weighs it: 0 where it cannot be picked (not
 // selectable, a length out of range, or no window under skip_short); else its count of windows
 // (WindowCount) under uniform_starts, and 1 otherwise.
@@ -141,9 +148,9 @@ __device__ int64_t FallbackWeight(const TableView& t, const SampleRequest& r, in
 // walks the rows tile by tile (a scan of the weights) and hands the row whose weights [before, before +
 // weight) hold k to the picks of rank k (sample.cc: std::upper_bound over the same sums), with the
 // window start k - before under uniform_starts.
-__global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
-    UniformFinishKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
-                        int64_t* ranks, SampleResult out, DeviceError* error) {
+// Run by every thread of one block of kFallbackThreads; `r` is seeded, `rows` the claimed-row count.
+__device__ void FinishUniform(const TableView& t, const SampleRequest& r, int64_t rows, int64_t* ranks,
+                              SampleResult out, DeviceError* error) {
   constexpr int kThreads = SamplePolicy::kFallbackThreads;
   using Reduce = cub::BlockReduce<int64_t, kThreads>;
   using IndexScan = cub::BlockScan<int32_t, kThreads>;
@@ -157,8 +164,6 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
   __shared__ uint64_t tile_states[kThreads];  // the states they were weighed with
   __shared__ int64_t tile_before[kThreads];   // the weights of the tile's rows before each of them
   __shared__ int64_t selectable_rows, total_weight;
-  r = Seeded(r, seed);
-  const int64_t rows = *claimed;
   const int tid = static_cast<int>(threadIdx.x);
   const bool starts_by_rank = Windowed(r) && r.uniform_starts;
 
@@ -264,6 +269,29 @@ __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
   if (tid == 0 && out.selectable != nullptr) *out.selectable = SelectableCount(count);
 }
 
+__global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
+    UniformFinishKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
+                        int64_t* ranks, SampleResult out, DeviceError* error) {
+  FinishUniform(t, Seeded(r, seed), *claimed, ranks, out, error);
+}
+
+// A small batch in one block, one launch: the block reads the claimed rows, makes the picks (a thread
+// per pick), then finishes them as UniformFinishKernel does. The same picks as the three launches of
+// larger batches (the claimed rows, UniformPickKernel, UniformFinishKernel).
+__global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
+    UniformOneBlockKernel(TableView t, SampleRequest r, const uint32_t* seed, PriorityTreeView lengths,
+                          bool by_index, int64_t* ranks, SampleResult out, DeviceError* error) {
+  __shared__ int64_t rows;
+  if (threadIdx.x == 0) rows = LoadClaimedRows(t);
+  r = Seeded(r, seed);
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < r.batch_size; i += blockDim.x) {
+    PickUniform(t, r, i, rows, lengths, by_index, out);
+  }
+  __syncthreads();  // every pick is in `out` before the finish reads them
+  FinishUniform(t, r, rows, ranks, out, error);
+}
+
 // prioritized, fifo, lifo, topk: the table's count of selectable rows into the result.
 __global__ void StoreSelectableKernel(TableView t, int32_t* selectable) {
   *selectable = SelectableCount(device::LoadRelaxed(t.selectable));
@@ -287,14 +315,30 @@ struct UniformScratch {
   UniformScratch(ScratchCarver& carver, const SampleRequest& r) : ranks(carver.Take<int64_t>(r.batch_size)) {}
 };
 
+// Batches of at most this many picks are sampled by one block in one launch (UniformOneBlockKernel),
+// larger ones by three launches. GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS overrides it (0: never one block), for
+// measurements (scripts/gpu_fixed_cost.py).
+int64_t OneBlockPicks() {
+  if (const char* env = std::getenv("GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS"); env != nullptr && *env != '\0') {
+    return std::strtoll(env, nullptr, 10);
+  }
+  return SamplePolicy::kFallbackThreads;
+}
+
 // `lengths`: the index over lengths, or null (SampleRowsCuda).
-cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, const int64_t* claimed,
-                          const uint32_t* seed, const PriorityTreeView* lengths,
-                          const UniformScratch& scratch, SampleResult out, DeviceError* error,
-                          cudaStream_t stream) {
+cudaError_t SampleUniform(const TableView& t, const SampleRequest& r, int64_t* claimed, const uint32_t* seed,
+                          const PriorityTreeView* lengths, const UniformScratch& scratch, SampleResult out,
+                          DeviceError* error, cudaStream_t stream) {
   const bool by_index = lengths != nullptr && IndexExponent(r) == kLengthWeights;
+  const PriorityTreeView index = by_index ? *lengths : PriorityTreeView{};
+  if (r.batch_size <= OneBlockPicks()) {
+    UniformOneBlockKernel<<<1, SamplePolicy::kFallbackThreads, 0, stream>>>(t, r, seed, index, by_index,
+                                                                            scratch.ranks, out, error);
+    return cudaGetLastError();
+  }
+  if (cudaError_t status = StoreClaimedRows(t, claimed, stream); status != cudaSuccess) return status;
   UniformPickKernel<<<Blocks(r.batch_size, SamplePolicy::kPickThreads), SamplePolicy::kPickThreads, 0,
-                      stream>>>(t, r, seed, claimed, by_index ? *lengths : PriorityTreeView{}, by_index, out);
+                      stream>>>(t, r, seed, claimed, index, by_index, out);
   if (cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
   UniformFinishKernel<<<1, SamplePolicy::kFallbackThreads, 0, stream>>>(t, r, seed, claimed, scratch.ranks,
                                                                         out, error);
@@ -589,12 +633,13 @@ cudaError_t SampleRowsCuda(const TableView& table, const SampleRequest& request,
   }
   ScratchCarver carver(scratch);
   int64_t* claimed = carver.Take<int64_t>(1);
+  if (request.method == SampleMethod::kUniform) {  // stores the claimed rows itself, where it needs them
+    UniformScratch memory(carver, request);
+    return SampleUniform(table, request, claimed, seed, lengths, memory, out, error, stream);
+  }
   if (cudaError_t status = StoreClaimedRows(table, claimed, stream); status != cudaSuccess) return status;
   switch (request.method) {
-    case SampleMethod::kUniform: {
-      UniformScratch memory(carver, request);
-      return SampleUniform(table, request, claimed, seed, lengths, memory, out, error, stream);
-    }
+    case SampleMethod::kUniform: break;  // above
     case SampleMethod::kPrioritized: {
       PrioritizedScratch memory(carver, table, request, rows);
       return SamplePrioritized(table, request, rows, claimed, seed, memory, out, error, stream);

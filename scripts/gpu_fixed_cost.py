@@ -1,7 +1,10 @@
 """Where the fixed cost of a small GPU call goes: one jitted call each of an empty program, `jnp.take` from
 HBM, `gj.sample` alone, `gj.gather` alone (of a sample made beforehand) and `gj.sample_gather`, for a few
-batch sizes and row sizes; and, for the rows from 16 KiB up, the gather with a warp per row against a
-block per row (GEAR_JAX_GATHER_BLOCK_ROW_BYTES, read at each launch).
+batch sizes and row sizes; `sample_gather` (one custom call) against `sample` then `gather` (two); the
+sample's one-block launch against its three launches (GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS=0); from 4 KiB rows,
+the gather's 8 loads per thread before their stores against 4 (GEAR_JAX_GATHER_UNROLL=8); from 16 KiB, a
+warp per row against a block per row (GEAR_JAX_GATHER_BLOCK_ROW_BYTES). The launchers read these
+variables at each launch.
 
 Medians of interleaved rounds (each round times every variant once), so that a slow phase of the machine
 weighs on all of them. Prints one line per point and writes them to --json.
@@ -24,6 +27,15 @@ import gear_jax as gj
 
 # (row bytes, table rows, batch sizes)
 POINTS = ((512, 1 << 20, (32, 1024)), (4096, 1 << 16, (32, 1024)), (65536, 4096, (32, 256)))
+
+
+TUNING = ("GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS", "GEAR_JAX_GATHER_UNROLL", "GEAR_JAX_GATHER_BLOCK_ROW_BYTES")
+
+
+def set_environment(env):
+    """The launchers read these at each launch: `env`'s values, the others unset (the defaults)."""
+    for name in TUNING:
+        os.environ[name] = env.get(name, "")
 
 
 def timed(fn, arg):
@@ -61,21 +73,32 @@ def main():
                 "gather": (jax.jit(lambda s: gj.gather(table, s)["x"]), smp),
                 "sample_gather": (jax.jit(lambda k, b=b: gj.sample_gather(table, k, b)[1]["x"]), key),
             }
-            variants = {name: (fn, arg, None) for name, (fn, arg) in programs.items()}
+            programs["sample_then_gather"] = (
+                jax.jit(lambda k, b=b: gj.gather(table, gj.sample(table, k, b))["x"]),
+                key,
+            )
+            # name -> (program, argument, the environment it runs under)
+            variants = {name: (fn, arg, {}) for name, (fn, arg) in programs.items()}
+            # The sample's three launches (claimed rows, picks, finish) instead of one block's one.
+            three = {"GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS": "0"}
+            variants["sample_three_launches"] = (*programs["sample"], three)
+            variants["sample_gather_three_launches"] = (*programs["sample_gather"], three)
+            if item >= 4096:
+                variants["gather_unroll8"] = (*programs["gather"], {"GEAR_JAX_GATHER_UNROLL": "8"})
             if item >= 16384:
-                gather, s = programs["gather"]
-                variants["gather_warp_per_row"] = (gather, s, str(1 << 40))
-                variants["gather_block_per_row"] = (gather, s, "1")
+                threshold = "GEAR_JAX_GATHER_BLOCK_ROW_BYTES"
+                variants["gather_warp_per_row"] = (*programs["gather"], {threshold: str(1 << 40)})
+                variants["gather_block_per_row"] = (*programs["gather"], {threshold: "1"})
             times = {name: [] for name in variants}
             for name, (fn, arg, env) in variants.items():  # compile and warm up
-                os.environ["GEAR_JAX_GATHER_BLOCK_ROW_BYTES"] = env or ""
+                set_environment(env)
                 for _ in range(3):
                     timed(fn, arg)
             for _ in range(iters):
                 for name, (fn, arg, env) in variants.items():
-                    os.environ["GEAR_JAX_GATHER_BLOCK_ROW_BYTES"] = env or ""
+                    set_environment(env)
                     times[name].append(timed(fn, arg))
-            os.environ["GEAR_JAX_GATHER_BLOCK_ROW_BYTES"] = ""
+            set_environment({})
             point = {"row_bytes": item, "table_rows": rows, "batch_size": b}
             point.update({name: float(np.median(t)) * 1e6 for name, t in times.items()})
             point.update({name + "_p10": float(np.percentile(t, 10)) * 1e6 for name, t in times.items()})

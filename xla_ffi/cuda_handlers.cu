@@ -179,6 +179,52 @@ ffi::Error Launched(cudaError_t status, const char* op) {
   return status == cudaSuccess ? ffi::Error::Success() : CudaFailure(op, "kernel launch failed", status);
 }
 
+// Enqueues the selection of a prepared `request` (PrepareSample) from `t` into `out`: SampleImpl's work
+// after its checks, shared with SampleGatherImpl. `op` names the call in errors.
+ffi::Error EnqueueSample(cudaStream_t stream, ffi::ScratchAllocator& scratch, const CudaTable& t,
+                         int64_t handle, const SampleRequest& request, float priority_exponent,
+                         const uint32_t* seed, SampleResult out, const char* op) {
+  // Prioritized windows under skip_short (refused by PrepareSample already) reach SampleRowsCuda, which
+  // fails them with the method error as SampleRowsCpu does.
+  const bool refused = request.skip_short && request.window > 0;
+  if (request.method == SampleMethod::kPrioritized && request.batch_size > 0 && !refused) {
+    std::shared_ptr<IndexSlot> slot;
+    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, op, &slot);
+        error.failure()) {
+      return error;
+    }
+    if (slot != nullptr) {
+      return Launched(SampleIndexedCuda(t.view, slot->index->DeviceView(), request, seed, out,
+                                        t.side->error_device, stream),
+                      op);
+    }
+  }
+  // Uniform windows of a step ring (uniform_starts) draw their candidates through the index over lengths
+  // (IndexExponent: kLengthWeights), refreshed in the stream's order as the prioritized one is, as the CPU
+  // handlers draw them through theirs. Without it (the table keeps kMaxDeviceIndexes others) the kernel
+  // falls back to uniform candidates: the same law, but no longer the CPU's picks, which still go
+  // through the CPU's index.
+  std::shared_ptr<IndexSlot> length_index;
+  PriorityTreeView lengths_view;
+  if (request.method == SampleMethod::kUniform && request.batch_size > 0 &&
+      IndexExponent(request) == kLengthWeights) {
+    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, kLengthWeights, op, &length_index);
+        error.failure()) {
+      return error;
+    }
+    if (length_index != nullptr) lengths_view = length_index->index->DeviceView();
+  }
+  const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
+  void* memory;
+  if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), op, &memory);
+      error.failure()) {
+    return error;
+  }
+  return Launched(SampleRowsCuda(t.view, request, rows, seed, memory, out, t.side->error_device, stream,
+                                 length_index != nullptr ? &lengths_view : nullptr),
+                  op);
+}
+
 ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
                       ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                       ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
@@ -207,45 +253,8 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                    nullptr,
                    selectable->typed_data(),
                    lengths->typed_data()};
-  // Prioritized windows under skip_short (refused by PrepareSample already) reach SampleRowsCuda, which
-  // fails them with the method error as SampleRowsCpu does.
-  const bool refused = request.skip_short && request.window > 0;
-  if (request.method == SampleMethod::kPrioritized && request.batch_size > 0 && !refused) {
-    std::shared_ptr<IndexSlot> slot;
-    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, "sample", &slot);
-        error.failure()) {
-      return error;
-    }
-    if (slot != nullptr) {
-      return Launched(SampleIndexedCuda(t.view, slot->index->DeviceView(), request, seed.typed_data(), out,
-                                        t.side->error_device, stream),
-                      "sample");
-    }
-  }
-  // Uniform windows of a step ring (uniform_starts) draw their candidates through the index over lengths
-  // (IndexExponent: kLengthWeights), refreshed in the stream's order as the prioritized one is, as the CPU
-  // handlers draw them through theirs. Without it (the table keeps kMaxDeviceIndexes others) the kernel
-  // falls back to uniform candidates: the same law, but no longer the CPU's picks, which still go
-  // through the CPU's index.
-  std::shared_ptr<IndexSlot> length_index;
-  PriorityTreeView lengths_view;
-  if (request.method == SampleMethod::kUniform && request.batch_size > 0 &&
-      IndexExponent(request) == kLengthWeights) {
-    if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, kLengthWeights, "sample", &length_index);
-        error.failure()) {
-      return error;
-    }
-    if (length_index != nullptr) lengths_view = length_index->index->DeviceView();
-  }
-  const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
-  void* memory;
-  if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), "sample", &memory);
-      error.failure()) {
-    return error;
-  }
-  return Launched(SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device,
-                                 stream, length_index != nullptr ? &lengths_view : nullptr),
-                  "sample");
+  return EnqueueSample(stream, scratch, t, handle, request, priority_exponent, seed.typed_data(), out,
+                       "sample");
 }
 
 ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
@@ -299,6 +308,57 @@ ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32>
   return Launched(GatherRowsCuda(t.view, indices.typed_data(), generations.typed_data(), starts.typed_data(),
                                  request, out, t.side->error_device, stream),
                   "gather");
+}
+
+// sample + gather in one call (one handler, one table lookup): EnqueueSample's kernels, then the gather's
+// of their picks, in the stream's order. The same picks and data as the two calls.
+ffi::Error SampleGatherImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
+                            ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
+                            ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
+                            ffi::ResultBuffer<ffi::F32> probabilities, ffi::ResultBuffer<ffi::S32> starts,
+                            ffi::ResultBuffer<ffi::S32> selectable, ffi::ResultBuffer<ffi::S32> lengths,
+                            ffi::ResultBuffer<ffi::PRED> valid, ffi::RemainingRets fields_out, int64_t handle,
+                            int64_t spec_hash, int32_t method, float priority_exponent, int32_t window,
+                            ffi::Span<const int64_t> fields, int32_t steps) {
+  constexpr const char* kOp = "sample_gather";
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  SampleRequest request;
+  if (ffi::Error error = PrepareSample(seed.element_count(), method, priority_exponent, window,
+                                       indices->element_count(), &request);
+      error.failure()) {
+    return error;
+  }
+  const size_t picks = indices->element_count();
+  if (generations->element_count() != picks || probabilities->element_count() != picks ||
+      starts->element_count() != picks || lengths->element_count() != picks) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "indices, generations, probabilities, starts and lengths must have one entry per pick");
+  }
+  GatherRequest gather;
+  GatherOutputs out;
+  if (ffi::Error error =
+          PrepareGather(t.view, picks, picks, picks, valid, fields_out, fields, steps, &gather, &out);
+      error.failure()) {
+    return error;
+  }
+  SampleResult result{indices->typed_data(),
+                      generations->typed_data(),
+                      probabilities->typed_data(),
+                      starts->typed_data(),
+                      nullptr,
+                      selectable->typed_data(),
+                      lengths->typed_data()};
+  if (ffi::Error error = EnqueueSample(stream, scratch, t, handle, request, priority_exponent,
+                                       seed.typed_data(), result, kOp);
+      error.failure()) {
+    return error;
+  }
+  return Launched(GatherRowsCuda(t.view, result.indices, result.generations, result.starts, gather, out,
+                                 t.side->error_device, stream),
+                  kOp);
 }
 
 // Whether update_priorities scatters on the host on `device` (see the top of this file).
@@ -780,6 +840,29 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxGatherCuda, gear::GatherImpl,
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<ffi::Span<const int64_t>>("fields")
                                   .Attr<int32_t>("window"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleGatherCuda, gear::SampleGatherImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()  // stream: XLA's, for this call
+                                  .Ctx<ffi::DeviceOrdinal>()                 // device: its CUDA device
+                                  .Ctx<ffi::ScratchAllocator>()              // scratch: device memory
+                                  .Arg<ffi::Buffer<ffi::U32>>()              // seed: uint32[2] from the key
+                                  .Arg<ffi::AnyBuffer>()                     // after: ordering only
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // indices: int32[B]
+                                  .Ret<ffi::Buffer<ffi::U32>>()              // generations: uint32[B]
+                                  .Ret<ffi::Buffer<ffi::F32>>()              // probabilities: float32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // starts: int32[B]
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // selectable: int32[] count N
+                                  .Ret<ffi::Buffer<ffi::S32>>()              // lengths: int32[B]
+                                  .Ret<ffi::Buffer<ffi::PRED>>()             // valid: bool[B, steps]
+                                  .RemainingRets()  // one [B, steps, *shape] per field
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash")
+                                  .Attr<int32_t>("method")
+                                  .Attr<float>("priority_exponent")
+                                  .Attr<int32_t>("window")
+                                  .Attr<ffi::Span<const int64_t>>("fields")
+                                  .Attr<int32_t>("steps"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxUpdatePrioritiesCuda, gear::UpdatePrioritiesImpl,
                               ffi::Ffi::Bind()

@@ -307,7 +307,7 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCpu);
     cpu["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCpu);
     cpu["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCpu);
-    cpu["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCpu);  // CPU only: ops.sample_gather
+    cpu["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCpu);
     cpu["gear_jax_insert"] = gear::Capsule(GearJaxInsertCpu);
     py::dict out;
     out["cpu"] = cpu;
@@ -315,6 +315,7 @@ PYBIND11_MODULE(_native, m) {
     py::dict cuda;
     cuda["gear_jax_sample"] = gear::Capsule(GearJaxSampleCuda);
     cuda["gear_jax_gather"] = gear::Capsule(GearJaxGatherCuda);
+    cuda["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCuda);
     cuda["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCuda);
     cuda["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCuda);
     cuda["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCuda);

@@ -46,6 +46,22 @@ def scatter_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["one_block", "three_launches"])
+def uniform_launches(request, monkeypatch):
+    """Uniform picks of batches up to 1024 in one block's one launch (the default), then in the three
+    launches of larger batches (GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS=0; read at every launch)."""
+    monkeypatch.setenv("GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS", "0" if request.param == "three_launches" else "")
+    return request.param
+
+
+@pytest.fixture(params=["4", "8"])
+def gather_unroll(request, monkeypatch):
+    """The gather with 4 vector loads per thread before their stores (the default), then with 8
+    (GEAR_JAX_GATHER_UNROLL=8; read at every launch)."""
+    monkeypatch.setenv("GEAR_JAX_GATHER_UNROLL", request.param)
+    return request.param
+
+
 def run_on(device, fn, *args):
     """jit(fn)(*args) with the arguments committed to `device`, so that it runs there."""
     return jax.block_until_ready(jax.jit(fn)(*jax.device_put(args, device)))
@@ -100,14 +116,14 @@ def test_tables_are_pinned_exactly_when_asked_and_a_gpu_is_visible(make_table):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["uniform", "fifo", "lifo", "topk"])
-def test_selection_matches_cpu_exactly(make_table, gpu, method):
+def test_selection_matches_cpu_exactly(make_table, gpu, method, uniform_launches):
     table = make_table(capacity=64)
     priorities = np.random.default_rng(0).choice([0.0, 0.5, 1.0, 2.0], 50).astype(np.float32)  # ties, zeros
     table.insert(transitions(50), priorities=priorities)
     with table.writer() as held:
         held.append({"obs": np.zeros(3, np.float32), "action": np.int32(0)})  # row 50, being written
-        batch = 300 if method == "uniform" else 20
-        for seed in range(4):
+        batches = (300, 1024, 1025, 3000) if method == "uniform" else (20,)  # one block up to 1024 picks
+        for seed, batch in enumerate(batches * 2):
             key = jax.random.key(seed)
             got = sample_on(gpu, table, key, batch, method=method)
             assert_same_sample(got, sample_on(CPU, table, key, batch, method=method))
@@ -155,7 +171,7 @@ def test_ordered_candidates_match_cpu(make_table, gpu, method):
 
 
 @pytest.mark.gpu
-def test_uniform_fallback_matches_cpu(make_table, gpu):
+def test_uniform_fallback_matches_cpu(make_table, gpu, uniform_launches):
     # 2 selectable rows out of 4096 claimed: rejection almost always fails and the exact scan decides.
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=4096)
     priorities = np.zeros(4096, np.float32)
@@ -170,7 +186,7 @@ def test_uniform_fallback_matches_cpu(make_table, gpu):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["uniform", "topk"])
-def test_windows_match_cpu(make_table, gpu, method):
+def test_windows_match_cpu(make_table, gpu, method, uniform_launches):
     fields = {"t": gj.Field((), "int32"), "x": gj.Field((3,), "int16")}
     table = make_table(fields=fields, capacity=16, max_steps=9)
     rng = np.random.default_rng(2)
@@ -189,6 +205,40 @@ def test_windows_match_cpu(make_table, gpu, method):
     reference = gather_on(CPU, table, expected)
     for name in ("t", "x", "valid"):
         np.testing.assert_array_equal(np.asarray(batch[name]), np.asarray(reference[name]), err_msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "topk"])
+@pytest.mark.parametrize("window", [None, 4])
+def test_sample_gather_matches_cpu(make_table, gpu, method, window, uniform_launches):
+    # The GPU's one custom call (sample's kernels then the gather's, enqueued by one handler) against the
+    # CPU's, and against the GPU's sample then gather.
+    fields = {"t": gj.Field((), "int32"), "x": gj.Field((3,), "int16")}
+    table = make_table(fields=fields, capacity=64, max_steps=9)
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 10, 60).astype(np.int32)
+    data = {
+        "t": np.arange(60 * 9, dtype=np.int32).reshape(60, 9),
+        "x": rng.integers(-1000, 1000, (60, 9, 3)).astype(np.int16),
+    }
+    table.insert(data, lengths=lengths, priorities=rng.uniform(0.5, 2.0, 60).astype(np.float32))
+    batch = 16 if method in ("fifo", "topk") else 200
+    for seed in range(2):
+        key = jax.random.key(seed)
+
+        def fused(k):
+            return gj.sample_gather(table, k, batch, method=method, window=window)
+
+        def separate(k):
+            s = gj.sample(table, k, batch, method=method, window=window)
+            return s, gj.gather(table, s)
+
+        got_sample, got = run_on(gpu, fused, key)
+        for expected_sample, expected in (run_on(CPU, fused, key), run_on(gpu, separate, key)):
+            assert_same_sample(got_sample, expected_sample)
+            for name in ("t", "x", "valid"):
+                np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(expected[name]), err_msg=name)
+        assert bool(np.asarray(got["valid"]).any())
 
 
 @pytest.mark.gpu
@@ -241,7 +291,7 @@ def test_prioritized_matches_cpu_exactly(make_table, gpu, exponent):
     ],
 )
 @pytest.mark.parametrize("max_steps,window", [(1, None), (5, 3)])
-def test_gather_matches_cpu(make_table, gpu, fields, max_steps, window):
+def test_gather_matches_cpu(make_table, gpu, fields, max_steps, window, gather_unroll):
     table = make_table(fields=fields, capacity=40, max_steps=max_steps)
     rng = np.random.default_rng(3)
     lead = (40, max_steps) if max_steps > 1 else (40,)
