@@ -51,6 +51,18 @@ __device__ __forceinline__ T FetchAdd(T* p, T v, bool system_scope) {
                       : DeviceRef(p).fetch_add(v, cuda::memory_order_acq_rel);
 }
 
+// Adds `v` to a count that takes no part in the consistency model (times_sampled): relaxed, its result
+// unused, so the thread does not wait for the round trip to the table's memory (a reduction, not an
+// exchange).
+template <typename T>
+__device__ __forceinline__ void AddToCount(T* p, T v, bool system_scope) {
+  if (system_scope) {
+    SystemRef(p).fetch_add(v, cuda::memory_order_relaxed);
+  } else {
+    DeviceRef(p).fetch_add(v, cuda::memory_order_relaxed);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ T FetchMax(T* p, T v, bool system_scope) {
   return system_scope ? SystemRef(p).fetch_max(v, cuda::memory_order_relaxed)

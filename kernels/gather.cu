@@ -105,15 +105,18 @@ __device__ void ZeroBytes(uint8_t* dst, int64_t bytes, int lane) {
 }
 
 // One output row per group: check the generation (acquire), copy the window of every field and zero
-// the rest, fence, read the generation again. A row whose generation differs or is odd at either read,
-// on any thread of the group, is zeroed and invalid. In a step ring the window starts at the row's first
-// step (read after the generation, as gather.cc reads it) and comes in two pieces where it wraps the
-// ring's end.
+// the rest, fence, read the generation again. With `sampled_lengths` (the sample of the same call, in
+// the stream before this kernel, read each row's state and then its length) the first check and the
+// length's read are the sample's: two round trips over PCIe fewer per call. A row whose generation differs or
+// is odd at either read, on any thread of the group, is zeroed and invalid. In a step ring the window starts
+// at the row's first step (read after the generation, as gather.cc reads it) and comes in two pieces where it
+// wraps the ring's end.
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
     GatherKernel(const __grid_constant__ TableView t, const int32_t* indices, const uint32_t* generations,
-                 const int32_t* starts, const __grid_constant__ GatherRequest r,
-                 const __grid_constant__ GatherOutputs out, DeviceError* error) {
+                 const int32_t* starts, const int32_t* sampled_lengths,
+                 const __grid_constant__ GatherRequest r, const __grid_constant__ GatherOutputs out,
+                 DeviceError* error) {
   using Group = RowGroup<kThreads>;
   const int64_t i = Group::Row();
   if (i >= r.batch_size) return;
@@ -136,10 +139,17 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
   int64_t steps = 0;
   uint64_t first_step = 0;  // a step ring: the row's first step, read inside the seqlock
   if (in_range) {
-    const uint64_t before = device::LoadAcquire(&t.state[row]);
-    ok = StateGeneration(before) == generation && (generation & 1u) == 0;
+    if (sampled_lengths != nullptr) {
+      // The sample enqueued before this kernel read the row's state (acquire: `generation`), then its
+      // length: the first half of the seqlock read, which the copy and the re-read below complete.
+      ok = (generation & 1u) == 0;
+    } else {
+      const uint64_t before = device::LoadAcquire(&t.state[row]);
+      ok = StateGeneration(before) == generation && (generation & 1u) == 0;
+    }
     if (ok) {
-      const int32_t length = device::LoadRelaxed(&t.length[row]);
+      const int32_t length =
+          sampled_lengths != nullptr ? sampled_lengths[i] : device::LoadRelaxed(&t.length[row]);
       ok = LengthInRange(length, t.max_steps);  // else a damaged file: the row is invalid, nothing read
       const int64_t left = ok ? length - start : 0;
       steps = left < 0 ? 0 : (left > window ? window : left);
@@ -176,18 +186,19 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
 // A block per row (`whole_block`) or a warp per row.
 template <int kUnroll>
 void LaunchGather(bool whole_block, const TableView& table, const int32_t* indices,
-                  const uint32_t* generations, const int32_t* starts, const GatherRequest& request,
-                  const GatherOutputs& out, DeviceError* error, cudaStream_t stream) {
+                  const uint32_t* generations, const int32_t* starts, const int32_t* sampled_lengths,
+                  const GatherRequest& request, const GatherOutputs& out, DeviceError* error,
+                  cudaStream_t stream) {
   constexpr int kBlock = GatherPolicy::kBlockThreads;
   constexpr int kWarp = GatherPolicy::kWarpThreads;
   if (whole_block) {
     GatherKernel<kBlock, kUnroll><<<static_cast<unsigned>(request.batch_size), kBlock, 0, stream>>>(
-        table, indices, generations, starts, request, out, error);
+        table, indices, generations, starts, sampled_lengths, request, out, error);
   } else {
     constexpr int64_t kRowsPerBlock = RowGroup<kWarp>::kRowsPerBlock;
     const int64_t blocks = (request.batch_size + kRowsPerBlock - 1) / kRowsPerBlock;
     GatherKernel<kWarp, kUnroll><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
-        table, indices, generations, starts, request, out, error);
+        table, indices, generations, starts, sampled_lengths, request, out, error);
   }
 }
 
@@ -195,7 +206,7 @@ void LaunchGather(bool whole_block, const TableView& table, const int32_t* indic
 
 cudaError_t GatherRowsCuda(const TableView& table, const int32_t* indices, const uint32_t* generations,
                            const int32_t* starts, const GatherRequest& request, GatherOutputs out,
-                           DeviceError* error, cudaStream_t stream) {
+                           DeviceError* error, cudaStream_t stream, const int32_t* sampled_lengths) {
   if (request.batch_size == 0) return cudaSuccess;
   int64_t row_bytes = 0;
   for (int32_t f = 0; f < request.num_fields; ++f) {
@@ -208,10 +219,10 @@ cudaError_t GatherRowsCuda(const TableView& table, const int32_t* indices, const
   const char* unroll = std::getenv("GEAR_JAX_GATHER_UNROLL");
   if (unroll != nullptr && std::strtoll(unroll, nullptr, 10) == GatherPolicy::kWideUnroll) {
     LaunchGather<GatherPolicy::kWideUnroll>(row_bytes >= whole_block_row_bytes, table, indices, generations,
-                                            starts, request, out, error, stream);
+                                            starts, sampled_lengths, request, out, error, stream);
   } else {
     LaunchGather<GatherPolicy::kUnroll>(row_bytes >= whole_block_row_bytes, table, indices, generations,
-                                        starts, request, out, error, stream);
+                                        starts, sampled_lengths, request, out, error, stream);
   }
   return cudaGetLastError();
 }

@@ -17,9 +17,13 @@
 
 namespace gear {
 
-// Returns the launch status (cudaGetLastError after the launch).
+// Returns the launch status (cudaGetLastError after the launch). `sampled_lengths`: where the picks come
+// from a sample enqueued on the same stream just before (sample_gather), its `lengths` output; the gather
+// then takes each row's generation and length as that sample read them (after its acquire of the state)
+// instead of reading them again, and still re-reads the state after the copy. Null for picks of unknown
+// age (gather).
 cudaError_t GatherRowsCuda(const TableView& table, const int32_t* indices, const uint32_t* generations,
                            const int32_t* starts, const GatherRequest& request, GatherOutputs out,
-                           DeviceError* error, cudaStream_t stream);
+                           DeviceError* error, cudaStream_t stream, const int32_t* sampled_lengths = nullptr);
 
 }  // namespace gear

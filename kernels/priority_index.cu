@@ -28,11 +28,12 @@ __device__ void RecordPick(const TableView& t, int32_t window, uint32_t seed0, u
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = StateGeneration(state);
   out.probabilities[pick] = probability;
-  out.starts[pick] = window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), window, seed0, seed1,
-                                              static_cast<uint32_t>(pick))
-                                : 0;
-  if (out.lengths != nullptr) out.lengths[pick] = device::LoadRelaxed(&t.length[row]);
-  device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);  // a count (sample.cu)
+  const bool read_length = window > 0 || out.lengths != nullptr;
+  const int32_t length = read_length ? device::LoadRelaxed(&t.length[row]) : 0;  // one round trip
+  out.starts[pick] = window > 0 ? WindowStart(length, window, seed0, seed1, static_cast<uint32_t>(pick)) : 0;
+  if (out.lengths != nullptr) out.lengths[pick] = length;
+  device::AddToCount<uint32_t>(&t.times_sampled[row], 1u,
+                               t.read_modify_write_atomics);  // a count (sample.cu)
 }
 
 __global__ void SampleIndexedKernel(TableView t, PriorityTreeView tree, SampleRequest r, const uint32_t* seed,

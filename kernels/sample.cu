@@ -1,5 +1,6 @@
 #include "sample.cuh"
 
+#include <climits>
 #include <cstdlib>
 
 #include <thrust/iterator/counting_iterator.h>
@@ -33,11 +34,6 @@ unsigned Blocks(int64_t n, int threads) { return static_cast<unsigned>((n + thre
 
 __device__ int64_t ThreadIndex() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 
-// Whether a row of state `s` may be picked: selectable, and its length in [1, max_steps] (sample.h).
-__device__ bool RowSelectable(const TableView& t, int64_t row, uint64_t s) {
-  return StateSelectable(s) && LengthInRange(device::LoadRelaxed(&t.length[row]), t.max_steps);
-}
-
 __device__ SampleRequest Seeded(SampleRequest r, const uint32_t* seed) {
   r.seed0 = seed[0];
   r.seed1 = seed[1];
@@ -49,22 +45,29 @@ __host__ __device__ bool Windowed(const SampleRequest& r) {
   return r.window > 0 && (r.skip_short || r.uniform_starts);
 }
 
+// Record's `length` when the caller has not read the row's length: Record reads it.
+constexpr int32_t kReadLength = INT32_MIN;
+
 // `start`: the window's start where the caller drew it (uniform picks), -1 to draw it here (sample.cc).
+// `length`: the row's length as the caller read it after the state it picked the row by (each read of
+// table memory is a round trip over PCIe), or kReadLength.
 __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick,
-                       int64_t row, uint32_t generation, float probability, int32_t start = -1) {
+                       int64_t row, uint32_t generation, float probability, int32_t start = -1,
+                       int32_t length = kReadLength) {
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = generation;
   out.probabilities[pick] = probability;
+  if (length == kReadLength && (out.lengths != nullptr || (start < 0 && r.window > 0))) {
+    length = device::LoadRelaxed(&t.length[row]);
+  }
   if (start < 0) {
-    start = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[row]), r.window, r.seed0, r.seed1,
-                                       static_cast<uint32_t>(pick))
-                         : 0;
+    start = r.window > 0 ? WindowStart(length, r.window, r.seed0, r.seed1, static_cast<uint32_t>(pick)) : 0;
   }
   out.starts[pick] = start;
-  if (out.lengths != nullptr) out.lengths[pick] = device::LoadRelaxed(&t.length[row]);
+  if (out.lengths != nullptr) out.lengths[pick] = length;
   // A count, not part of the consistency model: without system-scope atomics an increment that races
   // with the CPU's or another GPU's can be lost.
-  device::FetchAdd<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);
+  device::AddToCount<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);
 }
 
 // ---- uniform ---------------------------------------------------------------------------------------
@@ -105,17 +108,20 @@ __device__ void PickUniform(const TableView& t, const SampleRequest& r, int64_t 
       candidate = drawn < rows - 1 ? drawn : rows - 1;
     }
     const uint64_t s = device::LoadAcquire(&t.state[candidate]);
-    if (!RowSelectable(t, candidate, s)) continue;
+    // A row may be picked when selectable with its length in [1, max_steps] (sample.h); the length, read
+    // once, serves the window and the record too.
+    if (!StateSelectable(s)) continue;
+    const int32_t length = device::LoadRelaxed(&t.length[candidate]);
+    if (!LengthInRange(length, t.max_steps)) continue;
     if (!windowed) {
-      Record(t, r, out, i, candidate, StateGeneration(s), 0.0f);
+      Record(t, r, out, i, candidate, StateGeneration(s), 0.0f, -1, length);
       return;
     }
     if (by_length && s != lengths.seen[candidate]) continue;  // changed since the index weighed it
-    const int32_t length = device::LoadRelaxed(&t.length[candidate]);
     int32_t start = 0;
     if (KeepWindow(length, r.window, r.skip_short, r.uniform_starts, by_length ? length : longest, r.seed0,
                    r.seed1, pick, static_cast<uint32_t>(attempt), &start)) {
-      Record(t, r, out, i, candidate, StateGeneration(s), 0.0f, start);
+      Record(t, r, out, i, candidate, StateGeneration(s), 0.0f, start, length);
       return;
     }
   }
@@ -148,9 +154,10 @@ __device__ int64_t FallbackWeight(const TableView& t, const SampleRequest& r, in
 // walks the rows tile by tile (a scan of the weights) and hands the row whose weights [before, before +
 // weight) hold k to the picks of rank k (sample.cc: std::upper_bound over the same sums), with the
 // window start k - before under uniform_starts.
-// Run by every thread of one block of kFallbackThreads; `r` is seeded, `rows` the claimed-row count.
-__device__ void FinishUniform(const TableView& t, const SampleRequest& r, int64_t rows, int64_t* ranks,
-                              SampleResult out, DeviceError* error) {
+// Run by every thread of one block of kFallbackThreads; `r` is seeded, `rows` the claimed-row count,
+// `selectable` the table's count of selectable rows where the caller read it, else -1.
+__device__ void FinishUniform(const TableView& t, const SampleRequest& r, int64_t rows, int64_t selectable,
+                              int64_t* ranks, SampleResult out, DeviceError* error) {
   constexpr int kThreads = SamplePolicy::kFallbackThreads;
   using Reduce = cub::BlockReduce<int64_t, kThreads>;
   using IndexScan = cub::BlockScan<int32_t, kThreads>;
@@ -170,7 +177,7 @@ __device__ void FinishUniform(const TableView& t, const SampleRequest& r, int64_
   bool marked = false;
   for (int64_t i = tid; i < r.batch_size; i += kThreads) marked = marked || out.indices[i] < 0;
   if (!__syncthreads_or(marked)) {
-    if (tid == 0) selectable_rows = device::LoadRelaxed(t.selectable);
+    if (tid == 0) selectable_rows = selectable >= 0 ? selectable : device::LoadRelaxed(t.selectable);
     __syncthreads();
   } else {
     int64_t mine = 0, mine_weight = 0;
@@ -272,24 +279,26 @@ __device__ void FinishUniform(const TableView& t, const SampleRequest& r, int64_
 __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     UniformFinishKernel(TableView t, SampleRequest r, const uint32_t* seed, const int64_t* claimed,
                         int64_t* ranks, SampleResult out, DeviceError* error) {
-  FinishUniform(t, Seeded(r, seed), *claimed, ranks, out, error);
+  FinishUniform(t, Seeded(r, seed), *claimed, -1, ranks, out, error);
 }
 
-// A small batch in one block, one launch: the block reads the claimed rows, makes the picks (a thread
-// per pick), then finishes them as UniformFinishKernel does. The same picks as the three launches of
-// larger batches (the claimed rows, UniformPickKernel, UniformFinishKernel).
+// A small batch in one block, one launch: the block reads the claimed rows and the selectable count (two
+// warps, the two round trips over PCIe at once), makes the picks (a thread per pick), then finishes them
+// as UniformFinishKernel does. The same picks as the three launches of larger batches (the claimed rows,
+// UniformPickKernel, UniformFinishKernel).
 __global__ void __launch_bounds__(SamplePolicy::kFallbackThreads)
     UniformOneBlockKernel(TableView t, SampleRequest r, const uint32_t* seed, PriorityTreeView lengths,
                           bool by_index, int64_t* ranks, SampleResult out, DeviceError* error) {
-  __shared__ int64_t rows;
+  __shared__ int64_t rows, selectable;
   if (threadIdx.x == 0) rows = LoadClaimedRows(t);
+  if (threadIdx.x == 32) selectable = device::LoadRelaxed(t.selectable);
   r = Seeded(r, seed);
   __syncthreads();
   for (int64_t i = threadIdx.x; i < r.batch_size; i += blockDim.x) {
     PickUniform(t, r, i, rows, lengths, by_index, out);
   }
   __syncthreads();  // every pick is in `out` before the finish reads them
-  FinishUniform(t, r, rows, ranks, out, error);
+  FinishUniform(t, r, rows, selectable, ranks, out, error);
 }
 
 // prioritized, fifo, lifo, topk: the table's count of selectable rows into the result.

@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(SampleAtPolicy::kPickWarps * 32)
                                                 seed[1], static_cast<uint32_t>(pick))
                                   : 0;
   // A count, not part of the consistency model (see sample.cu).
-  device::FetchAdd<uint32_t>(&t.times_sampled[found.row], 1u, t.read_modify_write_atomics);
+  device::AddToCount<uint32_t>(&t.times_sampled[found.row], 1u, t.read_modify_write_atomics);
 }
 
 // `rows` is the capacity (claimed_rows.cuh): tiles past the claimed rows sum to 0.

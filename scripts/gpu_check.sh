@@ -17,7 +17,7 @@
 # the stages over two calls (e.g. "build tests memcheck racecheck synccheck quickstart", then
 # "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
 # More stages, not in the default list: torch (the torch suite), fixed_cost (scripts/gpu_fixed_cost.py: where the time of a small
-# call goes), episodes (the episodes suite on the GPU: step rings, padded rows, flashbax in HBM),
+# call goes), ncu (the same programs' kernels timed by Nsight Compute), episodes (the episodes suite on the GPU: step rings, padded rows, flashbax in HBM),
 # multihost and anakin (the examples with --platform=cuda; anakin needs gymnax and flashbax in .whl/).
 # GPU_CHECK_PRIORITY_ROWS (default 1000000,10000000,100000000) sets the priorities suite's table sizes.
 # GPU_CHECK_GATHER_ITEM_BYTES, GPU_CHECK_GATHER_BATCH and GPU_CHECK_GATHER_SYSTEMS narrow the gather
@@ -143,6 +143,19 @@ fi
 if want fixed_cost; then
   stage fixed_cost 150 30 "$OUT/fixed_cost.log" python scripts/gpu_fixed_cost.py --json "$OUT/fixed_cost.json"
   grep -E "^row|^device" "$OUT/fixed_cost.log"
+fi
+
+# ncu: the GPU time of each kernel of the fixed_cost programs (a few calls each, gpu_fixed_cost.py --ncu),
+# to tell the kernels' own time from the dispatch around them. The lines of ncu's CSV are in ncu.log.
+if want ncu; then
+  if command -v ncu >/dev/null; then
+    stage ncu 200 40 "$OUT/ncu.log" ncu --csv --metrics gpu__time_duration.sum --cache-control none \
+      --clock-control none --kernel-name "regex:Uniform|Gather|Claimed|Finish|Pick|Ordered|Indexed" \
+      python scripts/gpu_fixed_cost.py --ncu
+    python scripts/ncu_summary.py "$OUT/ncu.log" || echo "gpu_check: no kernel times in $OUT/ncu.log"
+  else
+    echo "gpu_check: ncu not found; the ncu stage skipped"
+  fi
 fi
 
 # The examples never run on a GPU before: the multi-host example as a 1-process, 1-GPU job, and the

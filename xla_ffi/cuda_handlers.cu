@@ -311,7 +311,8 @@ ffi::Error GatherImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32>
 }
 
 // sample + gather in one call (one handler, one table lookup): EnqueueSample's kernels, then the gather's
-// of their picks, in the stream's order. The same picks and data as the two calls.
+// of their picks, in the stream's order, which takes each row's generation and length as the sample read
+// them (GatherRowsCuda's sampled_lengths). The same picks and data as the two calls.
 ffi::Error SampleGatherImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator scratch,
                             ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*after*/,
                             ffi::ResultBuffer<ffi::S32> indices, ffi::ResultBuffer<ffi::U32> generations,
@@ -357,7 +358,7 @@ ffi::Error SampleGatherImpl(cudaStream_t stream, int32_t device, ffi::ScratchAll
     return error;
   }
   return Launched(GatherRowsCuda(t.view, result.indices, result.generations, result.starts, gather, out,
-                                 t.side->error_device, stream),
+                                 t.side->error_device, stream, result.lengths),
                   kOp);
 }
 
