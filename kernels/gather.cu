@@ -13,10 +13,9 @@ namespace {
 struct GatherPolicy {
   static constexpr int kBlockThreads = 256;
   static constexpr int kWarpThreads = 32;
-  // Vector loads per thread before their stores. GEAR_JAX_GATHER_UNROLL=8 doubles it, for measurements
-  // (scripts/gpu_fixed_cost.py).
+  // Vector loads per thread before their stores. 8 gathered no faster than 4 on an H200 (rows of 4 and
+  // 64 KiB, B = 32 to 1024, three runs; docs/BENCHMARKS.md, "third GPU round").
   static constexpr int kUnroll = 4;
-  static constexpr int kWideUnroll = 8;
   // From this many bytes a row gets a whole block, below it a warp. Measured on an H100 over PCIe
   // (scripts/gpu_gather_profile.py): a block per 4 KiB row ran two waves of blocks that each wait out
   // several host round trips; a warp per row keeps every row of a batch in flight at once. Rows of
@@ -50,8 +49,9 @@ struct RowGroup {
 };
 
 // dst[0, n) = src[0, n), vector `V` at a time, spread over the group.
-template <typename V, int kThreads, int kUnroll>
+template <typename V, int kThreads>
 __device__ void CopyVectors(const V* src, V* dst, int64_t n, int lane) {
+  constexpr int kUnroll = GatherPolicy::kUnroll;
   int64_t i = lane;
   for (; i + (kUnroll - 1) * kThreads < n; i += kUnroll * kThreads) {
     V v[kUnroll];
@@ -65,29 +65,29 @@ __device__ void CopyVectors(const V* src, V* dst, int64_t n, int lane) {
 
 // Copies `bytes` when src and dst have the same offset within a V: single bytes up to the first V
 // boundary, whole Vs, then the remaining bytes.
-template <typename V, int kThreads, int kUnroll>
+template <typename V, int kThreads>
 __device__ void CopyAligned(const uint8_t* src, uint8_t* dst, int64_t bytes, int lane) {
   constexpr int64_t kSize = sizeof(V);
   const int64_t misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(src) % kSize);
   const int64_t head = misalign == 0 ? 0 : (kSize - misalign < bytes ? kSize - misalign : bytes);
   const int64_t body = (bytes - head) / kSize;
   const int64_t tail = head + body * kSize;
-  CopyVectors<uint8_t, kThreads, kUnroll>(src, dst, head, lane);
-  CopyVectors<V, kThreads, kUnroll>(reinterpret_cast<const V*>(src + head), reinterpret_cast<V*>(dst + head),
-                                    body, lane);
-  CopyVectors<uint8_t, kThreads, kUnroll>(src + tail, dst + tail, bytes - tail, lane);
+  CopyVectors<uint8_t, kThreads>(src, dst, head, lane);
+  CopyVectors<V, kThreads>(reinterpret_cast<const V*>(src + head), reinterpret_cast<V*>(dst + head), body,
+                           lane);
+  CopyVectors<uint8_t, kThreads>(src + tail, dst + tail, bytes - tail, lane);
 }
 
 // 16-byte loads and stores where src and dst allow them, 4-byte ones next, single bytes otherwise.
-template <int kThreads, int kUnroll>
+template <int kThreads>
 __device__ void CopyBytes(const uint8_t* src, uint8_t* dst, int64_t bytes, int lane) {
   const uintptr_t offsets = reinterpret_cast<uintptr_t>(src) ^ reinterpret_cast<uintptr_t>(dst);
   if (offsets % sizeof(uint4) == 0) {
-    CopyAligned<uint4, kThreads, kUnroll>(src, dst, bytes, lane);
+    CopyAligned<uint4, kThreads>(src, dst, bytes, lane);
   } else if (offsets % sizeof(uint32_t) == 0) {
-    CopyAligned<uint32_t, kThreads, kUnroll>(src, dst, bytes, lane);
+    CopyAligned<uint32_t, kThreads>(src, dst, bytes, lane);
   } else {
-    CopyVectors<uint8_t, kThreads, kUnroll>(src, dst, bytes, lane);
+    CopyVectors<uint8_t, kThreads>(src, dst, bytes, lane);
   }
 }
 
@@ -107,11 +107,11 @@ __device__ void ZeroBytes(uint8_t* dst, int64_t bytes, int lane) {
 // One output row per group: check the generation (acquire), copy the window of every field and zero
 // the rest, fence, read the generation again. With `sampled_lengths` (the sample of the same call, in
 // the stream before this kernel, read each row's state and then its length) the first check and the
-// length's read are the sample's: two round trips over PCIe fewer per call. A row whose generation differs or
-// is odd at either read, on any thread of the group, is zeroed and invalid. In a step ring the window starts
-// at the row's first step (read after the generation, as gather.cc reads it) and comes in two pieces where it
-// wraps the ring's end.
-template <int kThreads, int kUnroll>
+// length's read are the sample's: two dependent reads of host memory fewer (no faster within the spread
+// of two runs on an H200). A row whose generation differs or is odd at either read, on any thread of
+// the group, is zeroed and invalid. In a step ring the window starts at the row's first step (read after
+// the generation, as gather.cc reads it) and comes in two pieces where it wraps the ring's end.
+template <int kThreads>
 __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
     GatherKernel(const __grid_constant__ TableView t, const int32_t* indices, const uint32_t* generations,
                  const int32_t* starts, const int32_t* sampled_lengths,
@@ -162,10 +162,9 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
     int64_t head = 0;  // the steps before the ring's end (all of them for padded rows)
     const uint8_t* src = steps > 0 ? StepSource(t, field, row, first_step, start, steps, &head) : nullptr;
     const int64_t copied = steps * field.step_bytes;
-    if (head > 0) CopyBytes<kThreads, kUnroll>(src, dst, head * field.step_bytes, lane);
+    if (head > 0) CopyBytes<kThreads>(src, dst, head * field.step_bytes, lane);
     if (steps > head) {  // the window wraps the ring's end: the rest from its first slot
-      CopyBytes<kThreads, kUnroll>(field.data, dst + head * field.step_bytes,
-                                   (steps - head) * field.step_bytes, lane);
+      CopyBytes<kThreads>(field.data, dst + head * field.step_bytes, (steps - head) * field.step_bytes, lane);
     }
     ZeroBytes<kThreads>(dst + copied, window * field.step_bytes - copied, lane);
   }
@@ -183,25 +182,6 @@ __global__ void __launch_bounds__(GatherPolicy::kBlockThreads)
   for (int64_t s = lane; s < window; s += kThreads) out.valid[i * window + s] = valid && s < steps;
 }
 
-// A block per row (`whole_block`) or a warp per row.
-template <int kUnroll>
-void LaunchGather(bool whole_block, const TableView& table, const int32_t* indices,
-                  const uint32_t* generations, const int32_t* starts, const int32_t* sampled_lengths,
-                  const GatherRequest& request, const GatherOutputs& out, DeviceError* error,
-                  cudaStream_t stream) {
-  constexpr int kBlock = GatherPolicy::kBlockThreads;
-  constexpr int kWarp = GatherPolicy::kWarpThreads;
-  if (whole_block) {
-    GatherKernel<kBlock, kUnroll><<<static_cast<unsigned>(request.batch_size), kBlock, 0, stream>>>(
-        table, indices, generations, starts, sampled_lengths, request, out, error);
-  } else {
-    constexpr int64_t kRowsPerBlock = RowGroup<kWarp>::kRowsPerBlock;
-    const int64_t blocks = (request.batch_size + kRowsPerBlock - 1) / kRowsPerBlock;
-    GatherKernel<kWarp, kUnroll><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
-        table, indices, generations, starts, sampled_lengths, request, out, error);
-  }
-}
-
 }  // namespace
 
 cudaError_t GatherRowsCuda(const TableView& table, const int32_t* indices, const uint32_t* generations,
@@ -212,17 +192,19 @@ cudaError_t GatherRowsCuda(const TableView& table, const int32_t* indices, const
   for (int32_t f = 0; f < request.num_fields; ++f) {
     row_bytes += request.window * table.fields[request.field_ids[f]].step_bytes;
   }
+  constexpr int kBlock = GatherPolicy::kBlockThreads;
   int64_t whole_block_row_bytes = GatherPolicy::kWholeBlockRowBytes;
   if (const char* env = std::getenv("GEAR_JAX_GATHER_BLOCK_ROW_BYTES"); env != nullptr && *env != '\0') {
     whole_block_row_bytes = std::strtoll(env, nullptr, 10);
   }
-  const char* unroll = std::getenv("GEAR_JAX_GATHER_UNROLL");
-  if (unroll != nullptr && std::strtoll(unroll, nullptr, 10) == GatherPolicy::kWideUnroll) {
-    LaunchGather<GatherPolicy::kWideUnroll>(row_bytes >= whole_block_row_bytes, table, indices, generations,
-                                            starts, sampled_lengths, request, out, error, stream);
+  if (row_bytes >= whole_block_row_bytes) {
+    GatherKernel<kBlock><<<static_cast<unsigned>(request.batch_size), kBlock, 0, stream>>>(
+        table, indices, generations, starts, sampled_lengths, request, out, error);
   } else {
-    LaunchGather<GatherPolicy::kUnroll>(row_bytes >= whole_block_row_bytes, table, indices, generations,
-                                        starts, sampled_lengths, request, out, error, stream);
+    constexpr int64_t kRowsPerBlock = RowGroup<GatherPolicy::kWarpThreads>::kRowsPerBlock;
+    const int64_t blocks = (request.batch_size + kRowsPerBlock - 1) / kRowsPerBlock;
+    GatherKernel<GatherPolicy::kWarpThreads><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+        table, indices, generations, starts, sampled_lengths, request, out, error);
   }
   return cudaGetLastError();
 }

@@ -1,9 +1,8 @@
 """Where the fixed cost of a small GPU call goes: one jitted call each of an empty program, `jnp.take` from
 HBM, `gj.sample` alone, `gj.gather` alone (of a sample made beforehand) and `gj.sample_gather`, for a few
 batch sizes and row sizes; `sample_gather` (one custom call) against `sample` then `gather` (two); the
-sample's one-block launch against its three launches (GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS=0); from 4 KiB rows,
-the gather's 8 loads per thread before their stores against 4 (GEAR_JAX_GATHER_UNROLL=8); from 16 KiB, a
-warp per row against a block per row (GEAR_JAX_GATHER_BLOCK_ROW_BYTES). The launchers read these
+sample's one-block launch against its three launches (GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS=0); from 16 KiB rows,
+a warp per row against a block per row (GEAR_JAX_GATHER_BLOCK_ROW_BYTES). The launchers read these
 variables at each launch.
 
 Medians of interleaved rounds (each round times every variant once), so that a slow phase of the machine
@@ -29,7 +28,7 @@ import gear_jax as gj
 POINTS = ((512, 1 << 20, (32, 1024)), (4096, 1 << 16, (32, 1024)), (65536, 4096, (32, 256)))
 
 
-TUNING = ("GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS", "GEAR_JAX_GATHER_UNROLL", "GEAR_JAX_GATHER_BLOCK_ROW_BYTES")
+TUNING = ("GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS", "GEAR_JAX_GATHER_BLOCK_ROW_BYTES")
 
 
 def set_environment(env):
@@ -83,8 +82,6 @@ def main():
             three = {"GEAR_JAX_SAMPLE_ONE_BLOCK_PICKS": "0"}
             variants["sample_three_launches"] = (*programs["sample"], three)
             variants["sample_gather_three_launches"] = (*programs["sample_gather"], three)
-            if item >= 4096:
-                variants["gather_unroll8"] = (*programs["gather"], {"GEAR_JAX_GATHER_UNROLL": "8"})
             if item >= 16384:
                 threshold = "GEAR_JAX_GATHER_BLOCK_ROW_BYTES"
                 variants["gather_warp_per_row"] = (*programs["gather"], {threshold: str(1 << 40)})

@@ -54,14 +54,6 @@ def uniform_launches(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=["4", "8"])
-def gather_unroll(request, monkeypatch):
-    """The gather with 4 vector loads per thread before their stores (the default), then with 8
-    (GEAR_JAX_GATHER_UNROLL=8; read at every launch)."""
-    monkeypatch.setenv("GEAR_JAX_GATHER_UNROLL", request.param)
-    return request.param
-
-
 def run_on(device, fn, *args):
     """jit(fn)(*args) with the arguments committed to `device`, so that it runs there."""
     return jax.block_until_ready(jax.jit(fn)(*jax.device_put(args, device)))
@@ -291,7 +283,7 @@ def test_prioritized_matches_cpu_exactly(make_table, gpu, exponent):
     ],
 )
 @pytest.mark.parametrize("max_steps,window", [(1, None), (5, 3)])
-def test_gather_matches_cpu(make_table, gpu, fields, max_steps, window, gather_unroll):
+def test_gather_matches_cpu(make_table, gpu, fields, max_steps, window):
     table = make_table(fields=fields, capacity=40, max_steps=max_steps)
     rng = np.random.default_rng(3)
     lead = (40, max_steps) if max_steps > 1 else (40,)
