@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,7 +65,7 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from gear_jax import _args, ops
+from gear_jax import _agreement, _args, ops
 from gear_jax.selection import ORDERED_METHODS, Sample
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.spec import TableSpec
@@ -164,47 +165,84 @@ class ShardedTable:
           pin: as in `Table.create`, for each shard.
           reuse: as in `Table.create`, for each shard.
 
-        Raises:
+        Raises (on every process, whichever process it concerns: the process at fault raises its own
+        error, the others an error of the same kind naming that process and its cause, never a
+        collective left waiting for a process that already raised):
           InvalidArgumentError: `axis` is not an axis of the mesh, another axis has size > 1, the global
-            row ids would not fit in int32, or the spec or name differ across processes.
+            row ids would not fit in int32, the spec or name differ across processes, or a process's
+            arguments are of the wrong type.
+          Any error of `Table.create` on a process (the shards already made elsewhere are closed).
         """
-        if not isinstance(spec, TableSpec):
-            raise InvalidArgumentError(
-                f"ShardedTable.create: spec must be a gear_jax.TableSpec, got {type(spec).__name__}"
-            )
-        if not isinstance(mesh, Mesh):
-            raise InvalidArgumentError(
-                f"ShardedTable.create: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}"
-            )
-        if axis not in mesh.axis_names:
-            raise InvalidArgumentError(
-                f"ShardedTable.create: axis={axis!r} is not an axis of the mesh (its axes: "
-                f"{tuple(mesh.axis_names)}); pass axis= one of them or build the mesh with that axis"
-            )
-        others = {n: mesh.shape[n] for n in mesh.axis_names if n != axis and mesh.shape[n] != 1}
-        if others:
-            raise InvalidArgumentError(
-                f"ShardedTable.create: the mesh's other axes {others} have more than one device; a "
-                f"sharded table needs one shard per device, so its mesh must vary only along {axis!r}"
-            )
-        devices = list(np.moveaxis(mesh.devices, list(mesh.axis_names).index(axis), 0).reshape(-1))
-        if len(devices) * spec.capacity > MAX_GLOBAL_ROWS:
-            raise InvalidArgumentError(
-                f"ShardedTable.create: {len(devices)} shards x capacity {spec.capacity} rows exceed the "
-                f"int32 global row ids ({MAX_GLOBAL_ROWS}); use fewer rows per shard"
-            )
-        name = _agreed_name(spec, name)
+        op = "ShardedTable.create"
+        # Every step that can fail on one process runs inside an agreement (gear_jax/_agreement.py): a
+        # process that raised before a collective would leave the others waiting in it.
+        error, devices = None, []
+        try:
+            devices = _mesh_devices(spec, mesh, axis, op)
+            if name is not None and not isinstance(name, str):
+                raise InvalidArgumentError(f"{op}: name must be a str, got {type(name).__name__}")
+        except Exception as e:
+            error = e
+        name = _agreed_name(spec if error is None else None, name, error, op)
         me = jax.process_index()
         shards: dict[int, Table] = {}
+        error = None
         try:
             for s, device in enumerate(devices):
                 if device.process_index == me:
                     shards[s] = Table.create(spec, name=shard_name(name, s), pin=pin, reuse=reuse)
+        except Exception as e:
+            error = e
+        try:
+            _agreement.agree(error, op)
         except BaseException:
             for table in shards.values():
                 table.close()
             raise
         return cls(spec, mesh, axis, name, devices, shards)
+
+    # -- checkpoints (gear_jax/sharded_checkpoint.py) -----------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes a crash-safe checkpoint of every shard under the directory `path`; call it on every
+        process of the job at the same point (it synchronizes them). Each process writes its own shards
+        (`Table.save`'s format, streamed and CRC-32'd; rows written meanwhile are saved as `Table.save`
+        saves them), and the new checkpoint replaces the previous one only once every process's shards
+        are durable: a process killed at any moment (or every process) leaves the previous checkpoint
+        loadable. `path` may be on a shared file system or a directory of the same name on each host.
+        See `gear_jax.sharded_checkpoint`.
+
+        Raises (on every process, naming the process at fault):
+          CheckpointError: `path` holds something other than a sharded checkpoint, its parent does not
+            exist, or a shard could not be written (a full disk, say).
+        """
+        from gear_jax import sharded_checkpoint
+
+        sharded_checkpoint.save(self, path)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        mesh: Mesh,
+        axis: str = "replay",
+        name: str | None = None,
+        pin: bool = True,
+    ) -> ShardedTable:
+        """The sharded table of the newest checkpoint under `path` that every process can read, in new
+        shards over `mesh` (each process loads the shards of its devices, with their rows, priorities,
+        generations, insert order and cursors: `Table.load` for each). Call it on every process of the
+        job; `axis`, `name` and `pin` are `create`'s.
+
+        Raises (on every process, naming the process at fault):
+          CheckpointError: no checkpoint every process can read (each process must find its shards
+            under `path`), a damaged one, or one of another number of shards than the mesh has devices
+            along `axis` (rows are not redistributed).
+          InvalidArgumentError: as `create`.
+        """
+        from gear_jax import sharded_checkpoint
+
+        return sharded_checkpoint.load(path, mesh, axis=axis, name=name, pin=pin)
 
     @staticmethod
     def attach_shard(name: str, shard: int) -> Table:
@@ -324,24 +362,51 @@ def _key_data(key: Any) -> np.ndarray:
     return np.asarray(key)
 
 
-def _agreed_name(spec: TableSpec, name: str | None) -> str:
-    """The name every process uses, after checking that every process has the same spec and name."""
+def _mesh_devices(spec: TableSpec | None, mesh: Mesh, axis: str, op: str) -> list[Any]:
+    """The devices along `axis` of `mesh`, one shard each, after checking the arguments of `op` (`spec`
+    too, unless None)."""
+    if spec is not None and not isinstance(spec, TableSpec):
+        raise InvalidArgumentError(f"{op}: spec must be a gear_jax.TableSpec, got {type(spec).__name__}")
+    if not isinstance(mesh, Mesh):
+        raise InvalidArgumentError(f"{op}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if axis not in mesh.axis_names:
+        raise InvalidArgumentError(
+            f"{op}: axis={axis!r} is not an axis of the mesh (its axes: {tuple(mesh.axis_names)}); pass "
+            "axis= one of them or build the mesh with that axis"
+        )
+    others = {n: mesh.shape[n] for n in mesh.axis_names if n != axis and mesh.shape[n] != 1}
+    if others:
+        raise InvalidArgumentError(
+            f"{op}: the mesh's other axes {others} have more than one device; a sharded table needs one "
+            f"shard per device, so its mesh must vary only along {axis!r}"
+        )
+    devices = list(np.moveaxis(mesh.devices, list(mesh.axis_names).index(axis), 0).reshape(-1))
+    if spec is not None and len(devices) * spec.capacity > MAX_GLOBAL_ROWS:
+        raise InvalidArgumentError(
+            f"{op}: {len(devices)} shards x capacity {spec.capacity} rows exceed the int32 global row ids "
+            f"({MAX_GLOBAL_ROWS}); use fewer rows per shard"
+        )
+    return devices
+
+
+def _agreed_name(spec: TableSpec | None, name: str | None, error: BaseException | None, op: str) -> str:
+    """The name every process uses: `name`, or the one process 0 draws when it is None. Then every
+    process reports `error` (its arguments' check) and the digest of its spec and name: any error, or
+    any spec or name that differs from process 0's, raises on every process."""
     from jax.experimental import multihost_utils
 
+    drawn = np.frombuffer(secrets.token_bytes(16), np.uint8)  # every process joins the broadcast
+    drawn = np.asarray(multihost_utils.broadcast_one_to_all(drawn))
     if name is None:
-        drawn = np.frombuffer(secrets.token_bytes(16), np.uint8)
-        drawn = np.asarray(multihost_utils.broadcast_one_to_all(drawn))
         name = "gear_jax_sharded_" + bytes(drawn.astype(np.uint8)).hex()
-    elif not isinstance(name, str):
-        raise InvalidArgumentError(f"ShardedTable.create: name must be a str, got {type(name).__name__}")
-    digest = hashlib.sha256((spec.to_json() + "\0" + name).encode()).digest()[:16]
-    mine = np.frombuffer(digest, np.uint8)
-    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, mine.size)
+    text = ("" if spec is None else spec.to_json()) + "\0" + str(name)
+    mine = np.frombuffer(hashlib.sha256(text.encode()).digest()[:16], np.uint8)
+    every = _agreement.agree(error, op, payload=mine)
     differing = [p for p in range(every.shape[0]) if not np.array_equal(every[p], every[0])]
     if differing:
         raise InvalidArgumentError(
-            f"ShardedTable.create: the spec or name differ across processes (processes {differing} "
-            f"differ from process 0): every process must pass the same TableSpec and name"
+            f"{op}: the spec or name differ across processes (processes {differing} differ from process 0): "
+            "every process must pass the same TableSpec and name"
         )
     return name
 
