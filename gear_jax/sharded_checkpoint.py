@@ -283,7 +283,8 @@ def _record_of(save_dir: Path) -> dict[str, Any] | None:
 
 
 def _complete_saves(root: Path, shards: list[int]) -> list[str]:
-    """The saves under `root` with a valid record and a directory for each of `shards`, newest first."""
+    """The saves under `root` with a valid record and a directory for each of `shards` it has (a shard
+    past its count is left to the record's check, which names both counts), newest first."""
     try:
         entries = os.listdir(root)
     except FileNotFoundError:
@@ -291,7 +292,11 @@ def _complete_saves(root: Path, shards: list[int]) -> list[str]:
     complete = []
     for entry in sorted((e for e in entries if _SAVE_NAME.match(e)), reverse=True):
         save_dir = root / entry
-        if _record_of(save_dir) is not None and all((save_dir / f"shard-{s}").is_dir() for s in shards):
+        record = _record_of(save_dir)
+        if record is None:
+            continue
+        saved = record.get("num_shards")
+        if all((save_dir / f"shard-{s}").is_dir() for s in shards if not isinstance(saved, int) or s < saved):
             complete.append(entry)
     return complete
 

@@ -11,6 +11,7 @@ whose priority is PRIORITY(s, row) (an integer). A scenario then samples and rep
 import json
 import os
 import sys
+import time
 
 SCENARIO, PROCESS_ID, NUM_PROCESSES, DEVICES, PORT = (
     sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
@@ -93,6 +94,10 @@ def main():
             out["error"] = None
         except gj.InvalidArgumentError as e:
             out["error"] = str(e)
+    elif SCENARIO == "bad_arguments":
+        out.update(bad_arguments(mesh))
+    elif SCENARIO.startswith("checkpoint_"):
+        out.update(globals()[SCENARIO](mesh, os.environ["GEAR_JAX_TEST_CHECKPOINT"]))
     else:
         max_steps = 4 if SCENARIO == "windows" else 1
         with gj.ShardedTable.create(spec(max_steps), mesh, axis="replay") as table:
@@ -338,6 +343,100 @@ def errors(mesh):
         except gj.EXECUTION_ERRORS as e:
             out["empty"] = str(e)
         multihost_utils.sync_global_devices("errors done")
+    return out
+
+
+def bad_arguments(mesh):
+    """Process 1 passes a name of the wrong type: every process gets a gear_jax error at once."""
+    t0 = time.monotonic()
+    try:
+        gj.ShardedTable.create(spec(), mesh, name=123 if PROCESS_ID == 1 else "gear_jax_test_bad_arguments")
+        error = None
+    except gj.InvalidArgumentError as e:
+        error = str(e)
+    return {"error": error, "seconds": time.monotonic() - t0}
+
+
+def picks_and_rows(table):
+    """A global prioritized sample's ids (the same key every time) and each local shard's rows."""
+    smp, batch = table.sampler(SHARDS * 4, method="prioritized")(jax.random.key(3))
+    rows = {}
+    for s, shard in table.local_shards.items():
+        status = shard.row_status()
+        n = shard.size
+        rows[s] = {"size": n, "priority": status["priority"][:n].tolist(),
+                   "generation": status["generation"][:n].tolist()}
+    return gathered(batch["id"]).tolist(), rows
+
+
+def checkpoint_save(mesh, path):
+    """Fills, saves twice (the second replaces the first), reports what a sample sees."""
+    with gj.ShardedTable.create(spec(), mesh, name="gear_jax_test_ckpt_save") as table:
+        fill(table)
+        table.save(path)
+        for s, shard in table.local_shards.items():  # a change the second save must carry
+            shard.insert({"id": np.full(1, 10_000 + s, np.int32), "x": np.zeros((1, 3), np.float32)},
+                         priorities=[7.0])
+        table.save(path)
+        picks, rows = picks_and_rows(table)
+        saves = sorted(os.listdir(path))
+        multihost_utils.sync_global_devices("saved")
+    return {"picks": picks, "rows": rows, "saves": saves}
+
+
+def checkpoint_load(mesh, path):
+    """Loads what checkpoint_save saved (any layout of as many shards), reports what a sample sees, then
+    inserts into the loaded shards and samples again."""
+    with gj.ShardedTable.load(path, mesh, name="gear_jax_test_ckpt_load") as table:
+        picks, rows = picks_and_rows(table)
+        for shard in table.local_shards.values():
+            shard.insert({"id": np.full(2, -1, np.int32), "x": np.zeros((2, 3), np.float32)})
+        after = sum(shard.size for shard in table.local_shards.values())
+        multihost_utils.sync_global_devices("loaded")
+    return {"picks": picks, "rows": rows, "size_after_insert": after}
+
+
+def checkpoint_refused(mesh, path):
+    """Loads a checkpoint of another number of shards: refused on every process."""
+    try:
+        gj.ShardedTable.load(path, mesh, name="gear_jax_test_ckpt_refused")
+        return {"error": None}
+    except gj.CheckpointError as e:
+        return {"error": str(e)}
+
+
+LOOP_ROWS = 8  # rows each shard takes per round of checkpoint_loop
+
+
+def loop_spec():
+    return gj.TableSpec({"round": gj.Field((), "int32"), "x": gj.Field((1024,), "uint8")}, capacity=4096)
+
+
+def checkpoint_loop(mesh, path):
+    """Round k: every shard takes LOOP_ROWS rows stamped k, then the table is saved and process 0
+    prints SAVED k. Runs until the test kills every process."""
+    table = gj.ShardedTable.create(loop_spec(), mesh, name=f"gear_jax_test_ckpt_loop_{PORT}")
+    for k in range(100_000):
+        for shard in table.local_shards.values():
+            shard.insert({"round": np.full(LOOP_ROWS, k, np.int32),
+                          "x": np.full((LOOP_ROWS, 1024), k % 251, np.uint8)})
+        table.save(path)
+        print(f"SAVED {k}", flush=True)
+    return {}
+
+
+def checkpoint_verify(mesh, path):
+    """Loads what checkpoint_loop left and reports each local shard's rounds and whether every row's
+    bytes match its round."""
+    with gj.ShardedTable.load(path, mesh, name="gear_jax_test_ckpt_verify") as table:
+        out = {}
+        for s, shard in table.local_shards.items():
+            n = shard.size
+            _, batch = gj.host.sample_gather(shard, np.random.default_rng(0), n, method="fifo")
+            rounds = np.asarray(batch["round"])
+            exact = bool(np.all(np.asarray(batch["x"]) == (rounds % 251)[:, None].astype(np.uint8)))
+            out[str(s)] = {"size": n, "rounds": sorted(set(rounds.tolist())), "exact": exact}
+        multihost_utils.sync_global_devices("verified")
     return out
 
 

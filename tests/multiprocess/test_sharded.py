@@ -6,7 +6,11 @@ collective would leave the others waiting forever.
 """
 
 import json
+import os
 import pathlib
+import random
+import signal
+import time
 import socket
 import subprocess
 import sys
@@ -15,6 +19,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import gear_jax as gj
+import gear_jax.cleanup
 from tests.helpers.sampling import P_THRESHOLD
 
 pytestmark = pytest.mark.multiprocess
@@ -29,16 +35,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(scenario: str, processes: int, devices: int) -> list[dict]:
-    """Runs the scenario on `processes` processes; returns each process's RESULT, in process order."""
+def start_job(scenario: str, processes: int, devices: int, env: dict | None = None) -> list[subprocess.Popen]:
     port = free_port()
-    procs = [
+    return [
         subprocess.Popen(
             [sys.executable, str(WORKER), scenario, str(i), str(processes), str(devices), str(port)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
         )
         for i in range(processes)
     ]
+
+
+def run_job(scenario: str, processes: int, devices: int, env: dict | None = None) -> list[dict]:
+    """Runs the scenario on `processes` processes; returns each process's RESULT, in process order."""
+    procs = start_job(scenario, processes, devices, env)
     results = []
     try:
         for p in procs:
@@ -179,3 +189,70 @@ def test_specs_that_differ_across_processes_are_refused():
     results = run_job("spec_mismatch", 2, 1)
     for r in results:
         assert r["error"] is not None and "differ across processes" in r["error"]
+
+
+def test_a_create_that_fails_on_one_process_fails_on_every_process_at_once():
+    # Process 1 passes a bad name: it raises its own error, process 0 one naming process 1, both at once
+    # (they waited 30 s for a collective and raised Gloo's DEADLINE_EXCEEDED before).
+    own, other = run_job("bad_arguments", 2, 1)[1], run_job("bad_arguments", 2, 1)[0]
+    assert "name must be a str" in own["error"]
+    assert "process 1 failed" in other["error"] and "name must be a str" in other["error"]
+    assert own["seconds"] < 20 and other["seconds"] < 20
+
+
+@pytest.mark.parametrize("saved,loaded", [((2, 1), (2, 1)), ((2, 1), (1, 2))])
+def test_a_sharded_checkpoint_loads_whole_into_as_many_shards(tmp_path, saved, loaded):
+    # Saved by 2 processes, loaded by 2 (the same layout) or by 1 process of 2 devices (the shards move
+    # between processes on a shared file system): the same rows, priorities and generations, the same
+    # picks for the same key, and the loaded shards take inserts.
+    env = {"GEAR_JAX_TEST_CHECKPOINT": str(tmp_path / "replay")}
+    before = run_job("checkpoint_save", *saved, env=env)
+    after = run_job("checkpoint_load", *loaded, env=env)
+    assert before[0]["saves"] == before[1]["saves"] and len(before[0]["saves"]) == 1  # the first replaced
+    assert all(r["picks"] == before[0]["picks"] for r in before + after)
+    rows_before = {s: v for r in before for s, v in r["rows"].items()}
+    rows_after = {s: v for r in after for s, v in r["rows"].items()}
+    assert rows_after == rows_before and len(rows_after) == 2
+    assert rows_before["0"]["size"] == 6  # fill's 5 rows and the one inserted before the second save
+    assert sum(r["size_after_insert"] for r in after) == sum(v["size"] for v in rows_after.values()) + 4
+
+
+def test_a_checkpoint_of_another_number_of_shards_is_refused_on_every_process(tmp_path):
+    env = {"GEAR_JAX_TEST_CHECKPOINT": str(tmp_path / "replay")}
+    run_job("checkpoint_save", 2, 1, env=env)
+    for r in run_job("checkpoint_refused", 2, 2, env=env):
+        assert "it holds 2 shards and the mesh has 4 devices" in r["error"]
+
+
+@pytest.mark.parametrize("delay", [random.Random(7).uniform(0.0, 0.4), random.Random(8).uniform(0.0, 0.4)])
+def test_every_process_killed_mid_save_leaves_the_last_checkpoint_loadable(tmp_path, delay):
+    # Two processes insert a round of rows into each shard and save, again and again; both are SIGKILLed
+    # a random time after the third save returned. A load then finds one whole save on every shard: the
+    # same rounds 0..k everywhere, k at least the last one reported saved, each row's bytes its own round's.
+    env = {"GEAR_JAX_TEST_CHECKPOINT": str(tmp_path / "replay")}
+    procs = start_job("checkpoint_loop", 2, 1, env)
+    try:
+        saved = -1
+        deadline = time.monotonic() + TIMEOUT
+        while saved < 2:
+            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].stderr.read()[-3000:]
+            line = procs[0].stdout.readline()
+            if line.startswith("SAVED "):
+                saved = int(line.split()[1])
+        time.sleep(delay)
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)
+        for line in procs[0].stdout.read().splitlines():  # what process 0 reported before the kill
+            if line.startswith("SAVED "):
+                saved = max(saved, int(line.split()[1]))
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+        gj.cleanup.remove_dead_tables(match="gear_jax_test_ckpt_loop_*")  # the killed processes' shards
+    shards = {s: v for r in run_job("checkpoint_verify", 2, 1, env=env) for s, v in r.items()}
+    rounds = {tuple(v["rounds"]) for v in shards.values()}
+    assert len(rounds) == 1, shards  # every shard from the same save
+    (kept,) = rounds
+    assert kept == tuple(range(len(kept))) and len(kept) - 1 >= saved, (kept, saved)
+    assert all(v["exact"] and v["size"] == 8 * len(kept) for v in shards.values()), shards
