@@ -36,6 +36,7 @@ def agree(
     op: str,
     payload: np.ndarray | None = None,
     kind: type[GearJaxError] | None = None,
+    fallback: type[GearJaxError] = InvalidArgumentError,
 ) -> np.ndarray:
     """Every process's `payload` (stacked along a new first axis, in process order), once every process
     said whether its step failed (`error`: what it caught, or None). Call it on every process with a
@@ -43,8 +44,8 @@ def agree(
 
     Raises, on every process, when any process's step failed: a process whose own step failed re-raises
     its `error`; the others raise `kind` (by default the class of the lowest-numbered failing process's
-    error when it is a gear_jax error, InvalidArgumentError otherwise) saying which process failed in
-    `op` and why.
+    error when it is a gear_jax error, `fallback` otherwise) saying which process failed in `op` and
+    why.
     """
     from jax.experimental import multihost_utils
 
@@ -59,21 +60,21 @@ def agree(
         size = int(np.frombuffer(reports[first, 1:5].tobytes(), np.uint32)[0])
         message = reports[first, 5 : 5 + size].tobytes().decode(errors="replace")
         others = f" (and processes {failed[1:]})" if len(failed) > 1 else ""
-        raise (kind or _kind_of(message))(
+        raise (kind or _kind_of(message, fallback))(
             f"{op}: process {first}{others} failed, so this process stops too: {message}"
         )
     data = reports[:, 5 + MESSAGE_BYTES :]
     return data.copy().view(payload.dtype).reshape((reports.shape[0], *payload.shape))
 
 
-def _kind_of(message: str) -> type[GearJaxError]:
-    """The gear_jax error class a report's message names ("CheckpointError: ..."), InvalidArgumentError
-    for any other."""
+def _kind_of(message: str, fallback: type[GearJaxError]) -> type[GearJaxError]:
+    """The gear_jax error class a report's message names ("CheckpointError: ..."), `fallback` for any
+    other (an OSError, say)."""
     name = message.split(":", 1)[0]
     found = getattr(errors, name, None)
     if isinstance(found, type) and issubclass(found, GearJaxError):
         return found
-    return InvalidArgumentError
+    return fallback
 
 
 def run_agreed(op: str, step: Any, kind: type[GearJaxError] | None = None) -> Any:

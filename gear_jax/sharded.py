@@ -141,6 +141,8 @@ class ShardedTable:
         self.devices = list(devices)
         self._shards = dict(sorted(shards.items()))
         self._local_ids = np.asarray(list(self._shards), np.int32)
+        # The `metadata` the checkpoint it was loaded from was saved with (ShardedTable.load), else None.
+        self.checkpoint_metadata: dict[str, Any] | None = None
 
     # -- creating and closing ---------------------------------------------------------------------
 
@@ -203,9 +205,11 @@ class ShardedTable:
 
     # -- checkpoints (gear_jax/sharded_checkpoint.py) -----------------------------------------------
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> None:
         """Writes a crash-safe checkpoint of every shard under the directory `path`; call it on every
-        process of the job at the same point (it synchronizes them). Each process writes its own shards
+        process of the job at the same point (it synchronizes them). `metadata`, a small JSON dict (the
+        training step, say), is kept with the checkpoint and comes back as `checkpoint_metadata` of the
+        table `load` returns. Each process writes its own shards
         (`Table.save`'s format, streamed and CRC-32'd; rows written meanwhile are saved as `Table.save`
         saves them), and the new checkpoint replaces the previous one only once every process's shards
         are durable: a process killed at any moment (or every process) leaves the previous checkpoint
@@ -215,10 +219,11 @@ class ShardedTable:
         Raises (on every process, naming the process at fault):
           CheckpointError: `path` holds something other than a sharded checkpoint, its parent does not
             exist, or a shard could not be written (a full disk, say).
+          InvalidArgumentError: `metadata` is not a dict of JSON values.
         """
         from gear_jax import sharded_checkpoint
 
-        sharded_checkpoint.save(self, path)
+        sharded_checkpoint.save(self, path, metadata)
 
     @classmethod
     def load(
@@ -232,7 +237,8 @@ class ShardedTable:
         """The sharded table of the newest checkpoint under `path` that every process can read, in new
         shards over `mesh` (each process loads the shards of its devices, with their rows, priorities,
         generations, insert order and cursors: `Table.load` for each). Call it on every process of the
-        job; `axis`, `name` and `pin` are `create`'s.
+        job; `axis`, `name` and `pin` are `create`'s. The table's `checkpoint_metadata` is the `metadata`
+        the checkpoint was saved with.
 
         Raises (on every process, naming the process at fault):
           CheckpointError: no checkpoint every process can read (each process must find its shards

@@ -6,7 +6,8 @@ A sharded checkpoint is a directory `path` that holds one directory per save:
     save-<time>-<token>/    named alike on every process (process 0 draws the name)
         shard-<s>/          shard s's checkpoint, written by the process that owns it (`Table.save`'s
                             format: streamed, CRC-32'd, fsynced; see gear_jax/checkpoint.py)
-        sharded.json        the commit record: the spec, the number of shards, the mesh axis
+        sharded.json        the commit record: the spec, the number of shards, the mesh axis, the
+                            caller's metadata (e.g. the training step)
 
 `path` may be on a file system every process shares, or a directory of the same name on each host (each
 host then holds its own processes' shards).
@@ -43,7 +44,7 @@ import numpy as np
 
 from gear_jax import _agreement, checkpoint
 from gear_jax._version import __version__
-from gear_jax.errors import CheckpointError, SpecError
+from gear_jax.errors import CheckpointError, InvalidArgumentError, SpecError
 from gear_jax.spec import TableSpec
 from gear_jax.table import Table
 
@@ -62,13 +63,15 @@ _SAVE_NAME = re.compile(r"^save-[0-9a-f]{16}-[0-9a-f]{16}$")
 _NAME_BYTES = 48  # room for a save directory's name in the all-gather
 
 
-def save(table: ShardedTable, path: str | os.PathLike[str]) -> None:
+def save(table: ShardedTable, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> None:
     """Writes this process's shards of `table` into a new save under `path` and commits it on every
-    process (module docstring). Call it on every process of the job at the same point."""
+    process (module docstring), with `metadata` (JSON) in its record. Call it on every process of the
+    job at the same point."""
     op = "ShardedTable.save"
     drawn = _agreed_token()  # a collective: before anything that can fail
     root, save_dir, error = None, None, None
     try:
+        metadata = _checked_metadata(metadata, op)
         root = checkpoint.checkpoint_path(path, op)
         _open_root(root, op)
         save_dir = root / f"{SAVE_PREFIX}{drawn}"
@@ -82,13 +85,13 @@ def save(table: ShardedTable, path: str | os.PathLike[str]) -> None:
             checkpoint.save(shard, save_dir / f"shard-{s}")
     except Exception as e:
         error = e
-    _agreement.agree(error, op, kind=CheckpointError)  # every shard durable everywhere
+    _agreement.agree(error, op, fallback=CheckpointError)  # every shard durable everywhere
     error = None
     try:
-        _write_record(save_dir, table)
+        _write_record(save_dir, table, metadata)
     except Exception as e:
         error = e
-    _agreement.agree(error, op, kind=CheckpointError)  # the record written everywhere
+    _agreement.agree(error, op, fallback=CheckpointError)  # the record written everywhere
     _remove_older_saves(root, keep=save_dir.name, shards=table.local_shards)
 
 
@@ -114,7 +117,7 @@ def load(
     names = np.zeros((MAX_LISTED_SAVES, _NAME_BYTES), np.uint8)
     for i, entry in enumerate(listed[:MAX_LISTED_SAVES]):
         names[i, : len(entry)] = np.frombuffer(entry.encode(), np.uint8)
-    every = _agreement.agree(error, op, payload=names, kind=CheckpointError)
+    every = _agreement.agree(error, op, payload=names, fallback=CheckpointError)
     found = [{bytes(row).rstrip(b"\0").decode() for row in rows if row.any()} for rows in every]
     common = set.intersection(*found)
     if not common:
@@ -129,9 +132,9 @@ def load(
             )
         )
     chosen = root / max(common)
-    spec, error = None, None
+    spec, metadata, error = None, None, None
     try:
-        spec = _read_record(chosen, len(devices))
+        spec, metadata = _read_record(chosen, len(devices))
     except Exception as e:
         error = e
     name = sharded._agreed_name(spec, name, error, op)
@@ -148,12 +151,14 @@ def load(
     except Exception as e:
         error = e
     try:
-        _agreement.agree(error, op, kind=CheckpointError)
+        _agreement.agree(error, op, fallback=CheckpointError)
     except BaseException:
         for table in shards.values():
             table.close()
         raise
-    return sharded.ShardedTable(spec, mesh, axis, name, devices, shards)
+    table = sharded.ShardedTable(spec, mesh, axis, name, devices, shards)
+    table.checkpoint_metadata = metadata
+    return table
 
 
 def _agreed_token() -> str:
@@ -205,7 +210,36 @@ def _record_checksum(record: dict[str, Any]) -> str:
     return f"{zlib.crc32(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()):08x}"
 
 
-def _write_record(save_dir: Path, table: ShardedTable) -> None:
+def _checked_metadata(metadata: Any, op: str) -> dict[str, Any] | None:
+    """`metadata` when it is None or a dict that JSON writes and reads back unchanged (str keys; str,
+    numbers, bools, None, lists and dicts of them), at most MAX_RECORD_BYTES / 2 of JSON."""
+    if metadata is None:
+        return None
+    fix = (
+        "pass a small dict of str keys and JSON values (numbers, str, bool, None, lists, dicts), e.g. "
+        "{'step': 1000}"
+    )
+    if not isinstance(metadata, dict):
+        raise InvalidArgumentError(
+            f"{op}: metadata must be a dict or None, got {type(metadata).__name__}; {fix}"
+        )
+    try:
+        text = json.dumps(metadata, allow_nan=False)
+        same = json.loads(text) == metadata
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidArgumentError(f"{op}: metadata is not JSON ({e}); {fix}") from None
+    if not same:
+        raise InvalidArgumentError(
+            f"{op}: metadata does not read back as written (tuples, non-str keys?); {fix}"
+        )
+    if len(text) > MAX_RECORD_BYTES // 2:
+        raise InvalidArgumentError(
+            f"{op}: metadata takes {len(text)} bytes of JSON, more than {MAX_RECORD_BYTES // 2}; {fix}"
+        )
+    return metadata
+
+
+def _write_record(save_dir: Path, table: ShardedTable, metadata: dict[str, Any] | None) -> None:
     """The commit record of `save_dir`: written to a temporary file, fsynced, renamed into place, the
     directory fsynced. Every process writes the same record (on a shared file system the renames of
     equal files race harmlessly)."""
@@ -217,6 +251,7 @@ def _write_record(save_dir: Path, table: ShardedTable) -> None:
         "num_shards": table.num_shards,
         "axis": table.axis,
         "saved_at": time.time(),
+        "metadata": metadata,
     }
     record["record_checksum"] = _record_checksum(record)
     temporary = save_dir / f".{RECORD}-{secrets.token_hex(8)}"
@@ -230,8 +265,9 @@ def _write_record(save_dir: Path, table: ShardedTable) -> None:
     _fsync_directory(save_dir)
 
 
-def _read_record(save_dir: Path, num_shards: int) -> TableSpec:
-    """The spec of the save in `save_dir`, after checking its record and that it has `num_shards` shards."""
+def _read_record(save_dir: Path, num_shards: int) -> tuple[TableSpec, dict[str, Any] | None]:
+    """The spec and metadata of the save in `save_dir`, after checking its record and that it has
+    `num_shards` shards."""
     where = f"ShardedTable.load: checkpoint '{save_dir}'"
     record = _record_of(save_dir)
     if record is None:
@@ -252,7 +288,8 @@ def _read_record(save_dir: Path, num_shards: int) -> TableSpec:
             f"into a mesh of {saved} devices along the axis (rows are not redistributed over another "
             "number of shards)"
         )
-    return spec
+    metadata = record.get("metadata")
+    return spec, metadata if isinstance(metadata, dict) else None
 
 
 def _record_of(save_dir: Path) -> dict[str, Any] | None:

@@ -377,11 +377,16 @@ def checkpoint_save(mesh, path):
         for s, shard in table.local_shards.items():  # a change the second save must carry
             shard.insert({"id": np.full(1, 10_000 + s, np.int32), "x": np.zeros((1, 3), np.float32)},
                          priorities=[7.0])
-        table.save(path)
+        table.save(path, metadata={"step": 2, "note": "second"})
         picks, rows = picks_and_rows(table)
         saves = sorted(os.listdir(path))
+        try:
+            table.save(path, metadata={"step": (1, 2)} if PROCESS_ID == 1 else {"step": 3})
+            refused = None
+        except (gj.InvalidArgumentError, gj.CheckpointError) as e:
+            refused = f"{type(e).__name__}: {e}"
         multihost_utils.sync_global_devices("saved")
-    return {"picks": picks, "rows": rows, "saves": saves}
+    return {"picks": picks, "rows": rows, "saves": saves, "refused": refused}
 
 
 def checkpoint_load(mesh, path):
@@ -393,7 +398,8 @@ def checkpoint_load(mesh, path):
             shard.insert({"id": np.full(2, -1, np.int32), "x": np.zeros((2, 3), np.float32)})
         after = sum(shard.size for shard in table.local_shards.values())
         multihost_utils.sync_global_devices("loaded")
-    return {"picks": picks, "rows": rows, "size_after_insert": after}
+        metadata = table.checkpoint_metadata
+    return {"picks": picks, "rows": rows, "size_after_insert": after, "metadata": metadata}
 
 
 def checkpoint_refused(mesh, path):

@@ -215,6 +215,11 @@ def test_a_sharded_checkpoint_loads_whole_into_as_many_shards(tmp_path, saved, l
     assert rows_after == rows_before and len(rows_after) == 2
     assert rows_before["0"]["size"] == 6  # fill's 5 rows and the one inserted before the second save
     assert sum(r["size_after_insert"] for r in after) == sum(v["size"] for v in rows_after.values()) + 4
+    assert all(r["metadata"] == {"step": 2, "note": "second"} for r in after)
+    # A save whose metadata one process can not write is refused on both, and the last save stays.
+    own, other = before[1]["refused"], before[0]["refused"]
+    assert own.startswith("InvalidArgumentError") and "metadata" in own
+    assert other.startswith("InvalidArgumentError") and "process 1 failed" in other
 
 
 def test_a_checkpoint_of_another_number_of_shards_is_refused_on_every_process(tmp_path):
