@@ -19,6 +19,14 @@ A rate limiter on each host keeps its actors' transitions at `--transitions_per_
 update (actors wait when they are ahead, the learner when they are behind), so that the run learns
 the same way however fast the machine is.
 
+With `--checkpoint_dir=DIR`, every `--checkpoint_every` updates each process writes its copy of the
+learner's state (parameters, target parameters, optimizer state) to DIR, then the sharded replay is saved
+(`table.save(DIR/replay, metadata={"step": ...})`: each process writes its own shards, and the save
+replaces the previous one only once every process's are durable). A job killed at any moment (preempted,
+a process lost: the survivors' next collective fails and the launcher, or the cluster, ends them) and
+started again with the same command loads the newest checkpoint (`gj.ShardedTable.load`) and goes on from
+its update, with the replay's rows and priorities intact; its actors add to them.
+
 Run:
 
     python examples/multihost.py --num_processes=2          # 2 processes on this machine, 1 CPU device each
@@ -129,6 +137,12 @@ flags.DEFINE_integer("eval_every", 1000, "updates between greedy evaluations (pr
 flags.DEFINE_integer("eval_episodes", 20, "episodes of each greedy evaluation (run in parallel)")
 flags.DEFINE_float("actor_timeout", 120.0, "seconds to wait for the actors to write, and to stop")
 flags.DEFINE_bool("smoke", False, "a tiny run for tests: a few seconds of training")
+# -- checkpoints --
+flags.DEFINE_string("checkpoint_dir", None,
+                    "directory of the job's checkpoints (the sharded replay and the learner's state, on a "
+                    "file system every process shares or the same path on each host); a job started again "
+                    "with the same flags resumes from the newest checkpoint there")
+flags.DEFINE_integer("checkpoint_every", 500, "updates between checkpoints (with --checkpoint_dir)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +175,8 @@ class Config:
     eval_episodes: int
     actor_timeout: float
     smoke: bool
+    checkpoint_dir: str | None
+    checkpoint_every: int
 
 
 def config_from_flags() -> Config:
@@ -564,6 +580,60 @@ def gather_per_shard(num_shards: int, *values: dict[int, int]) -> list[np.ndarra
     return list(every.sum(0))
 
 
+# -- checkpoints ------------------------------------------------------------------------------------------
+#
+# A checkpoint is the sharded replay (`table.save(dir/replay, metadata=...)`: each process writes its own
+# shards, and the save becomes the newest only once every process's are durable) and the learner's state,
+# which every process holds alike and writes to its own file first, before the replay's save commits:
+# a replay checkpoint of update k implies every process's learner file of update k.
+
+
+def learner_file(checkpoint_dir: str, step: int) -> str:
+    return os.path.join(checkpoint_dir, f"learner-p{jax.process_index()}-{step:08d}.npz")
+
+
+def save_learner(checkpoint_dir: str, step: int, state: TrainState) -> None:
+    """This process's copy of the (replicated) learner state at update `step`, durable on return."""
+    leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(local(state)))]
+    path = learner_file(checkpoint_dir, step)
+    temporary = f"{path}.{secrets.token_hex(4)}.tmp"
+    with open(temporary, "wb") as f:
+        np.savez(f, *leaves)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+def load_learner(checkpoint_dir: str, step: int, like: TrainState) -> TrainState:
+    """The learner state saved at update `step`, in the structure (and dtypes) of `like`."""
+    with np.load(learner_file(checkpoint_dir, step)) as saved:
+        leaves = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    treedef = jax.tree.structure(like)
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def remove_other_learner_files(checkpoint_dir: str, step: int) -> None:
+    keep = learner_file(checkpoint_dir, step)
+    for path in glob.glob(os.path.join(checkpoint_dir, f"learner-p{jax.process_index()}-*.npz*")):
+        if path != keep:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def replay_checkpoint_exists(replay_dir: str) -> bool:
+    """Whether the job resumes: whether every process finds a replay checkpoint (they must agree)."""
+    from jax.experimental import multihost_utils
+
+    mine = np.array([os.path.isdir(replay_dir) and bool(os.listdir(replay_dir))], np.int32)
+    every = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
+    if every.min() != every.max():
+        found = np.flatnonzero(every).tolist()
+        raise RuntimeError(f"--checkpoint_dir: only processes {found} find a checkpoint in {replay_dir}; "
+                           "every process must see the same checkpoint directory (shared, or the same path "
+                           "on each host with its own processes' shards)")
+    return bool(every[0])
+
+
 def train(config: Config, prefix: str, table_name: str | None, started: float) -> None:
     import gymnax
     from jax.experimental import multihost_utils
@@ -580,38 +650,60 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
                          TrainState(params, params, jax.device_get(optimizer.init(params))))
     evals: list[tuple[int, float]] = []  # (update, mean greedy return), on process 0
 
-    # Every process creates its own shards; actors find them by the table's name.
-    with gj.ShardedTable.create(make_spec(config.capacity), mesh, axis=AXIS, name=table_name) as table:
+    # Every process creates its own shards (or loads them from the newest checkpoint); actors find them by
+    # the table's name.
+    replay_dir = os.path.join(config.checkpoint_dir, "replay") if config.checkpoint_dir else None
+    resumed, max_priority = 0, 1.0  # the update the job resumes after (0: a new job)
+    if replay_dir is not None and replay_checkpoint_exists(replay_dir):
+        table = gj.ShardedTable.load(replay_dir, mesh, axis=AXIS, name=table_name)
+        resumed = int(table.checkpoint_metadata["step"])
+        max_priority = float(table.checkpoint_metadata["max_priority"])
+        state = jax.tree.map(lambda x: global_array(mesh, P(), x),
+                             load_learner(config.checkpoint_dir, resumed, local(state)))
+        params = jax.device_get(local(state.params))
+        logging.info("resumed from the checkpoint of update %d in %s: shards hold %s rows", resumed,
+                     config.checkpoint_dir, {s: t.size for s, t in table.local_shards.items()})
+    else:
+        if config.checkpoint_dir:
+            os.makedirs(config.checkpoint_dir, exist_ok=True)
+        table = gj.ShardedTable.create(make_spec(config.capacity), mesh, axis=AXIS, name=table_name)
+    with table:
         logging.info("%d devices, %d shards of %d rows; this process owns shards %s", jax.device_count(),
                      table.num_shards, config.capacity, sorted(table.local_shards))
         flat_params = np.asarray(ravel_pytree(params)[0])
         with Actors(table, config, flat_params.size, prefix) as actors:
             published = actors.published
-            published.publish(flat_params, 0, 1.0)
+            published.publish(flat_params, resumed, max_priority)
             logging.info("started %d actor processes writing into shards %s of %s", config.actors_per_process,
                          actors.shards, table.name)
             # While the actors start: compile the learner step, evaluate the untrained policy.
-            zeros, ones = np.zeros(table.num_shards, np.int32), np.ones(table.num_shards, np.float32)
-            device_state = DeviceState(*(global_array(mesh, P(AXIS), x) for x in (zeros, ones, zeros)))
+            zeros = np.zeros(table.num_shards, np.int32)
+            priorities = np.full(table.num_shards, max_priority, np.float32)
+            device_state = DeviceState(*(global_array(mesh, P(AXIS), x) for x in (zeros, priorities, zeros)))
             key_data = np.asarray(jax.random.key_data(key_learn))
             learner_step = make_learner_step(table, network, optimizer, config).lower(
                 state, device_state, key_data, np.int32(0), np.float32(0)).compile()
             evaluate = make_evaluate(env, env_params, network, config.eval_episodes) if process == 0 else None
             if evaluate is not None:  # host copies of the parameters: the same compiled program every time
-                evals.append((0, float(jnp.mean(evaluate(params, key_eval)))))
-                logging.info("untrained policy: eval_return=%.1f", evals[-1][1])
-            actors.wait_for(config.learning_starts)
+                evals.append((resumed, float(jnp.mean(evaluate(params, key_eval)))))
+                logging.info("%s policy: eval_return=%.1f", "restored" if resumed else "untrained",
+                             evals[-1][1])
+            # A resumed job's replay holds its transitions already: its actors write only the new ones.
+            learning_starts = 0 if resumed else config.learning_starts
+            actors.wait_for(learning_starts)
             multihost_utils.sync_global_devices("learning starts")
-            logging.info("every process's shards hold %d transitions: training starts",
-                         config.learning_starts)
+            logging.info("every process's shards hold %d transitions: training starts%s",
+                         learning_starts if not resumed else min(t.size for t in table.local_shards.values()),
+                         f" again after update {resumed}" if resumed else "")
             start = time.perf_counter()
             waited = 0.0  # seconds the learner waited for its actors
             episodes_seen = (0.0, 0.0)
             slack = config.chunk * config.envs_per_actor * config.actors_per_process  # a chunk per actor
-            for step in range(1, config.steps + 1):
+            for step in range(resumed + 1, config.steps + 1):
                 # The rate limiter: update `step` needs this process's share of its transitions.
                 before = time.perf_counter()
-                actors.wait_for(config.learning_starts + (step - 1) * config.transitions_per_update - slack)
+                written = (step - 1 - resumed) * config.transitions_per_update
+                actors.wait_for(learning_starts + written - slack)
                 waited += time.perf_counter() - before
                 beta = np.float32(linear(config.beta_start, 1.0, step / config.steps))
                 state, device_state, loss = learner_step(state, device_state, key_data, np.int32(step), beta)
@@ -621,6 +713,15 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
                 publish = step % config.publish_every == 0 or step == config.steps
                 flat = np.asarray(ravel_pytree(local(state.params))[0]) if publish else None
                 published.publish(flat, step, max_priority)
+                if config.checkpoint_dir and (step % config.checkpoint_every == 0 or step == config.steps):
+                    saving = time.perf_counter()
+                    save_learner(config.checkpoint_dir, step, state)  # durable before the replay commits
+                    everyone = float(np.max(multihost_utils.process_allgather(np.float32(max_priority))))
+                    table.save(replay_dir, metadata={"step": step, "max_priority": everyone})
+                    remove_other_learner_files(config.checkpoint_dir, step)
+                    sizes = {s: t.size for s, t in table.local_shards.items()}
+                    logging.info("checkpoint of update %d saved in %.2f s: shards hold %s rows", step,
+                                 time.perf_counter() - saving, sizes)
                 if step % config.eval_every == 0 or step == config.steps:
                     actors.check()
                     episodes = tuple(published.episodes[:])
@@ -636,7 +737,7 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
                         f", eval_return={evals[-1][1]:.1f}" if evaluate is not None else "",
                     )
             seconds = time.perf_counter() - start
-            loss = float(local(loss))
+            loss = float(local(loss)) if config.steps > resumed else float("nan")
             # Updates the devices applied: Adam's count (the state of chain(clip, adam) is (clip's, (Adam's,
             # the schedule's))).
             applied = int(local(state.opt_state[1][0].count))
@@ -659,7 +760,8 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
             f"global_batch={config.batch_size * table.num_shards} transitions={int(inserted.sum())} "
             f"shard_inserts={','.join(map(str, inserted))} shard_sizes={','.join(map(str, sizes))} "
             f"shard_priority_updates={','.join(map(str, prioritized))} "
-            f"capacity={config.capacity} final_loss={loss:.5f} steps_per_s={config.steps / seconds:.1f} "
+            f"capacity={config.capacity} final_loss={loss:.5f} resumed_from={resumed} "
+            f"steps_per_s={(config.steps - resumed) / seconds:.1f} "
             f"learner_wait_s={waited:.1f} wall_s={seconds:.1f} process_s={time.perf_counter() - started:.1f}",
             flush=True,
         )

@@ -9,9 +9,14 @@ per test session), so the second run skips most of the first one's compilation.
 import os
 import pathlib
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
+import gear_jax.cleanup
 from tests.helpers import examples
 
 
@@ -71,3 +76,43 @@ def test_the_data_parallel_learner_learns_cartpole(compilation_cache):
     assert s["initial_eval_return"] < 30
     assert s["eval_return"] >= 100
     assert min(s["shard_inserts"]) >= 500 + 4 * 1499 - 32
+
+
+@pytest.mark.multiprocess
+def test_a_job_killed_mid_run_resumes_from_its_last_checkpoint(compilation_cache, tmp_path):
+    # A 300-update job checkpointing every 50 updates is SIGKILLed (launcher, both processes and their
+    # actors at once) after its checkpoint of update 100; the same command then resumes from the newest
+    # checkpoint: the replay's rows, the learner's state (Adam's count goes on to 300), the updates after.
+    args = ["--steps=300", "--learning_starts=64", "--eval_every=300", "--eval_episodes=4",
+            f"--checkpoint_dir={tmp_path / 'checkpoints'}", "--checkpoint_every=50"]
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(compilation_cache),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    script = str(examples.ROOT / "examples" / "multihost.py")
+    job = subprocess.Popen(
+        [sys.executable, script, "--num_processes=2", "--timeout=200", *args], cwd=examples.ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **cache},
+        start_new_session=True,
+    )
+    saved, lines, deadline = {}, [], time.monotonic() + 200
+    try:
+        while not any("checkpoint of update 100 saved" in line for line in lines):
+            lines.append(job.stdout.readline())
+            assert lines[-1] and time.monotonic() < deadline, "no checkpoint of update 100 before the end"
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        lines += job.communicate()[0].splitlines()
+    launched = (re.search(r"starting 2 processes, .*, table (\S+)", line) for line in lines)
+    name = next(m.group(1) for m in launched if m)
+    gear_jax.cleanup.remove_dead_tables(match=f"{name}*")  # what the killed processes left in /dev/shm
+    for line in lines:  # each process logs its own shard's rows after each checkpoint
+        if found := re.search(r"checkpoint of update (\d+) saved .* shards hold \{(\d+): (\d+)\}", line):
+            saved.setdefault(int(found.group(1)), {})[int(found.group(2))] = int(found.group(3))
+    s = run_example(compilation_cache, *args, timeout=240)
+    resumed = int(s["resumed_from"])
+    assert resumed >= 100 and resumed % 50 == 0 and resumed in saved
+    assert s["steps"] == 300  # Adam's count: the restored state's updates and the new ones
+    # The replay came back: each shard holds its checkpoint's rows (at least those of the checkpoint before,
+    # at most those when the save returned: actors write meanwhile) and the rows written since the resume.
+    for shard, (size, inserted) in enumerate(zip(s["shard_sizes"], s["shard_inserts"])):
+        assert saved[resumed - 50][shard] <= size - inserted <= saved[resumed][shard]
+    assert all(n > 0 for n in s["shard_priority_updates"]) and s["final_loss"] >= 0
