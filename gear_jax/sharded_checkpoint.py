@@ -131,10 +131,29 @@ def load(
                 else "(the processes find different saves: per-host directories from different jobs?)"
             )
         )
-    chosen = root / max(common)
+    return load_save(root / max(common), devices, mesh, axis, name, pin, op)
+
+
+def write_save(save_dir: Path, table: ShardedTable, metadata: dict[str, Any] | None) -> None:
+    """This process's shards of `table` into `save_dir` (made when missing), then the record: one save,
+    as `save` writes it, without the commit protocol (gear_jax/orbax.py: orbax's own commits it). Not
+    agreed: the caller agrees on its outcome."""
+    os.makedirs(save_dir, mode=0o700, exist_ok=True)
+    for s, shard in table.local_shards.items():
+        checkpoint.save(shard, save_dir / f"shard-{s}")
+    _write_record(save_dir, table, metadata)
+
+
+def load_save(
+    save_dir: Path, devices: list[Any], mesh: Mesh, axis: str, name: str | None, pin: bool, op: str
+) -> ShardedTable:
+    """The sharded table of the save in `save_dir` (every process names the same one), each process
+    loading the shards of its devices; agreed: every process raises when one fails."""
+    from gear_jax import sharded
+
     spec, metadata, error = None, None, None
     try:
-        spec, metadata = _read_record(chosen, len(devices))
+        spec, metadata = _read_record(save_dir, len(devices))
     except Exception as e:
         error = e
     name = sharded._agreed_name(spec, name, error, op)
@@ -142,11 +161,11 @@ def load(
     error = None
     try:
         for s in _local_shards(devices):
-            table = Table.load(chosen / f"shard-{s}", name=sharded.shard_name(name, s), pin=pin)
+            table = Table.load(save_dir / f"shard-{s}", name=sharded.shard_name(name, s), pin=pin)
             shards[s] = table
             if table.spec != spec:
                 raise CheckpointError(
-                    f"{op}: shard {s} of '{chosen}' holds a table of another spec than the save's record"
+                    f"{op}: shard {s} of '{save_dir}' holds a table of another spec than the save's record"
                 )
     except Exception as e:
         error = e

@@ -411,6 +411,38 @@ def checkpoint_refused(mesh, path):
         return {"error": str(e)}
 
 
+def checkpoint_orbax(mesh, path):
+    """The sharded table as an item of an orbax CheckpointManager step, beside a train state: two steps
+    saved (a row added between them), the newest restored into new shards; what a sample sees."""
+    import orbax.checkpoint as ocp
+
+    import gear_jax.orbax as gjo
+
+    state = {"step": np.zeros((), np.int32), "w": np.arange(3, dtype=np.float32)}
+    with gj.ShardedTable.create(spec(), mesh, name="gear_jax_test_ckpt_orbax") as table:
+        fill(table)
+        manager = ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(max_to_keep=1))
+        for step in (1, 2):
+            for s, shard in table.local_shards.items():
+                shard.insert({"id": np.full(1, 20_000 + 10 * step + s, np.int32),
+                              "x": np.zeros((1, 3), np.float32)}, priorities=[3.0])
+            state = {"step": np.full((), step, np.int32), "w": state["w"] + 1}
+            manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), replay=gjo.ShardedTableSave(table, {"step": step})))
+            manager.wait_until_finished()
+        before = picks_and_rows(table)
+    replay = gjo.ShardedTableRestore(mesh, name="gear_jax_test_orbax_restored")
+    restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(state), replay=replay))
+    with restored.replay as table:
+        after = picks_and_rows(table)
+        metadata = table.checkpoint_metadata
+        multihost_utils.sync_global_devices("restored")
+    manager.close()
+    return {"before": before, "after": after, "metadata": metadata, "steps": manager.all_steps(),
+            "state_step": int(restored.state["step"])}
+
+
 LOOP_ROWS = 8  # rows each shard takes per round of checkpoint_loop
 
 

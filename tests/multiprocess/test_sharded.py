@@ -261,3 +261,14 @@ def test_every_process_killed_mid_save_leaves_the_last_checkpoint_loadable(tmp_p
     (kept,) = rounds
     assert kept == tuple(range(len(kept))) and len(kept) - 1 >= saved, (kept, saved)
     assert all(v["exact"] and v["size"] == 8 * len(kept) for v in shards.values()), shards
+
+
+def test_a_sharded_table_in_an_orbax_checkpoint_manager_step(tmp_path):
+    # Two processes save the sharded table with a train state in orbax steps 1 and 2 (max_to_keep=1),
+    # then restore step 2 into new shards: the same rows and picks, the metadata and the state's step.
+    results = run_job("checkpoint_orbax", 2, 1, env={"GEAR_JAX_TEST_CHECKPOINT": str(tmp_path / "orbax")})
+    for r in results:
+        assert r["steps"] == [2] and r["state_step"] == 2 and r["metadata"] == {"step": 2}
+        assert r["after"] == r["before"]
+    sizes = {s: v["size"] for r in results for s, v in r["after"][1].items()}
+    assert sizes == {"0": 5 + 2, "1": 0 + 2}
