@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gear_jax import _agreement, checkpoint
+from gear_jax import _agreement, checkpoint, sharded
 from gear_jax._version import __version__
 from gear_jax.errors import CheckpointError, InvalidArgumentError, SpecError
 from gear_jax.spec import TableSpec
@@ -51,7 +51,6 @@ from gear_jax.table import Table
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
-    from gear_jax.sharded import ShardedTable
 
 FORMAT_NAME = "gear_jax.sharded_checkpoint"
 FORMAT_VERSION = 1
@@ -63,7 +62,9 @@ _SAVE_NAME = re.compile(r"^save-[0-9a-f]{16}-[0-9a-f]{16}$")
 _NAME_BYTES = 48  # room for a save directory's name in the all-gather
 
 
-def save(table: ShardedTable, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None) -> None:
+def save(
+    table: sharded.ShardedTable, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None
+) -> None:
     """Writes this process's shards of `table` into a new save under `path` and commits it on every
     process (module docstring), with `metadata` (JSON) in its record. Call it on every process of the
     job at the same point."""
@@ -101,11 +102,9 @@ def load(
     axis: str = "replay",
     name: str | None = None,
     pin: bool = True,
-) -> ShardedTable:
+) -> sharded.ShardedTable:
     """The newest save under `path` that every process can read, loaded into new shards over `mesh`
     (module docstring). Call it on every process of the job."""
-    from gear_jax import sharded
-
     op = "ShardedTable.load"
     error, devices, listed, root = None, [], [], None
     try:
@@ -134,7 +133,7 @@ def load(
     return load_save(root / max(common), devices, mesh, axis, name, pin, op)
 
 
-def write_save(save_dir: Path, table: ShardedTable, metadata: dict[str, Any] | None) -> None:
+def write_save(save_dir: Path, table: sharded.ShardedTable, metadata: dict[str, Any] | None) -> None:
     """This process's shards of `table` into `save_dir` (made when missing), then the record: one save,
     as `save` writes it, without the commit protocol (gear_jax/orbax.py: orbax's own commits it). Not
     agreed: the caller agrees on its outcome."""
@@ -146,11 +145,9 @@ def write_save(save_dir: Path, table: ShardedTable, metadata: dict[str, Any] | N
 
 def load_save(
     save_dir: Path, devices: list[Any], mesh: Mesh, axis: str, name: str | None, pin: bool, op: str
-) -> ShardedTable:
+) -> sharded.ShardedTable:
     """The sharded table of the save in `save_dir` (every process names the same one), each process
     loading the shards of its devices; agreed: every process raises when one fails."""
-    from gear_jax import sharded
-
     spec, metadata, error = None, None, None
     try:
         spec, metadata = _read_record(save_dir, len(devices))
@@ -258,7 +255,7 @@ def _checked_metadata(metadata: Any, op: str) -> dict[str, Any] | None:
     return metadata
 
 
-def _write_record(save_dir: Path, table: ShardedTable, metadata: dict[str, Any] | None) -> None:
+def _write_record(save_dir: Path, table: sharded.ShardedTable, metadata: dict[str, Any] | None) -> None:
     """The commit record of `save_dir`: written to a temporary file, fsynced, renamed into place, the
     directory fsynced. Every process writes the same record (on a shared file system the renames of
     equal files race harmlessly)."""

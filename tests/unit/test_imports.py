@@ -23,6 +23,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "gear_jax"
 USERS_SPELLINGS = {
     ("table", "ops"),  # Table.sample, gather, sample_batch, update_priorities
     ("table", "checkpoint"),  # Table.save, Table.load
+    ("sharded", "sharded_checkpoint"),  # ShardedTable.save, ShardedTable.load
     ("table", "torch"),  # Table.insert of CUDA tensors
     ("writers", "torch"),  # EpisodeWriter.append of CUDA tensors
 }
