@@ -787,17 +787,43 @@ def _is_plain_name(name: Any) -> bool:
     return isinstance(name, str) and bool(_PLAIN_NAME.match(name)) and name not in (".", "..")
 
 
+class _Replaced(Exception):
+    """A save replaced the checkpoint while a load opened it (its data directory went away)."""
+
+
 def _open_checkpoint(root: Path) -> _Checkpoint:
     """Resolves `current`, reads and checks the manifest, and opens every column file (so that a save
-    that replaces the checkpoint meanwhile can not delete them from under the load)."""
-    for attempt in range(3):
+    that replaces the checkpoint meanwhile can not delete them from under the load). A save that deletes
+    the data directory between the link's read and the last file's open makes the load start again from
+    the new link."""
+    attempts = 5
+    for attempt in range(attempts):
         try:
             return _open_checkpoint_once(root)
-        except FileNotFoundError:
-            if attempt == 2:
+        except (FileNotFoundError, _Replaced) as e:
+            if attempt == attempts - 1:
+                if isinstance(e, _Replaced):
+                    raise e.__cause__ from None
                 raise
-            time.sleep(0.05)  # a save replaced the checkpoint between the link and the files: again
+            time.sleep(0.01 * (attempt + 1))  # a save replaced the checkpoint meanwhile: again
     raise AssertionError("unreachable")
+
+
+def _still_current(root: Path, target: str) -> bool:
+    """Whether `current` under `root` still names the data directory `target`, and it still exists."""
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if _current_target(root_fd) != target:
+            return False
+        os.stat(target, dir_fd=root_fd, follow_symlinks=False)
+        return True
+    except (OSError, CheckpointError):
+        return False
+    finally:
+        os.close(root_fd)
 
 
 def _open_checkpoint_once(root: Path) -> _Checkpoint:
@@ -824,15 +850,21 @@ def _open_checkpoint_once(root: Path) -> _Checkpoint:
     finally:
         os.close(root_fd)
     try:
-        manifest = _read_manifest(root, data_fd)
-        spec, columns, checksums = _check_manifest(root, manifest)
-        fds: dict[str, int] = {}
         try:
-            for column in columns:
-                fds[column.name] = _open_column(root, data_fd, column)
-        except BaseException:
-            for fd in fds.values():
-                os.close(fd)
+            manifest = _read_manifest(root, data_fd)
+            spec, columns, checksums = _check_manifest(root, manifest)
+            fds: dict[str, int] = {}
+            try:
+                for column in columns:
+                    fds[column.name] = _open_column(root, data_fd, column)
+            except BaseException:
+                for fd in fds.values():
+                    os.close(fd)
+                raise
+        except CheckpointError as e:
+            # A file missing because a save deleted this data directory meanwhile is no damage: again.
+            if not _still_current(root, target):
+                raise _Replaced() from e
             raise
     finally:
         os.close(data_fd)

@@ -207,6 +207,31 @@ def test_saves_racing_to_one_path_take_turns(tmp_path, tables):
     assert len([e for e in os.listdir(path) if e.startswith("data-")]) == 1
 
 
+@pytest.mark.parametrize("stage", ["manifest", "column"])
+def test_a_load_that_a_save_overtakes_starts_again(tmp_path, tables, monkeypatch, stage):
+    # A save that replaces the checkpoint deletes the previous data directory: a load that read the old
+    # link, and had not yet opened the manifest or every column file, found them missing and raised
+    # "'insert_seq.bin' is missing" on a complete checkpoint (5 of 1,390 loads racing saves in the probe).
+    # Here the save runs at that very moment; the load then reads the new checkpoint whole.
+    first, second = tables(filled_transitions(seed=5)), tables(filled_transitions(seed=6))
+    path = tmp_path / "ckpt"
+    first.save(path)
+    opener = checkpoint._read_manifest if stage == "manifest" else checkpoint._open_column
+    name = "_read_manifest" if stage == "manifest" else "_open_column"
+    overtaken = []
+
+    def open_after_a_save(*args, **kwargs):
+        if not overtaken:
+            overtaken.append(True)
+            second.save(path)  # replaces the checkpoint and deletes the data directory being opened
+        return opener(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, name, open_after_a_save)
+    loaded = tables(gj.Table.load(path))
+    assert overtaken
+    assert_same_table(second, loaded)
+
+
 # -- SIGKILL during save -------------------------------------------------------------------------------
 
 SAVER = """
