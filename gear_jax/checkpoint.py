@@ -1116,14 +1116,56 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
                 raise _refuse(checkpoint.root, f"'{column.file}' holds lengths outside [0, {max_steps}]")
             if not view.flags.c_contiguous:  # else read into the view itself
                 view[start : start + len(rows)] = rows
+    _check_cursors(checkpoint, views["insert_seq"])
+    claimed = min(checkpoint.manifest["next_seq"], checkpoint.spec.capacity)
+    if (views["length"][claimed:] != 0).any():
+        raise _refuse(
+            checkpoint.root, f"rows past the {claimed} the {MANIFEST}'s next_seq claimed hold steps"
+        )
     state = next(c for c in checkpoint.columns if c.name == "state")
     rows_per_chunk = max(1, min(state.shape[0], CHUNK_BYTES // state.row_bytes))
-    for _, states in _read_chunks(checkpoint, state, rows_per_chunk):  # checked whole before any row shows
+    for start, states in _read_chunks(
+        checkpoint, state, rows_per_chunk
+    ):  # checked whole before any row shows
         _check_saved_states(checkpoint, state.file, states, "rows")
+        if (states[max(0, claimed - start) :] != 0).any():
+            raise _refuse(
+                checkpoint.root, f"rows past the {claimed} the {MANIFEST}'s next_seq claimed hold rows"
+            )
     native = table.native
     for start, states in _read_chunks(checkpoint, state, rows_per_chunk):
         native.publish_restored_rows(start, states)
     native.restore_cursors(checkpoint.manifest["next_seq"], checkpoint.manifest["commit_seq"])
+
+
+MAX_SEQ = 2**62  # more rows than any table hands out: a cursor past it is forged or damaged
+
+
+def _check_cursors(checkpoint: _Checkpoint, insert_seq: np.ndarray, rows: np.ndarray | None = None) -> None:
+    """Refuses cursors the saved rows contradict (a save reads them after its last row): a row cursor
+    past MAX_SEQ (the next insert would wrap it), fewer commits than rows claimed allow, a row's
+    insert_seq past the commit count, or (`rows`: a step ring's saved rows) a saved row past the rows
+    claimed. A padded table's rows past the cursor are checked by the caller as it reads their states."""
+    next_seq, commit_seq = checkpoint.manifest["next_seq"], checkpoint.manifest["commit_seq"]
+    capacity = checkpoint.spec.capacity
+    if next_seq > MAX_SEQ or commit_seq > next_seq:
+        raise _refuse(
+            checkpoint.root,
+            f"{MANIFEST} has next_seq={next_seq} and commit_seq={commit_seq}: a table commits at most the "
+            f"rows it claimed, and claims fewer than {MAX_SEQ}",
+        )
+    if insert_seq.size and int(insert_seq.max()) > commit_seq:
+        raise _refuse(
+            checkpoint.root,
+            f"a saved row has insert_seq {int(insert_seq.max())}, past the {commit_seq} inserts the "
+            f"{MANIFEST} counts",
+        )
+    if rows is not None and rows.size and int(rows.max()) >= min(next_seq, capacity):
+        raise _refuse(
+            checkpoint.root,
+            f"a saved episode lies in row {int(rows.max())}, past the {min(next_seq, capacity)} rows the "
+            f"{MANIFEST}'s next_seq says were claimed",
+        )
 
 
 def _check_saved_states(checkpoint: _Checkpoint, file: str, states: np.ndarray, what: str) -> None:
@@ -1166,6 +1208,7 @@ def _restore_ring(table: Table, checkpoint: _Checkpoint) -> None:
             f"{manifest['steps']} steps saved",
         )
     _check_saved_states(checkpoint, columns["state"].file, states, "episodes")
+    _check_cursors(checkpoint, status["insert_seq"], rows)
     native = table.native
     native.restore_step_cursor(manifest["steps"])  # the next insert claims the steps after them
     for name in spec.fields:

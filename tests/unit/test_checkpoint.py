@@ -6,6 +6,7 @@ another process hold only committed rows; every damaged or foreign checkpoint is
 """
 
 import json
+import re
 import os
 import random
 import select
@@ -409,6 +410,24 @@ def refused(path, match):
         gj.Table.load(path)
     assert str(path) in str(error.value)
     return error.value
+
+
+@pytest.mark.parametrize(
+    "cursors,reason",
+    [
+        ({"next_seq": 2**64 - 1}, "next_seq=18446744073709551615"),  # the next insert would wrap it
+        ({"commit_seq": 10**6}, "a table commits at most the rows it claimed"),
+        ({"commit_seq": 3}, "past the 3 inserts"),  # rows inserted later than the counter says
+        ({"next_seq": 5, "commit_seq": 5}, "past the 5 inserts"),  # 64 rows can not come of 5 claims
+    ],
+)
+def test_refuses_cursors_the_rows_contradict(saved_checkpoint, cursors, reason):
+    # A forged manifest (checksum recomputed) with next_seq = 2**64 - 1 loaded, and the next insert wrapped
+    # the cursor, after which sampling looked at no row.
+    path, data, manifest = saved_checkpoint
+    assert manifest["next_seq"] > manifest["capacity"] and manifest["commit_seq"] >= 40
+    edit_manifest(data, lambda m: m.update(cursors))
+    refused(path, re.escape(reason))
 
 
 def test_refuses_truncated_and_corrupted_files(saved_checkpoint):
