@@ -4,10 +4,13 @@
 #include <stdexcept>
 #include <utility>
 
+#include "xla_ffi/clock.h"
 #include "xla_ffi/dead_tables.h"
+#include "xla_ffi/native_errors.h"
 #include "xla_ffi/rate_limiter.h"
 #include "xla_ffi/registry.h"
 #include "xla_ffi/table_pool.h"
+#include "xla_ffi/table_processes.h"
 
 #ifndef GEAR_JAX_WITH_CUDA
 #define GEAR_JAX_WITH_CUDA 0
@@ -18,6 +21,8 @@
 
 namespace gear {
 namespace {
+
+constexpr int64_t kCreatorCheckNs = 20'000'000;  // a rate-limited wait asks whether the creator lives
 
 // Lets go of the tables that host callbacks of update_priorities parked (cuda_handlers.h), from a
 // thread that may make CUDA calls and outside any XLA execution: before a create or after a close.
@@ -107,10 +112,27 @@ SharedTable& OpenTable::table() {
 
 void OpenTable::AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double timeout_s,
                                const std::function<void()>& each_poll) const {
-  const uint32_t* creator_closed = &table.header()->closed;
+  const TableHeader* h = table.header();
+  const uint32_t* creator_closed = &h->closed;
+  int64_t next_creator_check = 0;
   table.rate_limiter().Await(op, n, timeout_s, [&] {
     each_poll();
     table.CheckCounts(/*force=*/false);  // a writer killed mid-insert leaves `size` off until a recount
+    // A creator killed (SIGKILL, an OOM kill) never closes its table, and the learner that would move
+    // the counts is usually that creator: the wait would last forever. A table made to outlive its
+    // creator (persistent) keeps waiting for whoever takes the creator's place.
+    const int64_t now = MonotonicNs();
+    if (now >= next_creator_check) {
+      next_creator_check = now + kCreatorCheckNs;
+      const int32_t creator = h->creator_pid;
+      if (h->persistent == 0 && creator != CurrentPid() && !PidMayBeAlive(h, creator)) {
+        throw TableClosedError("the creator of table '" + table.name() + "' (pid " + std::to_string(creator) +
+                               ") died while " +
+                               (op == RateOp::kInsert ? std::string("an insert") : std::string("a sample")) +
+                               " waited for its rate limiter: nothing will admit it; attach to the table "
+                               "of the creator that replaces it");
+      }
+    }
     return closed() || __atomic_load_n(creator_closed, __ATOMIC_SEQ_CST) != 0;
   });
 }

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
+import gear_jax.cleanup
 from tests.helpers.processes import start_python
 from tests.helpers.waits import ON_NATIVE_CALL, on_native_call
 
@@ -364,6 +365,54 @@ except gj.TableClosedError:
     table.close()
     woke_at = float(finish(waiter).strip())
     assert 0 <= woke_at - closed_at < 1.0, woke_at - closed_at
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("outlive_creator", [False, True])
+def test_the_creators_death_ends_a_wait(outlive_creator):
+    # An actor waiting in a rate-limited insert(timeout=None) for a learner (the table's creator) that is
+    # SIGKILLed waited forever (issue 32's probe): the wait now ends with TableClosedError naming the
+    # creator. A table made to outlive its creator keeps waiting for a new learner.
+    creator = start_python(
+        f"""
+import time, gear_jax as gj
+spec = gj.TableSpec({{"x": gj.Field((), "int32")}}, capacity=256)
+limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1, error_buffer=4)
+t = gj.Table.create(spec, rate_limiter=limiter, outlive_creator={outlive_creator})
+print(t.name, flush=True)
+time.sleep(600)
+"""
+    )
+    name = creator.stdout.readline().strip()
+    outcome = {}
+    with gj.Table.attach(name) as actor:
+
+        def insert_until_held():
+            try:
+                for i in range(100):  # the limiter holds one of these until samples come
+                    actor.insert(rows(1, i), timeout=None)
+                outcome["error"] = None
+            except Exception as e:  # reported below
+                outcome["error"], outcome["at"] = e, time.monotonic()
+
+        waiter = threading.Thread(target=insert_until_held, daemon=True)
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive() and not outcome  # held by the limiter
+        creator.send_signal(signal.SIGKILL)
+        creator.communicate()
+        killed_at = time.monotonic()
+        waiter.join(2.0 if outlive_creator else TIMEOUT)
+        if outlive_creator:
+            assert waiter.is_alive() and not outcome  # still waiting for a learner
+            actor.close()  # a close ends the wait
+            waiter.join(TIMEOUT)
+            assert isinstance(outcome["error"], gj.TableClosedError)
+        else:
+            assert isinstance(outcome.get("error"), gj.TableClosedError), outcome
+            assert f"(pid {creator.pid}) died while an insert waited" in str(outcome["error"])
+            assert outcome["at"] - killed_at < 1.0
+    gj.cleanup.remove_dead_tables(match=name, include_persistent=True)
 
 
 @pytest.mark.multiprocess
