@@ -50,6 +50,8 @@ class TableRecord:
     creator_alive: bool
     attached_alive: int  # processes signed in by attach (or fork) that are alive
     writers_alive: int  # processes holding a writer slot that are alive
+    mapped_elsewhere: bool  # no slot names a live process, but /proc shows a process mapping it (more
+    # processes attached than there are slots, or a fork)
     state: str  # live, dead, pool, pool-orphan, other-namespace, other-format
     removable: bool  # by remove_dead_tables with the options find_tables was given
 

@@ -2,16 +2,20 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <strings.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 
 #include "xla_ffi/clock.h"
 #include "xla_ffi/shared_table.h"
@@ -19,6 +23,40 @@
 
 namespace gear {
 namespace {
+
+// Whether a process (this one too) maps the file (device, inode): its /proc/<pid>/maps lists the inode
+// with the device's major:minor. A process whose maps this one may not read (another user's; pid 1 in
+// some sandboxes) is not counted: a process of the table's own user can always be read.
+bool MappedByAProcess(uint64_t device, uint64_t inode) {
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return true;
+  const unsigned major_id = major(static_cast<dev_t>(device)), minor_id = minor(static_cast<dev_t>(device));
+  char wanted_device[32];
+  std::snprintf(wanted_device, sizeof(wanted_device), "%02x:%02x", major_id, minor_id);
+  const std::string wanted_inode = std::to_string(inode);
+  bool found = false;
+  while (!found) {
+    const dirent* entry = readdir(proc);
+    if (entry == nullptr) break;
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || pid <= 0) continue;
+    const std::string path = std::string("/proc/") + entry->d_name + "/maps";
+    FILE* maps = std::fopen(path.c_str(), "re");
+    if (maps == nullptr) continue;  // gone meanwhile, or not ours to read
+    char line[4096];
+    while (!found && std::fgets(line, sizeof(line), maps) != nullptr) {
+      // address perms offset dev inode path
+      char dev[32], ino[32];
+      if (std::sscanf(line, "%*s %*s %*s %31s %31s", dev, ino) == 2) {
+        found = wanted_inode == ino && strcasecmp(dev, wanted_device) == 0;
+      }
+    }
+    std::fclose(maps);
+  }
+  closedir(proc);
+  return found;
+}
 
 constexpr char kRemovingPrefix[] = "gear_jax_removing_";  // a table on its way out (RemoveIfDead)
 constexpr int64_t kSweepEveryNs = 1'000'000'000;
@@ -107,7 +145,13 @@ std::optional<TableRecord> InspectTable(const std::string& name) {
     const int32_t pid = static_cast<int32_t>(h.writer_slots[slot] & 0xffffffffu);
     if (pid > 0 && ProcessAlive(pid)) ++r.writers_alive;
   }
-  const bool anyone = r.creator_alive || r.attached_alive > 0 || r.writers_alive > 0;
+  bool anyone = r.creator_alive || r.attached_alive > 0 || r.writers_alive > 0;
+  // More processes attached than there are slots, or a fork: a process may map the table with no slot
+  // naming it. Before calling such a table dead, look for its mappings in /proc.
+  if (!anyone && h.never_reuse != 0 && PidsComparable(&h)) {
+    r.mapped_elsewhere = MappedByAProcess(r.device, r.inode);
+    anyone = r.mapped_elsewhere;
+  }
   if (!r.same_pid_namespace) {
     r.state = "other-namespace";
   } else if (r.pool) {

@@ -44,6 +44,9 @@ struct TableRecord {
   bool creator_alive = false;       // by kill(pid, 0) here, whatever the namespace
   int attached_alive = 0;           // attach slots of processes alive here
   int writers_alive = 0;            // writer slots of processes alive here
+  // With no slot naming a live process, and more processes than slots (or a fork) marked: whether
+  // /proc shows another process mapping the file (or cannot tell).
+  bool mapped_elsewhere = false;
   // "live", "dead", "pool" (pooled by a live process), "pool-orphan" (pooled by a dead one),
   // "other-namespace" (liveness unknown here) or "other-format".
   std::string state;

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
+import gear_jax.cleanup
 from gear_jax import _native
 
 pytestmark = pytest.mark.multiprocess
@@ -183,6 +184,44 @@ def test_a_live_attacher_keeps_the_table(names):
         end(creator)
         if attacher is not None:
             end(attacher)
+
+
+# Attaches table argv[1] argv[2] times (each open takes an attach slot), says so, and waits to be killed.
+MANY_ATTACHES = """
+tables = [native.NativeTable.attach(sys.argv[1], False) for _ in range(int(sys.argv[2]))]
+print(os.getpid(), flush=True)
+time.sleep(TIMEOUT)
+"""
+
+
+def test_a_process_past_the_attach_slots_keeps_the_table(names):
+    # The 257th process to map a table finds no attach slot: nothing in the header names it. Once the
+    # creator and the slotted processes were gone, a sweep removed a table that process still used
+    # (issue 32's probe). A table marked so (more processes than slots) is now kept while /proc shows a
+    # process mapping it.
+    name = names()
+    creator = start(CREATOR, name, 0, "wait")
+    slots = unslotted = None
+    try:
+        line(creator)
+        slots = start(MANY_ATTACHES, name, 256)  # every attach slot (the creator has none)
+        line(slots)
+        unslotted = start(ATTACHER, name)  # the 257th open: no slot left
+        line(unslotted)
+        end(creator)
+        end(slots)
+        sweep()
+        assert exists(name)  # the unslotted process still maps it
+        (record,) = gj.cleanup.find_tables(match=name)
+        assert record.state == "live" and record.mapped_elsewhere and not record.removable
+        assert record.attached_alive == 0 and not record.creator_alive
+        end(unslotted)
+        sweep()
+        assert not exists(name)
+    finally:
+        for process in (creator, slots, unslotted):
+            if process is not None:
+                end(process)
 
 
 # A subreaper (so that it can wait for its grandchild) forks the creator, which forks a writer and
