@@ -143,6 +143,12 @@ def check_sample(sample: Any, op: str, table: Table, name: str = "sample") -> in
             f"table {table.name!r} (handle {table.handle}); its row ids mean nothing here. Pass the table "
             "the sample came from"
         )
+    window, longest = sample.window, table.max_steps
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or not 0 <= window <= longest:
+        raise InvalidArgumentError(
+            f"{op}: the Sample's window={window!r} must be an int in [0, {longest}] (0: no window; at most "
+            "the table's max_steps); a Sample built by hand takes the window its starts were drawn for"
+        )
     shapes = {
         name: jnp.shape(getattr(sample, name))
         for name in ("indices", "generations", "probabilities", "starts")

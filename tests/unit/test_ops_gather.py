@@ -188,6 +188,21 @@ def test_malformed_samples_are_refused(make_table):
         gj.update_priorities(table, s, jnp.ones(1 << 16))
 
 
+@pytest.mark.parametrize("window", [-5, 9, 2.5, True])
+def test_a_sample_with_a_window_no_table_row_has_is_refused(make_table, window):
+    # Sample(window=-5) gave gather negative output shapes, and a window past max_steps was accepted
+    # silently (issue 32's probe); both calls and the host calls now refuse it by name.
+    table = make_table(capacity=4, max_steps=8)
+    table.insert({"obs": np.zeros((4, 8, 3), np.float32), "action": np.zeros((4, 8), np.int32)},
+                 lengths=np.full(4, 8))
+    zeros = jnp.zeros(2, jnp.int32)
+    s = gj.Sample(zeros, jnp.zeros(2, jnp.uint32), jnp.ones(2), zeros, window=window)
+    for call in (lambda: gj.gather(table, s), lambda: gj.host.gather(table, s),
+                 lambda: gj.update_priorities(table, s, jnp.ones(2))):
+        with pytest.raises(gj.InvalidArgumentError, match=r"Sample's window=.* must be an int in \[0, 8\]"):
+            call()
+
+
 def test_a_sample_of_another_table_is_refused(make_table):
     """Row ids of one table mean nothing in another: gather and update_priorities refuse such a sample,
     eagerly and inside jit, and change nothing."""
