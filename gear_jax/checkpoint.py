@@ -902,9 +902,11 @@ def _read_manifest(root: Path, data_fd: int) -> dict[str, Any]:
         raise _refuse(root, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes: not a gear_jax manifest")
     try:
         manifest = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSON's, an int too long
         raise _refuse(
-            root, f"{MANIFEST} is not valid JSON ({e}): not a gear_jax checkpoint, or damaged"
+            root,
+            f"{MANIFEST} is not valid JSON ({type(e).__name__}: {str(e)[:200]}): not a gear_jax "
+            "checkpoint, or damaged",
         ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         found = manifest.get("format") if isinstance(manifest, dict) else None

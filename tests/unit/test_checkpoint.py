@@ -460,6 +460,20 @@ def test_refuses_a_damaged_manifest(saved_checkpoint):
     refused(path, "manifest.json is corrupted: its checksum does not match its contents")
 
 
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("[" * 100_000 + "]" * 100_000, "RecursionError"),  # nesting deeper than the parser's stack
+        ('{"next_seq": ' + "9" * 5000 + "}", "ValueError"),  # an int past Python's digit limit
+    ],
+)
+def test_a_manifest_too_deep_or_with_a_huge_int_is_refused(saved_checkpoint, text, reason):
+    # Both raised raw Python errors from the load (issue 32's probe).
+    path, data, _ = saved_checkpoint
+    (data / "manifest.json").write_text(text)
+    refused(path, f"manifest.json is not valid JSON \\({reason}")
+
+
 def test_a_refused_load_removes_the_table_it_created(saved_checkpoint):
     path, data, _ = saved_checkpoint
     (data / "length.bin").write_bytes(b"\0" * (data / "length.bin").stat().st_size)
