@@ -12,6 +12,7 @@ from gear_jax import _ffi, _native
 from gear_jax._version import __version__
 from gear_jax.errors import (
     EXECUTION_ERRORS,
+    AllRowsHeldError,
     CheckpointError,
     GearJaxError,
     InvalidArgumentError,
@@ -74,6 +75,7 @@ def build_info() -> dict[str, Any]:
 
 __all__ = [
     "EXECUTION_ERRORS",
+    "AllRowsHeldError",
     "CheckpointError",
     "EpisodeWriter",
     "Field",

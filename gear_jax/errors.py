@@ -48,6 +48,11 @@ class OutOfSpaceError(GearJaxError, RuntimeError):
     bytes asked for. Free space there, lower the capacity, or raise the mount's size."""
 
 
+class AllRowsHeldError(GearJaxError, RuntimeError):
+    """Every row of the table is held by a writer (episodes being written, claimed rows): an insert finds
+    no row to claim. Raise the capacity, end episodes sooner, or close writers that hold rows."""
+
+
 class NotEnoughRowsError(GearJaxError, RuntimeError):
     """A selection on the host (`gear_jax.host`) found no selectable row, or fewer than the batch for
     fifo, lifo and topk; insert rows (or wait for the writers) and sample again."""

@@ -279,6 +279,8 @@ void RegisterNativeErrors() {
       RaiseAs("InvalidArgumentError", e.what());
     } catch (const TableClosedError& e) {
       RaiseAs("TableClosedError", e.what());
+    } catch (const AllRowsHeldError& e) {
+      RaiseAs("AllRowsHeldError", e.what());
     } catch (const HostCallError& e) {
       RaiseAs(e.python_type(), e.what());
     }

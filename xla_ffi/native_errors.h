@@ -33,6 +33,10 @@ struct RateLimiterTimeoutError : std::runtime_error {
 struct RateLimiterRefusal : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
+// Every row is held by a writer: nothing can be claimed: gear_jax.AllRowsHeldError.
+struct AllRowsHeldError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 // The table was closed (before a call, or while it waited): gear_jax.TableClosedError.
 struct TableClosedError : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kernels/atomics.h"
+#include "xla_ffi/native_errors.h"
 #include "xla_ffi/seq_cst.h"
 #include "xla_ffi/shared_table.h"
 
@@ -97,8 +98,8 @@ int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool
     // A lap of the ring found rows held by others: publish what this writer holds rather than wait.
     if (got > 0 && tried >= static_cast<uint64_t>(capacity)) break;
     if (tried >= limit) {
-      throw std::runtime_error("every row of table '" + name_ +
-                               "' is being written; raise capacity or end episodes sooner");
+      throw AllRowsHeldError("every row of table '" + name_ +
+                             "' is being written; raise capacity or end episodes sooner");
     }
     const uint64_t ask = static_cast<uint64_t>(want - got);
     const uint64_t first = FetchAdd<uint64_t>(&h->next_seq, ask);

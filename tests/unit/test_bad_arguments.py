@@ -52,3 +52,26 @@ def test_distinct_picks_beyond_the_capacity_are_refused_by_name(table, method):
     with pytest.raises(gj.InvalidArgumentError, match=r"batch_size=9 exceeds the table's capacity \(8\)"):
         gj.host.sample(table, 0, 9, method=method)
     assert np.asarray(gj.sample(table, jax.random.key(0), 4, method=method).indices).shape == (4,)
+
+
+def test_inserts_into_a_table_whose_rows_are_all_held_raise_all_rows_held(make_table):
+    # Every row held by a writer: the insert raised a raw RuntimeError (issue 32's probe); now a gear_jax
+    # error (still a RuntimeError) naming the table and the fix, from every way of inserting.
+    table = make_table(fields={"x": gj.Field((), "int32")}, capacity=2, max_steps=4)
+    writers = [table.writer(), table.writer()]
+    for i, writer in enumerate(writers):
+        writer.append({"x": np.int32(i)})
+    calls = {
+        "insert": lambda: table.insert({"x": np.zeros((1, 4), np.int32)}, lengths=[1]),
+        "writer": lambda: table.writer().append({"x": np.int32(3)}),
+        "add": lambda: table.add({"x": np.zeros(4, np.int32)}),
+    }
+    for name, call in calls.items():
+        with pytest.raises(gj.AllRowsHeldError, match=f"every row of table '{table.name}' is being written"):
+            call()
+    assert issubclass(gj.AllRowsHeldError, RuntimeError) and table.size == 0
+    for writer in writers:
+        writer.end_episode()
+    assert table.size == 2
+    (row,) = table.insert({"x": np.zeros((1, 4), np.int32)}, lengths=[1])  # rows free again
+    assert table.row_status()["length"][row] == 1
