@@ -229,7 +229,18 @@ def save(table: Table, path: str | os.PathLike[str]) -> None:
             data_name = f"{DATA_PREFIX}{time.time_ns():x}-{secrets.token_hex(8)}"
             os.mkdir(data_name, 0o700, dir_fd=root_fd)
             try:
-                _write_data_directory(table, native, root_fd, data_name)
+                try:
+                    _write_data_directory(table, native, root_fd, data_name)
+                except OSError as e:  # a full disk, a quota, an I/O error: named, with the path
+                    full = (
+                        " (free space there or save elsewhere)"
+                        if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                        else ""
+                    )
+                    raise CheckpointError(
+                        f"checkpoint '{root}': writing the save failed: {e.strerror or e} (errno {e.errno})"
+                        f"{full}; the previous checkpoint there, if any, is unchanged"
+                    ) from e
                 link_name = f"{LINK_PREFIX}{secrets.token_hex(8)}"
                 os.symlink(data_name, link_name, dir_fd=root_fd)
                 os.replace(link_name, CURRENT, src_dir_fd=root_fd, dst_dir_fd=root_fd)  # the commit point

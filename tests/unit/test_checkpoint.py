@@ -5,6 +5,7 @@ same key); saves killed by SIGKILL leave the previous checkpoint loadable; saves
 another process hold only committed rows; every damaged or foreign checkpoint is refused by name.
 """
 
+import errno
 import json
 import re
 import os
@@ -231,6 +232,24 @@ def test_a_load_that_a_save_overtakes_starts_again(tmp_path, tables, monkeypatch
     loaded = tables(gj.Table.load(path))
     assert overtaken
     assert_same_table(second, loaded)
+
+
+def test_a_full_disk_is_a_checkpoint_error_naming_the_path(tmp_path, tables, monkeypatch):
+    # ENOSPC raised a raw OSError without the path (issue 32's probe). The previous checkpoint stays
+    # whole and the unfinished data directory goes.
+    first, second = tables(filled_transitions(seed=7)), tables(filled_transitions(seed=8))
+    path = tmp_path / "ckpt"
+    first.save(path)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_all", full)
+    with pytest.raises(gj.CheckpointError, match=f"'{path}': writing the save failed: No space left"):
+        second.save(path)
+    monkeypatch.undo()
+    assert len([e for e in os.listdir(path) if e.startswith("data-")]) == 1
+    assert_same_table(first, tables(gj.Table.load(path)))
 
 
 # -- SIGKILL during save -------------------------------------------------------------------------------
