@@ -22,6 +22,12 @@ States:
                    records is alive here (right only once those processes are known to be gone)
   other-format     a table of another gear_jax version: never removed (remove it by hand)
 
+A state followed by "(truncated)": the file is shorter than its header says, cut after the table was
+made (by hand, or by a tool that truncates files in /dev/shm). Never truncate a table file: a process
+that has it mapped and touches a page past the new end is killed by SIGBUS, the kernel's signal for a
+mapped file's missing pages, with no chance to raise an error; attaches refuse such a file
+(TableMismatchError). Remove it once its processes are gone.
+
 The same from Python: `find_tables()` and `remove_dead_tables()`.
 """
 
@@ -52,6 +58,7 @@ class TableRecord:
     writers_alive: int  # processes holding a writer slot that are alive
     mapped_elsewhere: bool  # no slot names a live process, but /proc shows a process mapping it (more
     # processes attached than there are slots, or a fork)
+    truncated: bool  # the file is shorter than its header says (cut after its creation)
     state: str  # live, dead, pool, pool-orphan, other-namespace, other-format
     removable: bool  # by remove_dead_tables with the options find_tables was given
 
@@ -123,7 +130,7 @@ def format_tables(records: list[TableRecord]) -> str:
                 str(r.attached_alive) if current else "?",
                 str(r.writers_alive) if current else "?",
                 yes[r.persistent] if current else "?",
-                r.state,
+                r.state + (" (truncated)" if current and r.truncated else ""),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -129,6 +129,7 @@ std::optional<TableRecord> InspectTable(const std::string& name) {
     r.state = "other-format";  // its header is laid out otherwise: nothing more is read
     return r;
   }
+  r.truncated = static_cast<uint64_t>(copy.st.st_size) < h.total_bytes;
   r.creator_pid = h.creator_pid;
   r.creator_pid_namespace = h.creator_pid_namespace;
   r.persistent = h.persistent != 0;

@@ -47,6 +47,9 @@ struct TableRecord {
   // With no slot naming a live process, and more processes than slots (or a fork) marked: whether
   // /proc shows another process mapping the file (or cannot tell).
   bool mapped_elsewhere = false;
+  // The file is shorter than its header's total_bytes: truncated after its creation. A process that
+  // touches a mapped page past the end dies of SIGBUS.
+  bool truncated = false;
   // "live", "dead", "pool" (pooled by a live process), "pool-orphan" (pooled by a dead one),
   // "other-namespace" (liveness unknown here) or "other-format".
   std::string state;

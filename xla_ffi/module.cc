@@ -183,6 +183,7 @@ py::dict Record(const TableRecord& r, bool include_persistent, bool ignore_pid_n
   out["attached_alive"] = r.attached_alive;
   out["writers_alive"] = r.writers_alive;
   out["mapped_elsewhere"] = r.mapped_elsewhere;
+  out["truncated"] = r.truncated;
   out["state"] = r.state;
   out["removable"] = Removable(r, include_persistent, ignore_pid_namespaces);
   return out;

@@ -348,6 +348,23 @@ def test_other_formats_and_other_files_are_left_alone(names):
     assert not exists(name) and exists(plain)
 
 
+def test_a_truncated_table_file_is_listed_as_truncated(names):
+    # A table file cut after its creation kills a process that touches a mapped page past the end
+    # (SIGBUS; issue 32's probe). The cleanup lists such files; attaches refuse them.
+    name = names()
+    dead_table(name, "os._exit")
+    full = os.path.getsize(f"/dev/shm/{name}")
+    (record,) = gj.cleanup.find_tables(match=name)
+    assert not record.truncated
+    os.truncate(f"/dev/shm/{name}", full - 4096)
+    (record,) = gj.cleanup.find_tables(match=name)
+    assert record.truncated and record.state == "dead"
+    assert "dead (truncated)" in gj.cleanup.format_tables([record])
+    with pytest.raises(gj.TableMismatchError):
+        gj.Table.attach(name)
+    assert gj.cleanup.remove_dead_tables(match=name) == [name] and not exists(name)
+
+
 # Namespaces: forged where the test cannot make one, real where unshare works.
 
 
