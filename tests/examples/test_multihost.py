@@ -94,8 +94,8 @@ def test_a_job_killed_mid_run_resumes_from_its_last_checkpoint(compilation_cache
         start_new_session=True,
     )
     saved, lines, deadline = {}, [], time.monotonic() + 200
-    try:
-        while not any("checkpoint of update 100 saved" in line for line in lines):
+    try:  # until both processes logged their checkpoint of update 100
+        while sum("checkpoint of update 100 saved" in line for line in lines) < 2:
             lines.append(job.stdout.readline())
             assert lines[-1] and time.monotonic() < deadline, "no checkpoint of update 100 before the end"
     finally:
@@ -108,11 +108,16 @@ def test_a_job_killed_mid_run_resumes_from_its_last_checkpoint(compilation_cache
         if found := re.search(r"checkpoint of update (\d+) saved .* shards hold \{(\d+): (\d+)\}", line):
             saved.setdefault(int(found.group(1)), {})[int(found.group(2))] = int(found.group(3))
     s = run_example(compilation_cache, *args, timeout=240)
-    resumed = int(s["resumed_from"])
-    assert resumed >= 100 and resumed % 50 == 0 and resumed in saved
+    resumed = int(s["resumed_from"])  # a later checkpoint than 100 may have committed before the kill
+    assert resumed >= 100 and resumed % 50 == 0
     assert s["steps"] == 300  # Adam's count: the restored state's updates and the new ones
-    # The replay came back: each shard holds its checkpoint's rows (at least those of the checkpoint before,
-    # at most those when the save returned: actors write meanwhile) and the rows written since the resume.
+    # The replay came back: each shard holds its checkpoint's rows (at least those logged after an
+    # earlier checkpoint returned, at most those logged after its own returned: actors write meanwhile),
+    # and the rows written since the resume.
+    earlier = max(step for step in saved if step < resumed)  # 50 at least: logged before 100
     for shard, (size, inserted) in enumerate(zip(s["shard_sizes"], s["shard_inserts"])):
-        assert saved[resumed - 50][shard] <= size - inserted <= saved[resumed][shard]
+        restored = size - inserted
+        assert restored >= saved[earlier][shard] > 0
+        if shard in saved.get(resumed, {}):
+            assert restored <= saved[resumed][shard]
     assert all(n > 0 for n in s["shard_priority_updates"]) and s["final_loss"] >= 0
