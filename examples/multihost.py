@@ -46,15 +46,15 @@ received; `shard_sizes`: rows each holds; `shard_priority_updates`: rows whose p
 updates changed in each shard; `steps`: the updates the devices applied; `wall_s`: the training loop;
 `process_s`: process 0 in all).
 On this project's 2-core CPU machine, `--num_processes=2` with the default flags, in the fresh venv of
-the README's test command on a fresh clone, took 71 s in all (compilation included; a cold JAX
-compilation cache) and printed:
-    evaluations (update: mean greedy return): 0: 10.8, 1000: 185.6, 2000: 208.8, 3000: 214.4
-    summary: eval_return=214.4 initial_eval_return=10.8 eval_episodes=20 processes=2 shards=2 actors=2
+the README's test command on a fresh clone (commit 23d2043), took 85 s in all (compilation included; a
+cold JAX compilation cache) and printed:
+    evaluations (update: mean greedy return): 0: 10.8, 1000: 192.8, 2000: 271.8, 3000: 339.7
+    summary: eval_return=339.7 initial_eval_return=10.8 eval_episodes=20 processes=2 shards=2 actors=2
         steps=3000 global_batch=128 transitions=25088 shard_inserts=12544,12544 shard_sizes=12544,12544
-        shard_priority_updates=194310,189690 capacity=50000 final_loss=0.01051 steps_per_s=70.1
-        learner_wait_s=0.0 wall_s=42.8 process_s=67.4
-(earlier runs of the same flags ended at 220.8 and 255.3: actors and learner interleave differently
-each run).
+        shard_priority_updates=190993,193007 capacity=50000 final_loss=0.01316 resumed_from=0
+        steps_per_s=63.4 learner_wait_s=0.1 wall_s=47.3 process_s=80.1
+(earlier runs of the same flags ended at 214.4, 220.8 and 255.3: actors and learner interleave
+differently each run).
 On an H100 (docs/BENCHMARKS.md, "On an NVIDIA H100 (measured 2026-11-26)"), `--num_processes=1
 --platform=cuda --steps=1500` (one process, one GPU: a 1-shard job) ran 545-561 updates/s and ended at
 eval_return 196.6 and 330.4 in two runs.
