@@ -247,10 +247,10 @@ def save(table: Table, path: str | os.PathLike[str]) -> None:
                 os.fsync(root_fd)
             except BaseException:
                 if _current_target(root_fd) != data_name:
-                    _remove_entry(root_fd, data_name)
+                    remove_entry(root_fd, data_name)
                 raise
             if previous is not None and previous != data_name:
-                _remove_entry(root_fd, previous)
+                remove_entry(root_fd, previous)
                 os.fsync(root_fd)
         finally:
             os.close(lock_fd)
@@ -322,10 +322,10 @@ def _remove_leftovers(root_fd: int, keep: str | None) -> None:
     """Removes what killed saves left: data directories `current` does not name, temporary links."""
     for entry in os.listdir(root_fd):
         if entry != keep and _OUR_ENTRY.match(entry):
-            _remove_entry(root_fd, entry)
+            remove_entry(root_fd, entry)
 
 
-def _remove_entry(root_fd: int, entry: str) -> None:
+def remove_entry(root_fd: int, entry: str) -> None:
     """Removes the file, link or directory tree `entry` of the directory `root_fd`, never following links."""
     try:
         info = os.stat(entry, dir_fd=root_fd, follow_symlinks=False)
@@ -335,7 +335,7 @@ def _remove_entry(root_fd: int, entry: str) -> None:
         fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
         try:
             for inner in os.listdir(fd):
-                _remove_entry(fd, inner)
+                remove_entry(fd, inner)
         finally:
             os.close(fd)
         os.rmdir(entry, dir_fd=root_fd)
@@ -384,7 +384,7 @@ def _write_data_directory(table: Table, native: Any, root_fd: int, data_name: st
             dir_fd=data_fd,
         )
         try:
-            _write_all(fd, memoryview(text))
+            write_all(fd, memoryview(text))
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -422,7 +422,8 @@ def manifest_checksum(manifest: dict[str, Any]) -> str:
     return f"{zlib.crc32(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()):08x}"
 
 
-def _write_all(fd: int, data: memoryview) -> None:
+def write_all(fd: int, data: memoryview) -> None:
+    """Writes every byte of `data` to the file `fd` (os.write may write fewer at once)."""
     while data:
         data = data[os.write(fd, data) :]
 
@@ -458,7 +459,7 @@ def _stream_rows(
         for c in columns:
             data = memoryview(chunk.arrays[c.name][:rows].reshape(-1).view(np.uint8))
             checksums[c.name] = zlib.crc32(data, checksums[c.name])
-            _write_all(fds[c.name], data)
+            write_all(fds[c.name], data)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gear_jax_checkpoint") as writer:
         for index, start in enumerate(range(0, capacity, rows_per_chunk)):
@@ -571,7 +572,7 @@ def _write_ring_columns(
     for name, values in status.items():
         data = memoryview(np.ascontiguousarray(values).view(np.uint8))
         checksums[name] = zlib.crc32(data)
-        _write_all(fds[name], data)
+        write_all(fds[name], data)
     columns = _columns_for(spec, rows.size, steps)
     return (
         columns,

@@ -36,7 +36,7 @@ from jax.sharding import Mesh
 
 from gear_jax import _agreement, checkpoint, sharded_checkpoint
 from gear_jax.errors import CheckpointError, InvalidArgumentError
-from gear_jax.sharded import ShardedTable, _mesh_devices
+from gear_jax.sharded import ShardedTable, mesh_devices
 from gear_jax.table import Table
 
 TABLE_DIRECTORY = "table"  # the Table's checkpoint inside the item's directory
@@ -113,7 +113,7 @@ class ShardedTableCheckpointHandler(ocp.CheckpointHandler):
                     f"{op}: save a ShardedTable item with args=gear_jax.orbax.ShardedTableSave(table), got "
                     f"{type(getattr(args, 'table', args)).__name__}"
                 )
-            metadata = sharded_checkpoint._checked_metadata(args.metadata, op)
+            metadata = sharded_checkpoint.checked_metadata(args.metadata, op)
             sharded_checkpoint.write_save(_local_path(directory), args.table, metadata)
         except Exception as e:
             error = e
@@ -127,7 +127,7 @@ class ShardedTableCheckpointHandler(ocp.CheckpointHandler):
                 raise InvalidArgumentError(
                     f"{op}: restore a ShardedTable item with args=gear_jax.orbax.ShardedTableRestore(mesh)"
                 )
-            devices = _mesh_devices(None, args.mesh, args.axis, op)
+            devices = mesh_devices(None, args.mesh, args.axis, op)
         except Exception as e:
             error = e
         _agreement.agree(error, op)

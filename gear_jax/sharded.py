@@ -180,12 +180,12 @@ class ShardedTable:
         # process that raised before a collective would leave the others waiting in it.
         error, devices = None, []
         try:
-            devices = _mesh_devices(spec, mesh, axis, op)
+            devices = mesh_devices(spec, mesh, axis, op)
             if name is not None and not isinstance(name, str):
                 raise InvalidArgumentError(f"{op}: name must be a str, got {type(name).__name__}")
         except Exception as e:
             error = e
-        name = _agreed_name(spec if error is None else None, name, error, op)
+        name = agreed_name(spec if error is None else None, name, error, op)
         me = jax.process_index()
         shards: dict[int, Table] = {}
         error = None
@@ -368,7 +368,7 @@ def _key_data(key: Any) -> np.ndarray:
     return np.asarray(key)
 
 
-def _mesh_devices(spec: TableSpec | None, mesh: Mesh, axis: str, op: str) -> list[Any]:
+def mesh_devices(spec: TableSpec | None, mesh: Mesh, axis: str, op: str) -> list[Any]:
     """The devices along `axis` of `mesh`, one shard each, after checking the arguments of `op` (`spec`
     too, unless None)."""
     if spec is not None and not isinstance(spec, TableSpec):
@@ -395,7 +395,7 @@ def _mesh_devices(spec: TableSpec | None, mesh: Mesh, axis: str, op: str) -> lis
     return devices
 
 
-def _agreed_name(spec: TableSpec | None, name: str | None, error: BaseException | None, op: str) -> str:
+def agreed_name(spec: TableSpec | None, name: str | None, error: BaseException | None, op: str) -> str:
     """The name every process uses: `name`, or the one process 0 draws when it is None. Then every
     process reports `error` (its arguments' check) and the digest of its spec and name: any error, or
     any spec or name that differs from process 0's, raises on every process."""

@@ -72,7 +72,7 @@ def save(
     drawn = _agreed_token()  # a collective: before anything that can fail
     root, save_dir, error = None, None, None
     try:
-        metadata = _checked_metadata(metadata, op)
+        metadata = checked_metadata(metadata, op)
         root = checkpoint.checkpoint_path(path, op)
         _open_root(root, op)
         save_dir = root / f"{SAVE_PREFIX}{drawn}"
@@ -109,7 +109,7 @@ def load(
     error, devices, listed, root = None, [], [], None
     try:
         root = checkpoint.checkpoint_path(path, op)
-        devices = sharded._mesh_devices(None, mesh, axis, op)
+        devices = sharded.mesh_devices(None, mesh, axis, op)
         listed = _complete_saves(root, _local_shards(devices))
     except Exception as e:
         error = e
@@ -153,7 +153,7 @@ def load_save(
         spec, metadata = _read_record(save_dir, len(devices))
     except Exception as e:
         error = e
-    name = sharded._agreed_name(spec, name, error, op)
+    name = sharded.agreed_name(spec, name, error, op)
     shards: dict[int, Table] = {}
     error = None
     try:
@@ -226,7 +226,7 @@ def _record_checksum(record: dict[str, Any]) -> str:
     return f"{zlib.crc32(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()):08x}"
 
 
-def _checked_metadata(metadata: Any, op: str) -> dict[str, Any] | None:
+def checked_metadata(metadata: Any, op: str) -> dict[str, Any] | None:
     """`metadata` when it is None or a dict that JSON writes and reads back unchanged (str keys; str,
     numbers, bools, None, lists and dicts of them), at most MAX_RECORD_BYTES / 2 of JSON."""
     if metadata is None:
@@ -273,7 +273,7 @@ def _write_record(save_dir: Path, table: sharded.ShardedTable, metadata: dict[st
     temporary = save_dir / f".{RECORD}-{secrets.token_hex(8)}"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        checkpoint._write_all(fd, memoryview(json.dumps(record, indent=1).encode()))
+        checkpoint.write_all(fd, memoryview(json.dumps(record, indent=1).encode()))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -387,10 +387,10 @@ def _remove_save(save_dir: Path, shards: dict[int, Table], record: bool) -> None
         fd = os.open(save_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             for s in shards:
-                checkpoint._remove_entry(fd, f"shard-{s}")
+                checkpoint.remove_entry(fd, f"shard-{s}")
             for entry in os.listdir(fd):
                 if entry.startswith(f".{RECORD}-"):  # a killed record write's temporary file
-                    checkpoint._remove_entry(fd, entry)
+                    checkpoint.remove_entry(fd, entry)
         finally:
             os.close(fd)
         os.rmdir(save_dir)  # fails while another process's shards are still there

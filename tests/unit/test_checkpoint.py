@@ -244,7 +244,7 @@ def test_a_full_disk_is_a_checkpoint_error_naming_the_path(tmp_path, tables, mon
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "_write_all", full)
+    monkeypatch.setattr(checkpoint, "write_all", full)
     with pytest.raises(gj.CheckpointError, match=f"'{path}': writing the save failed: No space left"):
         second.save(path)
     monkeypatch.undo()
