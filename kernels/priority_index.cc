@@ -296,45 +296,19 @@ bool StillAsSeen(const TableView& t, const PriorityTreeView& tree, int64_t row, 
 void RedrawPick(const TableView& t, const PriorityTreeView& tree, const SampleRequest& r, double total,
                 SampleResult out, int64_t i);
 
-constexpr int kIndexedLanes = 256;  // picks walked together; also the smallest range given to a thread
+constexpr int kIndexedLanes = kTreeLanes;  // also the smallest range given to a thread
 
-// Picks [begin, end): the first attempt of kIndexedLanes picks at a time, level by level: each step
-// prefetches the children the next step reads, so that the picks' cache misses overlap instead of following
-// one another (and a prefetch has the other lanes' steps to arrive: TLB misses in a virtual machine take
-// long). Then the redraws, and the counts of the range's picks.
+// Picks [begin, end): the first attempt of kIndexedLanes picks at a time, walked together
+// (DescendTreeLanes). Then the redraws, and the counts of the range's picks.
 void SamplePicksIndexed(const TableView& t, const PriorityTreeView& tree, const SampleRequest& r,
                         double total, SampleResult out, int64_t begin, int64_t end) {
   for (int64_t base = begin; base < end; base += kIndexedLanes) {
     const int lanes = static_cast<int>(std::min<int64_t>(kIndexedLanes, end - base));
     double target[kIndexedLanes];
     int64_t node[kIndexedLanes];
-    for (int j = 0; j < lanes; ++j) {
+    for (int j = 0; j < lanes; ++j)
       target[j] = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(base + j), 0, Draw::kSelect) * total;
-      node[j] = 0;
-    }
-    for (int level = tree.levels; level >= 1; --level) {
-      for (int j = 0; j < lanes; ++j) {
-        if (node[j] < 0) continue;
-        node[j] = DescendStep(tree, level, node[j], &target[j]);
-        if (node[j] < 0) continue;
-        // What the next step reads: the running sums of the node's children above level 1 (not their
-        // sums, which a step reads only when the running sums fall short), the rows' weights at level 1,
-        // the row's seen state after the last step.
-        const void* next;
-        if (level > 2) {
-          next = tree.prefix + tree.level_start[level - 2] + node[j] * kTreeFanout;
-        } else {
-          next = level == 2 ? static_cast<const void*>(TreeChildren(tree, 1, node[j]))
-                            : static_cast<const void*>(&tree.seen[node[j]]);
-        }
-        __builtin_prefetch(next);
-        __builtin_prefetch(static_cast<const char*>(next) + 64);
-        if (level == 1) {
-          __builtin_prefetch(&t.state[node[j]]);
-          if (r.window > 0) __builtin_prefetch(&t.length[node[j]]);
-        }
-      }
-    }
+    DescendTreeLanes(t, tree, r.window > 0, lanes, target, node);
     for (int j = 0; j < lanes; ++j) {
       uint64_t state = 0;
       if (!StillAsSeen(t, tree, node[j], r.window, &state)) {
@@ -352,6 +326,34 @@ void SamplePicksIndexed(const TableView& t, const PriorityTreeView& tree, const 
 }
 
 }  // namespace
+
+void DescendTreeLanes(const TableView& t, const PriorityTreeView& tree, bool read_length, int lanes,
+                      double* target, int64_t* node) {
+  for (int j = 0; j < lanes; ++j) node[j] = 0;
+  for (int level = tree.levels; level >= 1; --level) {
+    for (int j = 0; j < lanes; ++j) {
+      if (node[j] < 0) continue;
+      node[j] = DescendStep(tree, level, node[j], &target[j]);
+      if (node[j] < 0) continue;
+      // What the next step reads: the running sums of the node's children above level 1 (not their
+      // sums, which a step reads only when the running sums fall short), the rows' weights at level 1,
+      // the row's seen state after the last step.
+      const void* next;
+      if (level > 2) {
+        next = tree.prefix + tree.level_start[level - 2] + node[j] * kTreeFanout;
+      } else {
+        next = level == 2 ? static_cast<const void*>(TreeChildren(tree, 1, node[j]))
+                          : static_cast<const void*>(&tree.seen[node[j]]);
+      }
+      __builtin_prefetch(next);
+      __builtin_prefetch(static_cast<const char*>(next) + 64);
+      if (level == 1) {
+        __builtin_prefetch(&t.state[node[j]]);
+        if (read_length) __builtin_prefetch(&t.length[node[j]]);
+      }
+    }
+  }
+}
 
 KernelStatus SampleIndexedCpu(const TableView& t, const PriorityTreeView& tree, const SampleRequest& r,
                               SampleResult out, const ParallelFor& parallel) {

@@ -166,6 +166,16 @@ class PriorityIndex {
   std::vector<int64_t> moved_level1_, changed_groups_, dirty_;  // a refresh's lists, kept for their capacity
 };
 
+// Targets walked down the tree together, kTreeLanes at most: node[j] gets the row target[j] ends at
+// (-1 when no row has a positive weight; DescendTree's answer) and target[j] what is left of it in that
+// row. The lanes go level by level and each step prefetches what the lane's next step reads, so that the
+// lanes' cache misses overlap instead of following one another (a prefetch has the other lanes' steps to
+// arrive: TLB misses in a virtual machine take long); the last step prefetches the row's state word
+// (and its length with `read_length`).
+inline constexpr int kTreeLanes = 256;
+void DescendTreeLanes(const TableView& table, const PriorityTreeView& tree, bool read_length, int lanes,
+                      double* target, int64_t* node);
+
 // Prioritized sample (sample.h) through an index refreshed for the request's exponent. Each pick draws
 // the target u * total (u as sample draws it, attempt 0 first) and walks the tree; a walk that ends at a
 // row whose state changed since the refresh (a writer or an update since), or whose length is out of

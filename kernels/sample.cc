@@ -64,8 +64,20 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
   // the picks' cache misses overlap. A pick whose every attempt was rejected is left at row -1.
   parallel.Run(r.batch_size, kUniformGrain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> first(static_cast<size_t>(end - begin));
+    if (by_length) {  // the first draws walk the index together (their misses overlap)
+      double target[kTreeLanes];
+      for (int64_t base = begin; base < end; base += kTreeLanes) {
+        const int lanes = static_cast<int>(std::min<int64_t>(kTreeLanes, end - base));
+        for (int j = 0; j < lanes; ++j) {
+          target[j] = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(base + j), 0, Draw::kSelect) *
+                      length_total;
+        }
+        DescendTreeLanes(t, *tree, true, lanes, target, &first[base - begin]);
+      }
+    }
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t c = first[i - begin] = candidate(static_cast<uint32_t>(i), 0);
+      if (!by_length) first[i - begin] = candidate(static_cast<uint32_t>(i), 0);
+      const int64_t c = first[i - begin];
       if (c < 0) continue;
       __builtin_prefetch(&t.state[c]);
       __builtin_prefetch(&t.length[c]);
