@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gear_jax import _native
-from gear_jax.errors import InvalidArgumentError, TableClosedError
+from gear_jax.errors import InvalidArgumentError, TableClosedError, traced_value_error
 from gear_jax.selection import METHODS, Sample
 from gear_jax.spec import TableSpec
 from gear_jax.table import Table
@@ -36,15 +36,9 @@ def check_table(table: Any, op: str) -> Table:
 
 
 def check_static(value: Any, name: str, op: str) -> None:
-    """Refuses a traced value for the argument `name`, which must be a static Python value (it fixes a
-    shape or the compiled call): a jit argument that was not marked static, typically."""
+    """Refuses a traced value for the argument `name`, which must be a static Python value."""
     if isinstance(value, jax.core.Tracer):
-        raise InvalidArgumentError(
-            f"{op}: {name} is a traced value ({value}), but it must be a static Python value: it sets a "
-            f"shape or the compiled call. Mark it static, e.g. jax.jit(step, static_argnames=({name!r},)), "
-            f"or close over it (a constant, a global or functools.partial) instead of passing it as a "
-            "jitted function's argument"
-        )
+        raise traced_value_error(value, name, op)
 
 
 def check_batch_size(batch_size: Any, op: str) -> int:

@@ -1,6 +1,9 @@
 """Exceptions raised by gear_jax. Each names the argument at fault and the fix."""
 
+from typing import Any
+
 import jax
+import numpy as np
 
 # What a compiled function raises when a custom call fails while it runs (an empty table, a closed
 # table, a NaN priority): JAX reports the handler's error as JaxRuntimeError, or as ValueError when the
@@ -63,3 +66,25 @@ class SlowPathWarning(UserWarning):
     does not take (a list, a JAX array, a non-contiguous array, a dtype it does not convert). The same
     values are stored, at several times the cost; the message names the field and the fix. Issued once
     per table and field."""
+
+
+def traced_value_error(value: Any, name: str, op: str) -> InvalidArgumentError:
+    """The error for a traced value passed as the argument `name`, which must be a static Python value
+    (it fixes a shape or the compiled call): a jit argument that was not marked static, typically."""
+    return InvalidArgumentError(
+        f"{op}: {name} is a traced value ({value}), but it must be a static Python value: it sets a "
+        f"shape or the compiled call. Mark it static, e.g. jax.jit(step, static_argnames=({name!r},)), "
+        f"or close over it (a constant, a global or functools.partial) instead of passing it as a "
+        "jitted function's argument"
+    )
+
+
+def check_flag(value: Any, name: str, op: str) -> bool:
+    """Refuses anything but True or False (numpy's bools included) for the flag `name` of `op`: an
+    array's truth is ambiguous, a string or a number would be read as a flag by accident, and a traced
+    value cannot choose the compiled call."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, jax.core.Tracer):
+        raise traced_value_error(value, name, op)
+    raise InvalidArgumentError(f"{op}: {name}={value!r} must be True or False")

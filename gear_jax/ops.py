@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gear_jax import _args, _ffi, _rows
-from gear_jax.errors import InvalidArgumentError
+from gear_jax.errors import InvalidArgumentError, check_flag
 from gear_jax.selection import METHODS, ORDERED_METHODS, PICK_BYTES, Sample
 from gear_jax.table import Table
 
@@ -403,7 +403,7 @@ def insert(
         errors surface at the next call on the table, and the call's row ids are -1.
     """
     table = _args.check_table(table, "insert")
-    _args.check_static(time_major, "time_major", "insert")
+    time_major = check_flag(time_major, "time_major", "insert")
     arrays, b, steps = _rows.Batches(table.spec).traced(batch, table.casting, time_major, "insert")
     if isinstance(priorities, str):
         if priorities != "max":

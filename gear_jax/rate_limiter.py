@@ -126,7 +126,9 @@ class RateLimiterCounts:
 
     Attributes:
       inserts: rows admitted by the limiter since the table was made (host inserts count when admitted,
-        before their rows are published; `gj.insert` inside jit counts rows as it publishes them).
+        before their rows are published; `gj.insert` inside jit counts rows as it publishes them). A
+        process killed between its admission and its publication has what it never published taken
+        back once it is found gone (docs/ARCHITECTURE.md, "Rate limiting").
       samples: samples admitted by `await_samples`.
       size: rows holding a committed trajectory now (`Table.size`).
       diff: `inserts * samples_per_insert - samples`; None without a ratio.

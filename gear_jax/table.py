@@ -22,6 +22,7 @@ from gear_jax.errors import (
     SpecError,
     TableClosedError,
     TableMismatchError,
+    check_flag,
 )
 from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts, check_count, check_timeout
 from gear_jax.spec import TableSpec
@@ -200,9 +201,9 @@ class Table:
                 step_bytes,
                 spec.to_json(),
                 spec.spec_hash,
-                bool(pin),
-                bool(reuse),
-                outlive_creator=bool(outlive_creator),
+                check_flag(pin, "pin", "Table.create"),
+                check_flag(reuse, "reuse", "Table.create"),
+                outlive_creator=check_flag(outlive_creator, "outlive_creator", "Table.create"),
                 rate_limiter=None if rate_limiter is None else rate_limiter.native_settings(),
                 step_capacity=spec.step_capacity or 0,
             )
@@ -237,7 +238,7 @@ class Table:
                 f"Table.attach: spec={spec!r} must be a gear_jax.TableSpec (or None to take the table's own)"
             )
         try:
-            native = _native.NativeTable.attach(name, bool(pin))
+            native = _native.NativeTable.attach(name, check_flag(pin, "pin", "Table.attach"))
         except GearJaxError:  # TableNotFoundError, TableMismatchError: raised by the native module
             raise
         except RuntimeError as e:  # a directory, a symbolic link, a file that can not be mapped

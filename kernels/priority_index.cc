@@ -359,7 +359,7 @@ KernelStatus SampleIndexedCpu(const TableView& t, const PriorityTreeView& tree, 
                               SampleResult out, const ParallelFor& parallel) {
   const double total = TreeTotal(tree);
   if (std::isinf(total)) return KernelError(ErrorSite::kSampleWeightOverflow);
-  if (!(total > 0.0)) return KernelError(ErrorSite::kSampleEmpty);
+  if (!(total > 0.0)) return WeightlessIndex(tree);
   // Each pick's draws depend on its index alone, so any split of the picks gives the same sample.
   parallel.Run(r.batch_size, kIndexedLanes,
                [&](int64_t begin, int64_t end) { SamplePicksIndexed(t, tree, r, total, out, begin, end); });

@@ -49,7 +49,8 @@ __global__ void SampleIndexedKernel(TableView t, PriorityTreeView tree, SampleRe
     RecordFailed(out, i);
     if (i == 0) {
       ReportError(error, t.read_modify_write_atomics,
-                  isinf(total) ? ErrorSite::kSampleWeightOverflow : ErrorSite::kSampleEmpty, 0, 0, 0);
+                  isinf(total) ? ErrorSite::kSampleWeightOverflow : WeightlessSite(tree), 0, *tree.selectable,
+                  0);
     }
     return;
   }

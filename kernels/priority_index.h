@@ -50,6 +50,12 @@ struct PriorityTreeView {
 
 GEAR_HD double TreeTotal(const PriorityTreeView& v) { return v.nodes[v.level_start[v.levels]]; }
 
+// Why a prioritized sample from an index whose total is 0 finds nothing: no row is selectable, or the
+// selectable rows' weights p^a all underflow to 0 (priorities far below 1 under a large exponent).
+GEAR_HD ErrorSite WeightlessSite(const PriorityTreeView& v) {
+  return *v.selectable > 0 ? ErrorSite::kSampleWeightUnderflow : ErrorSite::kSampleEmpty;
+}
+
 // Where a level's children of a node lie: level 1's children are the rows' weights.
 GEAR_HD const double* TreeChildren(const PriorityTreeView& v, int level, int64_t node) {
   return (level == 1 ? v.weights : v.nodes + v.level_start[level - 1]) + node * kTreeFanout;
@@ -100,6 +106,10 @@ GEAR_HD int64_t DescendTree(const PriorityTreeView& v, double target) {
   int64_t node = 0;
   for (int level = v.levels; level >= 1 && node >= 0; --level) node = DescendStep(v, level, node, &target);
   return node;
+}
+
+inline KernelStatus WeightlessIndex(const PriorityTreeView& v) {
+  return KernelError(WeightlessSite(v), 0, *v.selectable);
 }
 
 // How many node levels a tree over `rows` rows has, and how many nodes in all.

@@ -62,6 +62,9 @@ namespace {
 constexpr uint64_t kOneWindow = uint64_t{1} << 32;
 int32_t SlotPid(uint64_t slot) { return static_cast<int32_t>(slot & 0xffffffffu); }
 uint32_t SlotWindows(uint64_t slot) { return static_cast<uint32_t>(slot >> 32); }
+// A slot whose gone process's admitted inserts are being taken back (TakeOverSlot): no process takes it
+// (its windows are not 0) and no sweep touches it, until the taker stores 0 or its own pid.
+constexpr uint64_t kTakingBack = ~uint64_t{0};
 
 // How often CheckCounts(force = false) looks, and how far it backs off while recounts keep failing.
 constexpr int64_t kCheckEveryNs = 10'000'000;
@@ -77,6 +80,17 @@ void CounterWindow::Close() {
   table_ = nullptr;
 }
 
+bool SharedTable::TakeOverSlot(int slot, uint64_t seen, uint64_t next) {
+  TableHeader* h = header();
+  if (Load(&h->admitted_inserts[slot]) == 0) return Cas(&h->writer_slots[slot], &seen, next);
+  // The gone process's admitted inserts first, while the slot is marked: whoever wins the slot settles
+  // them, once, and no new owner counts into the entry before it is 0 (rate_limiter.h, "Killed inserters").
+  if (!Cas(&h->writer_slots[slot], &seen, kTakingBack)) return false;
+  rate_limiter_.TakeBackAdmitted(&h->admitted_inserts[slot]);
+  Store(&h->writer_slots[slot], next);
+  return true;
+}
+
 int SharedTable::WriterSlot() {
   const int32_t me = CurrentPid();
   int64_t mine = writer_slot_.load(std::memory_order_acquire);
@@ -88,7 +102,7 @@ int SharedTable::WriterSlot() {
   for (int s = 0; s < kMaxWriterSlots && slot < 0; ++s) {
     uint64_t seen = Load(&h->writer_slots[s]);
     const bool free = seen == 0 || (SlotWindows(seen) == 0 && !PidMayBeAlive(h, SlotPid(seen)));
-    if (free && Cas(&h->writer_slots[s], &seen, static_cast<uint64_t>(static_cast<uint32_t>(me)))) slot = s;
+    if (free && TakeOverSlot(s, seen, static_cast<uint64_t>(static_cast<uint32_t>(me)))) slot = s;
   }
   if (slot >= 0) {  // before any window of this slot opens: a recount reads `used` to know where to look
     int32_t used = Load(&h->writer_slots_used);
@@ -129,14 +143,17 @@ bool SharedTable::SweepWriterSlots() {
   const int32_t used = std::min(Load(&h->writer_slots_used), kMaxWriterSlots);
   for (int s = 0; s < used; ++s) {
     uint64_t seen = Load(&h->writer_slots[s]);
-    if (SlotWindows(seen) == 0) continue;
+    if (seen == 0 || seen == kTakingBack) continue;
+    // An idle slot matters only while it holds admitted inserts (a process killed between an admission
+    // and its first window): they are taken back once its process is gone.
+    if (SlotWindows(seen) == 0 && Load(&h->admitted_inserts[s]) == 0) continue;
     if (PidMayBeAlive(h, SlotPid(seen))) {
-      live = true;
+      live = live || SlotWindows(seen) != 0;
       continue;
     }
     // The mark first, then the slot may go: from now on the mark is the evidence.
-    Add<uint64_t>(&h->counts_dirty, 1);
-    Cas(&h->writer_slots[s], &seen, uint64_t{0});
+    if (SlotWindows(seen) != 0) Add<uint64_t>(&h->counts_dirty, 1);
+    TakeOverSlot(s, seen, uint64_t{0});
   }
   return live;
 }
@@ -193,8 +210,8 @@ void SharedTable::CheckCounts(bool force) {
 void SharedTable::ReleaseWriterSlot() {
   const int64_t mine = writer_slot_.load(std::memory_order_acquire);
   if (mine != 0 && static_cast<int32_t>(mine >> 32) == CurrentPid() && static_cast<int32_t>(mine) >= 0) {
-    uint64_t idle = static_cast<uint32_t>(CurrentPid());
-    Cas(&header()->writer_slots[static_cast<int32_t>(mine)], &idle, uint64_t{0});
+    // Inserts still admitted to this open (a reservation outlived its table) go back with the slot.
+    TakeOverSlot(static_cast<int32_t>(mine), static_cast<uint32_t>(CurrentPid()), uint64_t{0});
   }
 }
 

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "xla_ffi/shared_table.h"
+
 namespace gear {
 namespace {
 
@@ -86,6 +88,7 @@ bool RateLimiter::TryAdmit(RateOp op, int64_t n) {
   uint64_t* counter = op == RateOp::kInsert ? &state_->inserts : &state_->samples;
   if (ratio == 0) {  // no ratio: only the size condition, checked above
     __atomic_fetch_add(counter, count, __ATOMIC_SEQ_CST);
+    if (op == RateOp::kInsert) AddAdmitted(n);
     return true;
   }
   uint64_t seen = Load(counter);
@@ -103,6 +106,7 @@ bool RateLimiter::TryAdmit(RateOp op, int64_t n) {
     }
     if (__atomic_compare_exchange_n(counter, &seen, seen + count, /*weak=*/false, __ATOMIC_SEQ_CST,
                                     __ATOMIC_SEQ_CST)) {
+      if (op == RateOp::kInsert) AddAdmitted(n);
       return true;
     }
   }
@@ -159,6 +163,12 @@ std::string RateLimiter::TimeoutMessage(RateOp op, int64_t n, double timeout_s) 
     out << ": the actors must insert more first; start them or speed them up, or pass a longer timeout";
   }
   return out.str();
+}
+
+void RateLimiter::AddAdmitted(int64_t delta) {
+  if (admitted_ == nullptr || table_ == nullptr) return;
+  const int slot = table_->WriterSlot();
+  if (slot >= 0) __atomic_fetch_add(&admitted_[slot], static_cast<uint64_t>(delta), __ATOMIC_SEQ_CST);
 }
 
 void RateLimiter::Backoff(int64_t* step_ns) {

@@ -23,6 +23,16 @@
 // take it below min_diff after samples were admitted against it. Paths that must not wait (the insert
 // custom call, inside XLA) count their rows as they publish them, without a check: they may push diff
 // past max_diff, which only makes the next host inserts wait longer.
+//
+// Killed inserters. A process killed between an insert's admission and its publication never publishes
+// nor gives back what it was admitted for: `inserts` would run ahead of the rows written for good, and the
+// learner would over-sample. So each process also counts, in its writer slot's entry of the header's
+// admitted_inserts (counter_window.cc has the slots), what it was admitted for and has not yet published
+// (one row at a time, as each row is published) or given back; when the slot's process is found gone (a
+// sweep of the writer slots, or a process taking the slot over), that entry is taken out of `inserts`.
+// Exact but for a kill between two adjacent atomic steps (an admission's compare-and-swap and its entry,
+// a row's publication and its entry, a give-back and its entry: one batch, one row, one batch at most),
+// and for a process that found every writer slot taken (counted nowhere, as its counter windows are).
 #pragma once
 
 #include <cstdint>
@@ -61,12 +71,17 @@ struct RateLimiterCounts {
 
 enum class RateOp { kInsert, kSample };
 
+class SharedTable;  // shared_table.h: the writer slot of this process
+
 // What a table's limiter is checked against: its state and the table's `size` counter (both in the
 // header), and the table's name for messages.
 class RateLimiter {
  public:
-  RateLimiter(RateLimiterState* state, const int64_t* size, const std::string* table_name)
-      : state_(state), size_(size), name_(table_name) {}
+  // `admitted` and `table`: the header's admitted_inserts and the table whose writer slot this process
+  // counts its admitted inserts in (null: not counted per process; see "Killed inserters").
+  RateLimiter(RateLimiterState* state, const int64_t* size, const std::string* table_name,
+              uint64_t* admitted = nullptr, SharedTable* table = nullptr)
+      : state_(state), size_(size), name_(table_name), admitted_(admitted), table_(table) {}
 
   bool enabled() const { return __atomic_load_n(&state_->enabled, __ATOMIC_RELAXED) != 0; }
   const RateLimiterState& settings() const { return *state_; }
@@ -94,7 +109,19 @@ class RateLimiter {
   }
   // Takes back `n` admitted inserts that were never published (a failed insert).
   void ReturnInserts(int64_t n) {
-    if (n > 0 && enabled()) __atomic_fetch_sub(&state_->inserts, static_cast<uint64_t>(n), __ATOMIC_SEQ_CST);
+    if (n <= 0 || !enabled()) return;
+    __atomic_fetch_sub(&state_->inserts, static_cast<uint64_t>(n), __ATOMIC_SEQ_CST);
+    AddAdmitted(-n);
+  }
+  // `n` admitted inserts were published: no longer this process's to give back.
+  void NotePublished(int64_t n) {
+    if (n > 0 && enabled()) AddAdmitted(-n);
+  }
+  // Takes a gone process's admitted inserts (an entry of admitted_inserts) out of the count: the caller
+  // holds that writer slot (counter_window.cc).
+  void TakeBackAdmitted(uint64_t* entry) {
+    const uint64_t n = __atomic_exchange_n(entry, uint64_t{0}, __ATOMIC_SEQ_CST);
+    if (n != 0) __atomic_fetch_sub(&state_->inserts, n, __ATOMIC_SEQ_CST);
   }
 
  private:
@@ -103,10 +130,14 @@ class RateLimiter {
   std::string TimeoutMessage(RateOp op, int64_t n, double timeout_s) const;
   // Sleeps the next step of the backoff (`step_ns` doubles up to its cap).
   static void Backoff(int64_t* step_ns);
+  // Adds `delta` to this process's entry of admitted_inserts (nothing without a writer slot).
+  void AddAdmitted(int64_t delta);
 
   RateLimiterState* state_;
   const int64_t* size_;
   const std::string* name_;
+  uint64_t* admitted_;
+  SharedTable* table_;
 };
 
 // Inserts admitted (and so counted) before their rows are published: the publishing code uses them up
@@ -118,7 +149,10 @@ class InsertReservation {
   ~InsertReservation() { limiter_.ReturnInserts(left_); }
   InsertReservation(const InsertReservation&) = delete;
   InsertReservation& operator=(const InsertReservation&) = delete;
-  void Use(int64_t rows) { left_ -= rows; }
+  void Use(int64_t rows) {
+    left_ -= rows;
+    limiter_.NotePublished(rows);
+  }
   // The caller settles what is left itself (Python's reservations, given back by gear_jax.table).
   void Keep() { left_ = 0; }
 

@@ -143,6 +143,9 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
       if (lost < 0) lost = row;
       continue;
     }
+    // Counted as published row by row: a writer killed in this loop leaves its admitted_inserts entry
+    // short of the rows it published by none (rate_limiter.h, "Killed inserters").
+    if (reserved != nullptr) reserved->Use(1);
     longest = std::max(longest, row_length);
     published[done++] = static_cast<int32_t>(row);
     selectable += priority > 0.0f;
@@ -154,11 +157,7 @@ void SharedTable::PublishRows(int64_t n, const int32_t* rows, const uint64_t* he
   // they do when a full ring is overwritten).
   if (done != counted.size) Add<int64_t>(&h->size, done - counted.size);
   if (selectable != counted.selectable) Add<int64_t>(&h->selectable, selectable - counted.selectable);
-  if (reserved != nullptr) {
-    reserved->Use(done);
-  } else if (rate_limiter_.enabled()) {
-    rate_limiter_.CountInserts(done);
-  }
+  if (reserved == nullptr && rate_limiter_.enabled()) rate_limiter_.CountInserts(done);
   // Given back only now (release: a claimer that reads 0 sees the publication): until here, a death
   // leaves the row to a reclaimer.
   for (int64_t i = 0; i < done; ++i) __atomic_store_n(&owners()[published[i]], 0, __ATOMIC_RELEASE);

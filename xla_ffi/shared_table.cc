@@ -37,7 +37,7 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
       memory_(std::move(memory)),
       base_(memory_->base()),
       creator_(creator),
-      rate_limiter_(&header()->rate_limiter, &header()->size, &name_) {
+      rate_limiter_(&header()->rate_limiter, &header()->size, &name_, header()->admitted_inserts, this) {
   TableHeader* h = header();
   view_.capacity = h->capacity;
   view_.max_steps = h->max_steps;

@@ -73,6 +73,9 @@ class SharedTable {
   PriorityIndexes& priority_indexes() { return priority_indexes_; }
   // The table's rate limiter (rate_limiter.h), over the header's shared state.
   RateLimiter& rate_limiter() { return rate_limiter_; }
+  // This process's writer slot in the header (counter_window.cc), taken on first use (-1 when every
+  // slot is taken).
+  int WriterSlot();
 
   // Writers. Claim returns a row now owned by this process (odd generation, priority 0, length 0, its
   // pid in the owner word).
@@ -166,11 +169,14 @@ class SharedTable {
   // After a write, outside its window: looks for a writer killed inside a window when this one
   // reclaimed a row, and repairs the counters if they are marked off (CheckCounts, throttled).
   void AfterWrites(bool reclaimed);
-  // This process's writer slot in the header, taken on first use (-1 when every slot is taken).
-  int WriterSlot();
-  // Raises counts_dirty for, and frees, every writer slot with windows open by a process that is gone;
-  // returns whether a live process has a window open.
+  // Raises counts_dirty for, and frees, every writer slot with windows open by a process that is gone,
+  // and takes back the admitted inserts of every gone process's slot; returns whether a live process has
+  // a window open.
   bool SweepWriterSlots();
+  // Moves writer slot `slot` from `seen` (a free slot, or a gone process's) to `next`, first taking the
+  // gone process's admitted inserts back from the rate limiter; false when another process moved the
+  // slot first.
+  bool TakeOverSlot(int slot, uint64_t seen, uint64_t next);
   // One recount of size and selectable from the rows; false (to be tried again) when a live process
   // had a window open or opened one meanwhile.
   bool Recount();

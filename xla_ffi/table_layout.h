@@ -16,7 +16,7 @@ namespace gear {
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
 inline constexpr uint32_t kFormatVersion =
-    7;  // 7: step rings (step_capacity, first_step, the ring's cursors)
+    8;  // 7: step rings (step_capacity, first_step, the ring's cursors); 8: admitted_inserts
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =
@@ -57,6 +57,10 @@ struct TableHeader {
   alignas(64) uint64_t counts_dirty;    // nonzero: a process died inside a window; recount size/selectable
   int32_t writer_slots_used;            // writer slots [0, used) were ever taken
   alignas(64) uint64_t writer_slots[kMaxWriterSlots];  // pid | windows open << 32 (0: free slot)
+  // Per writer slot: inserts its process's rate limiter admitted and it has neither published nor given
+  // back yet, taken back from the limiter's count once the process is gone (rate_limiter.h, "Killed
+  // inserters"). Only the slot's process changes its entry while it lives.
+  alignas(64) uint64_t admitted_inserts[kMaxWriterSlots];
   alignas(64) uint32_t closed;  // set by the creator's close: no process may attach any more
   // Nonzero: the memory never goes to another table. Set when an attach found no free slot, and when a
   // process forked while it had the table mapped (the child may write into it, unseen by the slots).

@@ -75,3 +75,45 @@ def test_inserts_into_a_table_whose_rows_are_all_held_raise_all_rows_held(make_t
     assert table.size == 2
     (row,) = table.insert({"x": np.zeros((1, 4), np.int32)}, lengths=[1])  # rows free again
     assert table.row_status()["length"][row] == 1
+
+
+@pytest.mark.parametrize("flag", [np.array([True, False]), "yes", 1, None])
+def test_flags_are_true_or_false(make_table, flag):
+    # An array as a flag escaped as numpy's "truth value of an array is ambiguous" (issue 32's probe).
+    spec = gj.TableSpec({"x": gj.Field((), "float32")}, capacity=4, max_steps=2)
+    for name in ("pin", "reuse", "outlive_creator"):
+        with pytest.raises(gj.InvalidArgumentError, match=rf"Table.create: {name}=.* must be True or False"):
+            gj.Table.create(spec, **{name: flag})
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=4, max_steps=2)
+    with pytest.raises(gj.InvalidArgumentError, match=r"Table.attach: pin=.* must be True or False"):
+        gj.Table.attach(table.name, pin=flag)
+    with pytest.raises(gj.InvalidArgumentError, match=r"insert: time_major=.* must be True or False"):
+        gj.insert(table, {"x": np.ones((2, 1), np.float32)}, time_major=flag)
+    assert table.size == 0
+    # np.bool_ is a flag, and a traced one is refused with the way to make it static.
+    gj.insert(table, {"x": np.ones((2, 1), np.float32)}, time_major=np.bool_(True))
+    assert table.size == 1
+    with pytest.raises(gj.InvalidArgumentError, match=r"time_major is a traced value .* static_argnames"):
+        jax.jit(lambda tm: gj.insert(table, {"x": np.ones((2, 1), np.float32)}, time_major=tm))(True)
+
+
+def test_priorities_whose_weights_underflow_are_named(make_table):
+    # Weights p^a that underflow a double reported "the table holds no selectable rows" (issue 32's probe).
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=8)
+    table.insert({"x": np.zeros(8, np.float32)}, priorities=np.full(8, 1e-30, np.float32))
+    for sample in (
+        lambda: gj.sample(table, jax.random.key(0), 4, method="prioritized", priority_exponent=20.0),
+        lambda: gj.host.sample(
+            table, np.random.default_rng(0), 4, method="prioritized", priority_exponent=20.0
+        ),
+    ):
+        with pytest.raises(
+            (gj.GearJaxError, *gj.EXECUTION_ERRORS), match=r"holds 8 selectable rows, but every"
+        ):
+            jax.block_until_ready(sample())
+    # The same priorities under a smaller exponent sample; an empty table is still called empty.
+    picks = gj.sample(table, jax.random.key(0), 4, method="prioritized", priority_exponent=2.0)
+    assert np.isin(np.asarray(picks.indices), np.arange(8)).all()
+    empty = make_table(fields={"x": gj.Field((), "float32")}, capacity=8)
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r"holds no selectable rows"):
+        jax.block_until_ready(gj.sample(empty, jax.random.key(0), 4, method="prioritized"))
