@@ -147,9 +147,14 @@ def lengths(value: Any, rows: int, steps: int) -> np.ndarray:
 def traced_lengths(value: Any, rows: int, op: str) -> jax.Array:
     """Lengths of a compiled insert as int32[rows], checked at trace time for dtype and shape; the handler
     checks each lies in [1, T] at run time."""
-    if not isinstance(value, jax.Array):  # host values: checked here, before JAX narrows them to int32
-        host = np.asarray(value)
-        if host.dtype.kind in "iu" and host.size and (host.min() < 0 or host.max() > np.iinfo(np.int32).max):
+    if not isinstance(value, jax.Array | jax.core.Tracer):  # host values: checked here, before JAX
+        host = np.asarray(value)  # narrows them to int32 (or refuses them: strings, objects)
+        if host.dtype.kind not in "iu":
+            raise InvalidArgumentError(
+                f"{op}: lengths have shape {host.shape} and dtype {host.dtype}; expected integers of shape "
+                f"({rows},)"
+            )
+        if host.size and (host.min() < 0 or host.max() > np.iinfo(np.int32).max):
             raise InvalidArgumentError(
                 f"{op}: lengths hold {host.max() if host.max() > 0 else host.min()}, outside int32 (and "
                 "outside [1, T]); pass each row's steps used"
@@ -316,7 +321,11 @@ class Batches:
         for name, field in self.spec.fields.items():
             value = batch[name]
             if not hasattr(value, "dtype") or not hasattr(value, "shape"):
-                value = jnp.asarray(value)
+                try:
+                    value = jnp.asarray(value)
+                except (TypeError, ValueError) as e:
+                    problems.append(f"batch[{name!r}] is not an array of numbers ({e})")
+                    continue
             why = traced_cast_problem(np.dtype(value.dtype), field.dtype, casting)
             if why:
                 problems.append(f"batch[{name!r}] {why}")

@@ -1142,7 +1142,9 @@ def _restore(table: Table, checkpoint: _Checkpoint) -> None:
         checkpoint, state, rows_per_chunk
     ):  # checked whole before any row shows
         _check_saved_states(checkpoint, state.file, states, "rows")
-        if (states[max(0, claimed - start) :] != 0).any():
+        # Rows never claimed are empty: priority 0 (their lengths were checked above). Their generations
+        # need not be 0: a table on memory from the pool keeps the generations of the table before it.
+        if (state_priority(states[max(0, claimed - start) :]) != 0).any():
             raise _refuse(
                 checkpoint.root, f"rows past the {claimed} the {MANIFEST}'s next_seq claimed hold rows"
             )

@@ -5,6 +5,7 @@ import ml_dtypes
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from jax.sharding import Mesh
 
 import gear_jax as gj
 
@@ -73,7 +74,9 @@ def test_insert_then_gather_round_trips(case):
 # -- any argument, well formed or not: a correct result or a gear_jax error -------------------------------
 
 import contextlib  # noqa: E402
+import os  # noqa: E402
 import signal  # noqa: E402
+import tempfile  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 
@@ -288,3 +291,176 @@ def test_any_arguments_give_a_correct_result_or_a_gear_jax_error(case):
         else:
             assert int(count) == b and case["new_priorities"] in ("good", "ints")
             assert (after["priority"] >= 0).all() and np.isfinite(after["priority"]).all()
+
+
+# -- the rest of the public API: rate limiter, inserts inside jit, checkpoints, sharded tables ------
+
+TIMEOUTS = st.sampled_from([0.0, 0.01])  # never None: a limiter that cannot admit would wait for good
+ODD_TIMEOUTS = st.sampled_from([-1.0, float("nan"), "1", np.array([1.0])])  # no long waits
+ODD_VALUES = st.sampled_from([None, "x", -1, 0, 2.5, float("nan"), np.array([1, 2]), 2**70])
+
+
+@st.composite
+def api_cases(draw):
+    """A small trajectory or transition table, and arguments for the calls beyond sample and gather,
+    each well formed four times in five."""
+    max_steps, capacity = draw(st.integers(1, 4)), draw(st.integers(2, 8))
+    rows = draw(st.integers(1, 6))
+    return {
+        "max_steps": max_steps,
+        "capacity": capacity,
+        "ring": draw(st.booleans()) and max_steps > 1,
+        "rows": rows,
+        "limiter": mostly(
+            draw,
+            st.one_of(
+                st.none(),
+                st.tuples(st.integers(1, capacity), st.none(), st.none()),
+                st.tuples(st.integers(1, capacity), st.floats(0.5, 4), st.floats(50, 1000)),
+            ),
+            st.tuples(
+                st.one_of(st.integers(1, capacity), ODD_INTS, ODD_VALUES),
+                st.one_of(st.floats(0.5, 4), ODD_FLOATS, ODD_VALUES),
+                st.one_of(st.floats(50, 1000), ODD_FLOATS, ODD_VALUES),
+            ),
+        ),
+        "timeout": mostly(draw, TIMEOUTS, ODD_TIMEOUTS),
+        "await_n": mostly(draw, st.integers(1, 4), st.one_of(ODD_INTS, ODD_VALUES)),
+        "jit_lengths": mostly(
+            draw,
+            st.one_of(st.none(), st.lists(st.integers(1, max_steps), min_size=rows, max_size=rows)),
+            st.one_of(st.lists(ODD_INTS, min_size=rows, max_size=rows), ODD_VALUES),
+        ),
+        "jit_priorities": mostly(
+            draw,
+            st.one_of(st.none(), st.just("max"), st.floats(0, 5)),
+            st.one_of(ODD_FLOATS, st.just("min"), ODD_VALUES),
+        ),
+        "time_major": mostly(draw, st.booleans(), ODD_VALUES),
+        "path": mostly(draw, st.just("fresh"), st.sampled_from(["none", "int", "empty", "missing_parent"])),
+        "load_name": mostly(draw, st.none(), st.sampled_from(["bad name/", 5, ""])),
+        "load_casting": mostly(draw, st.just("fit"), st.sampled_from(["loose", None, 3])),
+        "axis": mostly(draw, st.just("replay"), st.sampled_from(["other", 5, None])),
+        "sharded_batch": mostly(draw, st.integers(1, 8), st.one_of(ODD_INTS, ODD_VALUES)),
+        "mode": mostly(draw, st.sampled_from(["global", "local"]), st.sampled_from(["everywhere", 1])),
+        "method": mostly(
+            draw, st.sampled_from(["uniform", "prioritized", "fifo", "lifo", "topk"]), st.just("random")
+        ),
+        "seed": draw(st.integers(0, 2**31)),
+    }
+
+
+def checkpoint_path(kind, tmp):
+    return {
+        "fresh": lambda: os.path.join(tmp, "ckpt"),
+        "none": lambda: None,
+        "int": lambda: 5,
+        "empty": lambda: "",
+        "missing_parent": lambda: os.path.join(tmp, "missing", "ckpt"),
+    }[kind]()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=api_cases())
+def test_any_arguments_to_the_rest_of_the_api_give_a_correct_result_or_a_gear_jax_error(case):
+    rng = np.random.default_rng(case["seed"])
+    max_steps, rows = case["max_steps"], case["rows"]
+    fields = {"x": gj.Field((2,), "float32")}
+    spec = gj.TableSpec(
+        fields,
+        capacity=case["capacity"],
+        max_steps=max_steps,
+        step_capacity=case["capacity"] * max_steps if case["ring"] else None,
+    )
+    limiter = None
+    if case["limiter"] is not None:
+        made, limiter = result_or_gear_jax_error("RateLimiter", lambda: gj.RateLimiter(*case["limiter"]))
+        if not made:
+            limiter = None
+    created, table = result_or_gear_jax_error("create", lambda: gj.Table.create(spec, rate_limiter=limiter))
+    if not created:
+        return
+    with table, no_hang("the calls"):
+        lead = (rows, max_steps) if spec.is_trajectory else (rows,)
+        data = {"x": rng.normal(size=(*lead, 2)).astype(np.float32)}
+
+        # A host insert under the limiter: admitted and counted, refused (bad timeout) or timed out,
+        # and then nothing written.
+        inserted, ids = result_or_gear_jax_error(
+            "insert(timeout)", lambda: table.insert(data, timeout=case["timeout"])
+        )
+        assert table.size == (min(rows, case["capacity"]) if inserted else 0)
+        if limiter is not None:
+            assert table.rate_limiter_counts().inserts == (rows if inserted else 0)
+        admitted, _ = result_or_gear_jax_error(
+            "await_samples", lambda: table.await_samples(case["await_n"], timeout=case["timeout"])
+        )
+        if limiter is not None:
+            assert table.rate_limiter_counts().samples == (case["await_n"] if admitted else 0)
+
+        # An insert inside jit: refused at trace time, refused at run time (nothing written), or
+        # written, with the ids it returns holding the rows.
+        jit_data = {"x": jnp.asarray(data["x"])}
+        if case["time_major"] is True and spec.is_trajectory:
+            jit_data = {"x": jnp.swapaxes(jit_data["x"], 0, 1)}
+        before = table.row_status()
+        written, jit_ids = result_or_gear_jax_error(
+            "insert in jit",
+            lambda: jax.jit(
+                lambda d: gj.insert(
+                    table,
+                    d,
+                    priorities=case["jit_priorities"],
+                    lengths=case["jit_lengths"],
+                    time_major=case["time_major"],
+                )
+            )(jit_data),
+        )
+        status = table.row_status()
+        if not written:
+            assert all(np.array_equal(before[k], status[k]) for k in before), "a refused insert wrote"
+        else:
+            jit_ids = np.asarray(jit_ids)
+            assert jit_ids.shape == (rows,) and ((jit_ids >= 0) & (jit_ids < table.capacity)).all()
+            assert (status["generation"][jit_ids[-1]] % 2 == 0) and status["length"][jit_ids[-1]] > 0
+
+        # A checkpoint: refused by path, or a round trip that gives back every row.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = checkpoint_path(case["path"], tmp)
+            saved, _ = result_or_gear_jax_error("save", lambda: table.save(path))
+            if saved:
+                loaded, copy = result_or_gear_jax_error(
+                    "load",
+                    lambda: gj.Table.load(path, name=case["load_name"], casting=case["load_casting"]),
+                )
+                good_arguments = case["load_name"] is None and case["load_casting"] == "fit"
+                assert loaded or not good_arguments, f"a checkpoint just saved does not load: {copy}"
+                if loaded:
+                    with copy:
+                        assert copy.size == table.size and copy.spec == table.spec
+                        ours, theirs = table.row_status(), copy.row_status()
+                        committed = (ours["generation"] % 2 == 0) & (ours["length"] > 0)
+                        assert committed.sum() == ((theirs["length"] > 0).sum())
+
+        # A sharded table of one shard over this process's first device.
+        mesh = Mesh(np.array(jax.devices()[:1]), ("replay",))
+        created, sharded = result_or_gear_jax_error(
+            "ShardedTable.create", lambda: gj.ShardedTable.create(spec, mesh, axis=case["axis"])
+        )
+        if created:
+            try:
+                sharded.shard(0).insert(data)
+                drawn, out = result_or_gear_jax_error(
+                    "sharded sampler",
+                    lambda: sharded.sampler(case["sharded_batch"], mode=case["mode"], method=case["method"])(
+                        jax.random.key(case["seed"])
+                    ),
+                )
+                if drawn:
+                    picks, batch = out
+                    rows_out = np.asarray(picks.indices)
+                    assert rows_out.shape == (case["sharded_batch"],)
+                    assert ((rows_out >= 0) & (rows_out < sharded.capacity)).all()
+                    assert np.asarray(batch["valid"]).any()
+            finally:
+                sharded.close()
