@@ -13,9 +13,15 @@ table's size against a scan of the rows, kills so far, gear_jax entries in /dev/
 resident memory of the learner and of the writers. At the end, with every writer gone: an insert of
 `capacity` rows must succeed, no row may stay held, and `size` must equal the committed rows.
 
-Not part of CI. Run (10 minutes, 4 writers):
+With `--checkpoint_every_s`, the learner also saves the table (`Table.save`) that often while the writers
+are killed, into one directory (each save replaces the last), then loads it back (`Table.load`) and checks
+every step of every episode it holds, as it checks the steps it gathers: every checkpoint must load, with
+no torn step.
 
-    python scripts/soak.py --duration_s=600 --writers=4 --plot=soak.png --json=soak.json
+Not part of CI. Run (10 minutes, 4 writers; a checkpoint every 20 s):
+
+    python scripts/soak.py --duration_s=600 --writers=4 --checkpoint_every_s=20 --plot=soak.png \
+        --json=soak.json
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from absl import app, flags, logging
@@ -41,6 +49,8 @@ flags.DEFINE_integer("batch_size", 256, "Windows the learner samples per step.")
 flags.DEFINE_integer("window", 8, "Steps per sampled window.")
 flags.DEFINE_float("report_every_s", 10.0, "Seconds between two reports.")
 flags.DEFINE_integer("seed", 0, "Seed of the kills and of the learner's keys.")
+flags.DEFINE_float("checkpoint_every_s", 0.0, "Seconds between two checkpoints of the table (0: none).")
+flags.DEFINE_string("checkpoint_dir", None, "Where the checkpoints go (default: a temporary directory).")
 flags.DEFINE_string("plot", None, "Where to write a PNG of the series (optional).")
 flags.DEFINE_string("json", None, "Where to write the series and the summary as JSON (optional).")
 # Internal: the nursery re-executes this script with --role=nursery --table=NAME.
@@ -173,6 +183,32 @@ def scan(table) -> tuple[int, int]:
     return int((even & (status["length"] > 0)).sum()), int((~even).sum())
 
 
+def check_checkpoint(path: str) -> dict:
+    """Loads the checkpoint at `path` and checks each step of every episode it holds: (episodes, steps
+    checked, torn steps, seconds to load)."""
+    import numpy as np
+
+    import gear_jax as gj
+
+    start = time.monotonic()
+    with gj.Table.load(path) as loaded:
+        seconds = time.monotonic() - start
+        lengths = loaded.row_status()["length"]
+        rows = np.flatnonzero(lengths > 0)
+        x = loaded.columns["x"][rows]  # [rows, max_steps, width]
+        episode = loaded.columns["episode"][rows]
+        t = np.arange(loaded.max_steps)
+        used = t[None, :] < lengths[rows][:, None]
+        expected = episode * 1024 + t[None, :]
+        torn = used & ((x != expected[..., None]).any(-1) | (episode != episode[:, :1]))
+        return {
+            "episodes": int(rows.size),
+            "steps": int(used.sum()),
+            "torn_steps": int(torn.sum()),
+            "load_s": round(seconds, 3),
+        }
+
+
 def learner() -> dict:
     import jax
     import jax.numpy as jnp
@@ -235,8 +271,11 @@ def learner() -> dict:
 
     series: list[dict] = []
     totals = {"steps": 0, "picks": 0, "invalid_picks": 0, "valid_steps": 0, "torn_steps": 0}
+    checkpoints = {"saved": 0, "loaded": 0, "refused": 0, "steps_checked": 0, "torn_steps": 0, "save_s": []}
+    checkpoint_dir = FLAGS.checkpoint_dir or tempfile.mkdtemp(prefix="soak_checkpoints_")
     start = time.monotonic()
     next_report = start + FLAGS.report_every_s
+    next_checkpoint = start + FLAGS.checkpoint_every_s if FLAGS.checkpoint_every_s > 0 else float("inf")
     window_totals = dict(totals)
     window_start = start
     progress = tqdm(total=int(FLAGS.duration_s), desc="soak", unit="s", mininterval=1.0)
@@ -252,6 +291,23 @@ def learner() -> dict:
             totals["torn_steps"] += int(torn)
             progress.n = int(now - start)
             progress.refresh() if totals["steps"] % 50 == 0 else None
+            if now >= next_checkpoint:  # a save while the writers are killed, then a load of it
+                path = os.path.join(checkpoint_dir, "table")
+                saved_at = time.monotonic()
+                table.save(path)
+                checkpoints["save_s"].append(round(time.monotonic() - saved_at, 3))
+                checkpoints["saved"] += 1
+                try:
+                    checked = check_checkpoint(path)
+                except gj.GearJaxError as e:
+                    checkpoints["refused"] += 1
+                    logging.error("checkpoint %d does not load: %s", checkpoints["saved"], e)
+                else:
+                    checkpoints["loaded"] += 1
+                    checkpoints["steps_checked"] += checked["steps"]
+                    checkpoints["torn_steps"] += checked["torn_steps"]
+                    logging.info("checkpoint %d: %s", checkpoints["saved"], checked)
+                next_checkpoint = time.monotonic() + FLAGS.checkpoint_every_s
             if now >= next_report:
                 read_nursery()
                 committed, held = scan(table)
@@ -313,7 +369,14 @@ def learner() -> dict:
         "insert_of_every_row_succeeded": sorted(rows.tolist()) == list(range(FLAGS.capacity)),
         "held_rows_after_that_insert": held_after,
         "size_equals_committed_after_that_insert": int(table.size) == committed_after == FLAGS.capacity,
+        "checkpoints_saved": checkpoints["saved"],
+        "checkpoints_loaded": checkpoints["loaded"],
+        "checkpoint_steps_checked": checkpoints["steps_checked"],
+        "checkpoint_torn_steps": checkpoints["torn_steps"],
+        "checkpoint_save_s_max": max(checkpoints["save_s"], default=0.0),
     }
+    if not FLAGS.checkpoint_dir:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     table.close()
     return {"summary": summary, "series": series}
 
@@ -368,6 +431,8 @@ def main(argv: list[str]) -> None:
         and summary["held_rows_after_that_insert"] == 0
         and summary["size_equals_committed_after_writers_gone"]
         and summary["size_equals_committed_after_that_insert"]
+        and summary["checkpoints_loaded"] == summary["checkpoints_saved"]
+        and summary["checkpoint_torn_steps"] == 0
     )
     print("soak: " + ("passed" if ok else "FAILED"), flush=True)
     sys.exit(0 if ok else 1)
