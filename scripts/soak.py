@@ -273,6 +273,7 @@ def learner() -> dict:
     totals = {"steps": 0, "picks": 0, "invalid_picks": 0, "valid_steps": 0, "torn_steps": 0}
     checkpoints = {"saved": 0, "loaded": 0, "refused": 0, "steps_checked": 0, "torn_steps": 0, "save_s": []}
     checkpoint_dir = FLAGS.checkpoint_dir or tempfile.mkdtemp(prefix="soak_checkpoints_")
+    os.makedirs(checkpoint_dir, exist_ok=True)
     start = time.monotonic()
     next_report = start + FLAGS.report_every_s
     next_checkpoint = start + FLAGS.checkpoint_every_s if FLAGS.checkpoint_every_s > 0 else float("inf")
