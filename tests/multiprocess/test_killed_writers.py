@@ -50,6 +50,19 @@ KILL_LOOP = """
     print("done", flush=True)
 """
 
+
+def run_kill_storm(script, *args, timeout=None):
+    """Runs a killer `script` (its writers' loops, then KILL_LOOP) with `args` as its argv, and checks
+    it finished its kills."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script + KILL_LOOP), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout or TIMEOUT,
+    )
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-4000:]
+
+
 # The parent of the writers, a small process (numpy and the native module only, no JAX): forks are
 # cheap. argv = native module path, table name, kills, seed, writers at a time, longest delay (s).
 KILLER = """
@@ -149,14 +162,7 @@ def check_consistent(table, when):
 @pytest.mark.parametrize("capacity, kills, seed", [(4, 150, 1), (256, 300, 2)])
 def test_killed_writers_leave_no_row_held_and_counts_right(make_table, capacity, kills, seed):
     table = make_table(fields={"x": gj.Field((), "int32")}, capacity=capacity, max_steps=2)
-    args = [gj._native.__file__, table.name, kills, seed, WRITERS, LONGEST_DELAY]
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(KILLER + KILL_LOOP), *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-4000:]
+    run_kill_storm(KILLER, gj._native.__file__, table.name, kills, seed, WRITERS, LONGEST_DELAY)
     committed, selectable, held = scan(table)
     print(
         f"capacity {capacity}, {kills} kills: {committed} committed, {selectable} selectable, {held} held "
@@ -221,22 +227,7 @@ def test_kill_storm_of_episode_writers_and_inserters(make_table):
         capacity=capacity,
         max_steps=max_steps,
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(PUBLIC_API_KILLER + KILL_LOOP),
-            table.name,
-            str(kills),
-            "3",
-            "3",
-            "0.01",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-4000:]
+    run_kill_storm(PUBLIC_API_KILLER, table.name, kills, 3, 3, 0.01)
     held = check_consistent(table, f"after {kills} kills")  # rows of killed writers: reclaimed below
     committed, _, _ = scan(table)
     print(f"{kills} kills: {committed} committed rows, {held} held by killed writers")
@@ -327,22 +318,7 @@ def test_killed_rate_limited_inserters_give_their_admitted_rows_back(ring):
     limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=1e12)
     table = gj.Table.create(spec, rate_limiter=limiter)
     try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(RATE_LIMITED_KILLER + KILL_LOOP),
-                table.name,
-                str(kills),
-                "5",
-                "3",
-                "0.004",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        assert done.returncode == 0 and "done" in done.stdout, done.stderr[-4000:]
+        run_kill_storm(RATE_LIMITED_KILLER, table.name, kills, 5, 3, 0.004)
         next_seq, _ = table.native.cursors()
         assert next_seq < capacity, (
             f"the writers claimed {next_seq} rows: the table wrapped, the test is void"

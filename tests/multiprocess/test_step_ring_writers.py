@@ -9,9 +9,6 @@ speed, so it wraps many times a second and readers race the retirements.
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import jax
@@ -21,7 +18,7 @@ import pytest
 import gear_jax as gj
 
 from ..helpers.processes import start_python
-from .test_killed_writers import KILL_LOOP, check_consistent, scan
+from .test_killed_writers import check_consistent, run_kill_storm, scan
 
 pytestmark = pytest.mark.multiprocess
 WIDTH = 64  # int32 per step of the "v" field: a copy long enough to race a writer
@@ -175,22 +172,7 @@ def test_killed_writers_leave_whole_episodes_and_reusable_rows(capacity, step_ca
         gj.TableSpec(RING_FIELDS, capacity=capacity, step_capacity=step_capacity, max_steps=16), reuse=False
     )
     try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(RING_KILLER + KILL_LOOP),
-                table.name,
-                str(kills),
-                str(seed),
-                "4",
-                "0.003",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0 and "done" in done.stdout, done.stderr[-4000:]
+        run_kill_storm(RING_KILLER, table.name, kills, seed, 4, 0.003, timeout=120)
         committed, _, held = scan(table)
         print(f"{kills} kills: {committed} committed, {held} held rows")
         check_consistent(table, f"after {kills} kills")
