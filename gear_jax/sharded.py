@@ -12,14 +12,17 @@ wrappers that build the `shard_map` (`ShardedTable.sampler`, `ShardedTable.updat
   Each shard reduces its weights to one total; the S totals are all-gathered; every device draws the
   same B uniforms from the common key, finds each pick's shard from the inclusive cumulative sum of the
   totals (the same arithmetic on every device), and the owning shard finds the row (`gear_jax.ops
-  .sample_at`) and gathers it. Rows reach their consumer (pick j goes to device j // (B / S)) through a
-  fixed-capacity masked `all_to_all` (XLA:CPU has no ragged all-to-all). Selection traffic per step:
-  S totals and S counts; row traffic: a [S, B / S] block of rows per device, of which the picked ones
-  are nonzero.
+  .sample_at`). Rows reach their consumer (pick j goes to device j // (B / S)) through one `all_to_all`
+  of static shape (XLA:CPU has no ragged all-to-all): every device knows from the common key how many
+  of each consumer's picks each shard owns, so each shard packs its picks for each consumer into a
+  block of C slots, gathers those rows only, and sends S blocks. C is the first of a few compiled
+  capacities (`exchange_capacities`: ceil(1.5 B / S^2) + 4, larger ones, then B / S, which always fits)
+  that holds the fullest block; every device takes the same branch (`exchange_branch`), so the result
+  is exactly that of full-size blocks whatever the shards' shares.
   fifo, lifo and topk in `global` mode are decentralized: each shard's B best rows are its candidates
   (`gear_jax.ops.ordered_candidates`), their 8-byte order keys are all-gathered (S x B keys), every
   device sorts them the same way and keeps the B best, and only the winners' rows move, through the same
-  all_to_all. topk equals one table holding every shard's rows in shard-major order (priority
+  exchange. topk equals one table holding every shard's rows in shard-major order (priority
   descending, ties to the lower global row id). Shards have no common clock, so fifo orders by each
   shard's commit count, ties to the lower shard: the k-th row committed to any shard comes before the
   (k+1)-th row of any shard (time order when shards fill at the same rate); lifo is fifo's reverse.
@@ -27,11 +30,15 @@ wrappers that build the `shard_map` (`ShardedTable.sampler`, `ShardedTable.updat
   probability that a slot holds the row, (1 / S) * p_i^a / W_s, so importance weights stay unbiased
   (fifo, lifo, topk: each shard's own B / S best, probability 1).
 
-Bytes per step on each device (b = B / S picks per device, R bytes per gathered row):
+Bytes per step on each device (b = B / S picks per device, R bytes per gathered row, C the capacity
+of the step's branch):
 - global uniform / prioritized: all_gather of S float32 totals and a psum of one int32 count (8 S bytes
-  of selection traffic), then the all_to_all of the [S, b] block of rows and pick fields (B (R + 17)
-  bytes sent, of which b (R + 17) per destination: 16 bytes of pick fields and the `valid` byte,
-  packed with the rows into one buffer);
+  of selection traffic), then the all_to_all of S blocks of C rows and pick fields (S C (R + 17) bytes
+  sent: 16 bytes of pick fields and the `valid` byte, packed with the rows into one buffer). The picked
+  rows are b (R + 17) bytes per device on average; with shards of equal weight C is the first capacity
+  in all but a tiny share of steps (at S = 4, B = 1024: C = 100, S C = 400 rows sent for 256 picked,
+  where full-size blocks sent 1,024; a step overflows 100 with probability under 5e-6), and a shard
+  holding more of the weight takes a larger C;
 - global fifo / lifo / topk: the same plus the all_gather of S x B order keys (8 S B bytes);
 - local: the psum of one count; no rows move.
 
@@ -52,7 +59,9 @@ a shard that empties between its total and its draw raises as an empty table doe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import math
 import os
 import secrets
 from collections.abc import Callable, Sequence
@@ -72,6 +81,12 @@ from gear_jax.spec import TableSpec
 from gear_jax.table import Table
 
 MODES = ("global", "local")
+# The compact exchange of global mode (module docstring, "Bytes per step"): each (source shard,
+# consumer) block holds ceil(CAPACITY_FACTOR x B / S^2) + EXCHANGE_SLACK picks in its first branch, more
+# in the next ones, B / S in the last (which always fits).
+CAPACITY_FACTOR = 1.5
+EXCHANGE_SLACK = 4
+EXCHANGE_BRANCHES = 4
 SHARDED_METHODS = ("uniform", "prioritized", *ORDERED_METHODS)
 MAX_GLOBAL_ROWS = 2**31 - 1
 
@@ -434,6 +449,7 @@ def sample(
     fields: Sequence[str] | None = None,
     after: Any = None,
     short_episodes: str = "pad",
+    capacity_factor: float | None = CAPACITY_FACTOR,
 ) -> tuple[ShardedSample, dict[str, jax.Array]]:
     """Inside `jax.shard_map` over `table.axis`: B picks over every shard, and this device's B / S of
     them with their rows.
@@ -453,6 +469,9 @@ def sample(
       short_episodes: as for `gear_jax.sample`. In global mode, uniform windows of step rings and
         uniform windows with "skip" follow the law of one table holding every shard's rows (the
         module's docstring says how).
+      capacity_factor: global mode: the first capacity of the exchange's blocks, as a multiple of their
+        mean B / S^2 (`exchange_capacities`; static); None: full-size blocks, S x B / S rows sent per
+        device. Any value gives the same picks and rows; it sets the bytes moved.
 
     Returns:
       (ShardedSample, batch): the batch holds [B / S, ...] per field (or [B / S, window, ...]) and
@@ -482,6 +501,16 @@ def sample(
         )
     win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
     _args.method_word(st.spec, method, win, short_episodes, "sharded.sample")  # its checks
+    if capacity_factor is not None and (
+        isinstance(capacity_factor, bool)
+        or not isinstance(capacity_factor, (int, float, np.integer, np.floating))
+        or not math.isfinite(capacity_factor)
+        or capacity_factor <= 0
+    ):
+        raise InvalidArgumentError(
+            f"sharded.sample: capacity_factor={capacity_factor!r} must be a number > 0 (the exchange's first "
+            "block capacity over its mean), or None for full-size blocks"
+        )
     # Uniform windows whose law weighs rows by their windows (step rings) or skips the short ones: the
     # shards are weighed under that law and draw their own picks by it (the module's docstring).
     window_law = (
@@ -543,20 +572,10 @@ def sample(
         owner, smp = _draw_global(
             st, select_key, window_key, int(batch_size), exponent, total, method, window, after
         )
-    mine = owner == me
-    batch = st._on_my_shard(lambda t: ops.gather(t, smp, fields))
-
-    # Pick j is consumed by device j // per_device; its owner gathered it, every other shard has zeros.
+    # Pick j is consumed by device j // per_device; its owner gathers it and sends it there.
     my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
-
-    routed = {
-        "indices": smp.indices,
-        "generations": smp.generations,
-        "probabilities": jnp.where(mine, smp.probabilities, 0.0).astype(jnp.float32),
-        "starts": smp.starts,
-        **{f"field:{name}": value for name, value in batch.items()},
-    }
-    moved = _route(routed, my_owners, st.axis, num_shards, per_device)
+    capacities = exchange_capacities(int(batch_size), num_shards, capacity_factor)
+    moved = _exchange(st, owner, smp, fields, per_device, capacities)
     result = ShardedSample(
         my_owners * st.capacity + moved["indices"],
         moved["generations"],
@@ -565,15 +584,117 @@ def sample(
         selectable,
         window=win,
     )
-    return result, {name: moved[f"field:{name}"] for name in batch}
+    return result, {name[len("field:") :]: v for name, v in moved.items() if name.startswith("field:")}
+
+
+def exchange_capacities(batch_size: int, num_shards: int, capacity_factor: float | None) -> tuple[int, ...]:
+    """The picks each (source shard, consumer) block of global mode's exchange holds, one capacity per
+    compiled branch, smallest first; a step takes the first that holds its fullest block (every device
+    takes the same: the picks' owners are the same everywhere). The last is B / S, which always fits;
+    `capacity_factor` None gives that one alone (every block full size, S x B / S rows per device).
+
+    A block's count is binomial(B / S, share of its source shard) given the shards' totals: with equal
+    shares its mean is B / S^2, and the first capacity, ceil(capacity_factor x B / S^2) + EXCHANGE_SLACK,
+    lies several standard deviations above it (at S = 4, B = 1024: mean 64, sd 6.9, capacity 100, 5.2
+    sd). Unequal shares (a shard still filling, skewed priorities) take a later branch."""
+    per_device = batch_size // num_shards
+    if capacity_factor is None:
+        return (per_device,)
+    first = min(per_device, math.ceil(capacity_factor * batch_size / num_shards**2) + EXCHANGE_SLACK)
+    growth = max(1.5, (per_device / first) ** (1 / (EXCHANGE_BRANCHES - 1)))
+    capacities = [first]
+    while capacities[-1] < per_device and len(capacities) < EXCHANGE_BRANCHES - 1:
+        capacities.append(min(per_device, math.ceil(capacities[-1] * growth)))
+    if capacities[-1] < per_device:
+        capacities.append(per_device)
+    return tuple(capacities)
+
+
+def exchange_branch(owner: Any, num_shards: int, capacities: tuple[int, ...]) -> Any:
+    """The branch (an index into `capacities`) a step whose B picks have owners `owner` takes: the first
+    capacity that holds the fullest (source, consumer) block. numpy in, numpy out (the benchmarks count
+    the bytes a step sent); jax in, jax out (the step itself)."""
+    xp = np if isinstance(owner, np.ndarray) else jnp
+    per_device = owner.shape[0] // num_shards
+    # blocks[s, d]: the picks shard s owns among consumer d's
+    blocks = (owner.reshape((num_shards, per_device))[:, :, None] == xp.arange(num_shards)).sum(axis=1).T
+    branch = xp.searchsorted(xp.asarray(capacities), blocks.max(), side="left")
+    return xp.minimum(branch, len(capacities) - 1)
+
+
+def _exchange(
+    st: ShardedTable,
+    owner: jax.Array,
+    smp: Sample,
+    fields: Sequence[str] | None,
+    per_device: int,
+    capacities: tuple[int, ...],
+) -> dict[str, jax.Array]:
+    """Gathers this shard's picks and moves every pick to its consumer (pick j to device j //
+    per_device): (the consumer's per_device picks of `indices`, `generations`, `probabilities`, `starts`
+    and each gathered field as `field:<name>`). `smp` is this shard's Sample of the B slots (the
+    failed-pick marker where another shard owns the pick). Each shard packs the picks it owns for each
+    consumer into a block of C slots (C from `capacities`, the branch every device agrees on), gathers
+    those S x C rows only, and one all_to_all moves the blocks; the consumer takes pick j from block
+    owner[j] at its rank among that owner's picks of the consumer's."""
+    num_shards = st.num_shards
+    me = lax.axis_index(st.axis)
+    batch_size = owner.shape[0]
+    consumer = jnp.arange(batch_size) // per_device
+    # Each pick's rank among the picks of its (owner, consumer) block, in pick order: the same everywhere.
+    owned_by = (owner[:, None] == jnp.arange(num_shards)[None, :]).astype(jnp.int32)  # [B, S]
+    ranks_by_owner = jnp.cumsum(owned_by.reshape((num_shards, per_device, num_shards)), axis=1) - 1
+    rank = jnp.take_along_axis(ranks_by_owner.reshape((batch_size, num_shards)), owner[:, None], axis=1)[:, 0]
+    my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
+    my_ranks = lax.dynamic_slice(rank, (me * per_device,), (per_device,))
+
+    def exchange(capacity: int) -> dict[str, jax.Array]:
+        slots = num_shards * capacity
+        # The picks this shard sends, block by block: slot d * C + r holds its r-th pick for consumer d.
+        slot = jnp.where((owner == me) & (rank < capacity), consumer * capacity + rank, slots)
+        sent = (
+            jnp.full((slots,), -1, jnp.int32)
+            .at[slot]
+            .set(jnp.arange(batch_size, dtype=jnp.int32), mode="drop")
+        )
+        used = sent >= 0
+        pick = jnp.maximum(sent, 0)
+        compact = dataclasses.replace(
+            smp,
+            indices=jnp.where(used, smp.indices[pick], 0),
+            generations=jnp.where(used, smp.generations[pick], jnp.uint32(1)),  # unused: the marker
+            probabilities=jnp.where(used, smp.probabilities[pick], 0.0).astype(jnp.float32),
+            starts=jnp.where(used, smp.starts[pick], 0),
+        )
+        rows = st._on_my_shard(lambda t: ops.gather(t, compact, fields))
+        routed = {
+            "indices": compact.indices,
+            "generations": compact.generations,
+            "probabilities": compact.probabilities,
+            "starts": compact.starts,
+            **{f"field:{name}": value for name, value in rows.items()},
+        }
+        return _route(routed, my_owners, my_ranks, st.axis, num_shards, capacity)
+
+    if len(capacities) == 1:
+        return exchange(capacities[0])
+    branch = exchange_branch(owner, num_shards, capacities)
+    return lax.switch(branch, [functools.partial(exchange, c) for c in capacities])
 
 
 def _route(
-    arrays: dict[str, jax.Array], my_owners: jax.Array, axis: str, num_shards: int, per_device: int
+    arrays: dict[str, jax.Array],
+    my_owners: jax.Array,
+    my_ranks: jax.Array,
+    axis: str,
+    num_shards: int,
+    capacity: int,
 ) -> dict[str, jax.Array]:
-    """Moves pick j of every array (leading axis B = S x per_device) to device j // per_device, taking
-    it from shard my_owners[j] there: every array's bytes packed into one uint8 [B, bytes] buffer, so
-    that one all_to_all moves them all (a collective costs milliseconds between processes)."""
+    """Moves the blocks of every array (leading axis S x capacity: block d for consumer d) to their
+    consumers, and takes this consumer's pick k from block my_owners[k] at slot my_ranks[k]: every
+    array's bytes packed into one uint8 [S x capacity, bytes] buffer, so that one all_to_all moves them
+    all (a collective costs milliseconds between processes)."""
+    per_device = my_owners.shape[0]
     columns, layout = [], []
     for name, x in arrays.items():
         flat = x.reshape((x.shape[0], -1))
@@ -586,8 +707,8 @@ def _route(
         columns.append(raw)
         layout.append((name, x.shape[1:], x.dtype, raw.shape[1]))
     packed = jnp.concatenate(columns, axis=1)
-    blocks = lax.all_to_all(packed.reshape((num_shards, per_device, packed.shape[1])), axis, 0, 0)
-    mine = blocks[my_owners, jnp.arange(per_device)]  # [per_device, bytes]
+    blocks = lax.all_to_all(packed.reshape((num_shards, capacity, packed.shape[1])), axis, 0, 0)
+    mine = blocks[my_owners, jnp.clip(my_ranks, 0, capacity - 1)]  # [per_device, bytes]
     out, offset = {}, 0
     for name, shape, dtype, width in layout:
         raw = mine[:, offset : offset + width]

@@ -140,6 +140,30 @@ def scenario_exact(table):
     return out
 
 
+def scenario_exchange(table):
+    """One key through the exchange's every capacity (full-size blocks, the default, a tiny factor whose
+    first blocks overflow): the picks, rows and probabilities of each, and the branch each took."""
+    out = {}
+    b = 32 * SHARDS
+    factors = (None, gj.sharded.CAPACITY_FACTOR, 0.01)
+    for method in ("uniform", "prioritized"):
+        runs = {}
+        for factor in factors:
+            sampler = table.sampler(b, method=method, mode="global", capacity_factor=factor)
+            smp, batch = sampler(jax.random.key(11))
+            runs[str(factor)] = {
+                "indices": gathered(smp.indices).tolist(),
+                "probabilities": gathered(smp.probabilities).tolist(),
+                "ids": gathered(batch["id"]).tolist(),
+                "valid": gathered(batch["valid"]).tolist(),
+            }
+        owners = np.asarray(runs["None"]["indices"]) // table.capacity
+        capacities = {str(f): gj.sharded.exchange_capacities(b, SHARDS, f) for f in factors}
+        branches = {f: int(gj.sharded.exchange_branch(owners, SHARDS, c)) for f, c in capacities.items()}
+        out[method] = {"runs": runs, "branches": branches}
+    return out
+
+
 def scenario_counts(table):
     """Row counts of many global draws (uniform and prioritized, exponent 0.5), for a chi-square test."""
     out = {}

@@ -79,6 +79,26 @@ def test_global_picks_equal_the_one_table_reference(processes, devices):
         assert first["selectable"] == expected_rows(processes * devices)
 
 
+@pytest.mark.parametrize("processes,devices", LAYOUTS)
+def test_the_exchange_gives_the_same_picks_and_rows_at_every_capacity(processes, devices):
+    # The global exchange packs each shard's picks for each consumer into blocks of a capacity every
+    # device picks alike; full-size blocks, the default and a tiny factor (its first blocks overflow, so
+    # a later branch runs) must give the same picks, rows and probabilities. Shard 1 is empty and the
+    # others hold 5 + 7 s rows: unequal shares.
+    results = run_job("exchange", processes, devices)
+    shards = processes * devices
+    for method in ("uniform", "prioritized"):
+        r = results[0][method]
+        full = r["runs"]["None"]
+        for factor, run in r["runs"].items():
+            assert run == full, (method, factor)
+        assert all(full["valid"]) and full["ids"] == full["indices"]
+        for other in results[1:]:
+            assert other[method]["runs"] == r["runs"]
+        if shards > 1:  # the tiny factor's first capacity cannot hold the fullest block
+            assert r["branches"]["0.01"] > 0, r["branches"]
+
+
 def expected_rows(shards: int) -> int:
     """Rows the worker fills: shard 1 empty (with several shards), shard s 5 + 7 s rows otherwise."""
     return sum(0 if (s == 1 and shards > 1) else min(64, 5 + 7 * s) for s in range(shards))
