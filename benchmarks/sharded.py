@@ -22,11 +22,14 @@ summed over the S devices (a device's own share included). With S shards of C ro
 - counts (every mode): `psum` of the S int32 selectable counts, S values reaching each device:
   4 S^2.
 - gear_jax `global` uniform / prioritized: the `all_gather` of the S float32 shard totals (4 S^2)
-  plus the counts: selection = 8 S^2. Rows: each device's masked `all_to_all` takes in an [S, B / S]
-  block of slots, each with the row, its `valid` byte and 16 bytes of index, generation, probability
-  and window start: rows = S B (R + 17). Only B of those S B slots hold a picked row (the rest are
-  zeros: XLA:CPU has no ragged all-to-all); `picked_row_bytes` = B (R + 17) is what a ragged exchange
-  would move.
+  plus the counts: selection = 8 S^2. Rows: each device's `all_to_all` takes in S blocks of C slots,
+  each with the row, its `valid` byte and 16 bytes of index, generation, probability and window start:
+  rows = S^2 C (R + 17), C the block capacity of the step's branch (`gear_jax.sharded
+  .exchange_capacities`; the worker replays 20 of the timed keys to see which each took, and the
+  record keeps them as `exchange_capacities`). `globalfull` is the same with full-size blocks, C = B /
+  S: rows = S B (R + 17), what every global step sent before the compact exchange. `picked_row_bytes`
+  = B (R + 17) is what the picks themselves hold; `sent_over_picked` is rows over it (S for
+  `globalfull`).
 - gear_jax `global` fifo / lifo / topk (decentralized exact answer): every device proposes its best B
   candidates and the S B (score, id) pairs (8 bytes: a 4-byte score and an int32 id) are all-gathered:
   selection = 8 S^2 B + 4 S^2; rows as for global.
@@ -65,7 +68,9 @@ DEFAULTS = {
     "batch_size": "256",
 }
 PLOT = {"x": "shards", "y": "items_per_s", "label": "rows/s (sample + gather)"}
-MODES = ("global", "local")
+# "globalfull": global mode with full-size exchange blocks (`capacity_factor=None`), the exchange every
+# global step used before the compact one; measured beside it as its baseline.
+MODES = ("global", "globalfull", "local")
 METHODS = ("uniform", "prioritized", "fifo", "lifo", "topk")
 DECENTRALIZED = ("fifo", "lifo", "topk")
 SYSTEMS = tuple(f"{mode}_{method}" for mode in MODES for method in METHODS)
@@ -80,23 +85,33 @@ POLL_S = 0.1
 
 
 def bytes_moved(
-    mode: str, method: str, shards: int, table_rows: int, batch_size: int, row_bytes: int
+    mode: str,
+    method: str,
+    shards: int,
+    table_rows: int,
+    batch_size: int,
+    row_bytes: int,
+    block_capacity: float | None = None,
 ) -> dict[str, Any]:
     """Bytes one step moves through collectives, from the shapes (see the module docstring).
 
     Args:
-      mode, method: the system (`global` / `local`; uniform, prioritized, fifo, lifo or topk).
+      mode, method: the system (`global`, `globalfull` / `local`; uniform, prioritized, fifo, lifo or
+        topk).
       shards: S; table_rows: C rows per shard; batch_size: B picks in all; row_bytes: R gathered bytes
-        per row.
+        per row; block_capacity: global modes: the slots of each (source, consumer) block of the
+        exchange, averaged over the steps (B / S for full-size blocks, the default).
 
     Returns:
       {"gear_jax": {"select", "rows", "total"}, "naive": {"select", "rows", "total"},
-       "picked_row_bytes", "select_ratio", "total_ratio"}: ratios are naive / gear_jax.
+       "picked_row_bytes", "select_ratio", "total_ratio", "sent_over_picked"}: ratios are naive /
+       gear_jax; sent_over_picked is the exchanged bytes over the picked rows' bytes.
     """
     s, c, b, r = shards, table_rows, batch_size, row_bytes
     counts = I32 * s * s
     slot_bytes = r + VALID_BYTES + META_BYTES
-    exchanged = s * b * slot_bytes if mode == "global" else 0
+    capacity = b / s if block_capacity is None else block_capacity
+    exchanged = s * s * capacity * slot_bytes if mode.startswith("global") else 0
     if mode == "local":
         select = counts
     elif method in DECENTRALIZED:
@@ -106,12 +121,14 @@ def bytes_moved(
     naive_select = F32 * s * c + I32 * s * b
     gear = {"select": select, "rows": exchanged, "total": select + exchanged}
     naive = {"select": naive_select, "rows": exchanged, "total": naive_select + exchanged}
+    picked = b * slot_bytes if mode.startswith("global") else 0
     return {
         "gear_jax": gear,
         "naive": naive,
-        "picked_row_bytes": b * slot_bytes if mode == "global" else 0,
+        "picked_row_bytes": picked,
         "select_ratio": naive["select"] / gear["select"],
         "total_ratio": naive["total"] / gear["total"],
+        "sent_over_picked": exchanged / picked if picked else None,
     }
 
 
@@ -142,7 +159,11 @@ def available_systems(requested: Sequence[str], methods: Sequence[str], note: Ca
         mode, method = system.split("_", 1)
         if method not in methods:
             note(f"skipped {system}: {method} is not in --methods")
-        elif method not in have or mode not in modes:
+        elif (
+            method not in have
+            or (mode.removesuffix("full") not in modes)
+            or (mode == "globalfull" and not hasattr(sharded, "exchange_capacities"))
+        ):
             note(f"skipped {system}: gear_jax.sharded has methods {have} and modes {modes}")
         else:
             systems.append(system)
@@ -299,6 +320,8 @@ def layout_records(
             b, r = size["batch_size"], size["item_bytes"]
             record = make_record(point, system, OP, step, b, b * r)
             mode, method = system.split("_", 1)
+            taken = per_process[0].get("exchange_capacities")  # the same on every process
+            capacity = float(np.mean(taken)) if taken else None
             record.update(
                 layout=layout,
                 processes=processes,
@@ -306,7 +329,8 @@ def layout_records(
                 method=method,
                 first_call_s=max(m["first_call_s"] for m in per_process),
                 per_process_p50_s=[float(np.percentile(x, 50)) for x in latencies],
-                bytes_moved=bytes_moved(mode, method, shards, size["table_rows"], b, r),
+                exchange_capacities=taken,
+                bytes_moved=bytes_moved(mode, method, shards, size["table_rows"], b, r, capacity),
             )
             records.append(record)
     return records
@@ -334,6 +358,7 @@ def bytes_rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
         "naive rows",
         "select naive/gear_jax",
         "total naive/gear_jax",
+        "rows sent / picked",
     ]
     rows = []
     for r in records:
@@ -352,6 +377,7 @@ def bytes_rows(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
                 format_bytes(naive["rows"]),
                 f"{moved['select_ratio']:.1f}x",
                 f"{moved['total_ratio']:.2f}x",
+                "-" if moved.get("sent_over_picked") is None else f"{moved['sent_over_picked']:.2f}x",
             ]
         )
     return header, rows

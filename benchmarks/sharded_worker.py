@@ -92,9 +92,16 @@ def measure(table: Any, mode: str, method: str, batch: int, config: dict[str, An
 
     warmup, iters = config["warmup"], config["iters"]
     keys = [np.asarray(jax.random.key_data(jax.random.key(i))) for i in range(warmup + iters + 1)]
+    # "globalfull": global mode with full-size exchange blocks (every device sends S x B / S rows), as
+    # every global step did before the compact exchange: the baseline of the same run.
+    options = {"capacity_factor": None} if mode == "globalfull" else {}
     try:
         sampler = table.sampler(
-            batch, method=method, mode=mode, priority_exponent=config["priority_exponent"]
+            batch,
+            method=method,
+            mode="global" if mode == "globalfull" else mode,
+            priority_exponent=config["priority_exponent"],
+            **options,
         )
         start = time.perf_counter()
         jax.block_until_ready(sampler(keys[0]))
@@ -110,7 +117,38 @@ def measure(table: Any, mode: str, method: str, batch: int, config: dict[str, An
         jax.block_until_ready(sampler(keys[1 + warmup + i]))
         latencies.append(time.perf_counter() - start)
         tick()
-    return {"first_call_s": first_call, "latencies_s": latencies}
+    return {
+        "first_call_s": first_call,
+        "latencies_s": latencies,
+        "exchange_capacities": exchange_capacities(
+            table, sampler, mode, batch, keys[1 + warmup :][:EXCHANGE_STEPS]
+        ),
+    }
+
+
+EXCHANGE_STEPS = 20  # timed keys replayed (untimed) to see which exchange capacity each step took
+
+
+def exchange_capacities(table: Any, sampler: Any, mode: str, batch: int, keys: list) -> list[int] | None:
+    """The block capacity of global mode's exchange in the steps of `keys` (the same on every device:
+    from the picks' owners), or None for local mode."""
+    if not mode.startswith("global"):
+        return None
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    from gear_jax import sharded
+
+    shards = table.num_shards
+    capacities = sharded.exchange_capacities(
+        batch, shards, None if mode == "globalfull" else sharded.CAPACITY_FACTOR
+    )
+    taken = []
+    for key in keys:
+        smp, _ = sampler(key)
+        owners = np.asarray(multihost_utils.process_allgather(smp.indices, tiled=True)) // table.capacity
+        taken.append(capacities[int(sharded.exchange_branch(owners, shards, capacities))])
+    return taken
 
 
 if __name__ == "__main__":

@@ -706,7 +706,7 @@ def test_sharded_layouts_modes_and_bytes_moved(tmp_path: Path) -> None:
         "--batch_size=8",
         f"--methods={','.join(methods)}",
     )
-    systems = [f"{mode}_{method}" for mode in ("global", "local") for method in methods]
+    systems = [f"{mode}_{method}" for mode in ("global", "globalfull", "local") for method in methods]
     points = [
         {"shards": 2, "devices_per_process": d, "table_rows": 64, "item_bytes": 32, "batch_size": 8}
         for d in (2, 1)
@@ -731,7 +731,11 @@ def test_sharded_layouts_modes_and_bytes_moved(tmp_path: Path) -> None:
         }
         if r["mode"] == "local":
             assert moved["gear_jax"] == {"select": 16, "rows": 0, "total": 16}
-        elif r["method"] == "topk":
+            assert r["exchange_capacities"] is None
+            continue
+        # B / S = 4 picks per consumer: every capacity is 4, full-size blocks.
+        assert set(r["exchange_capacities"]) == {4} and moved["sent_over_picked"] == 2.0
+        if r["method"] == "topk":
             assert moved["gear_jax"] == {"select": 8 * 4 * 8 + 16, "rows": 784, "total": 256 + 16 + 784}
         else:
             assert moved["gear_jax"] == {"select": 32, "rows": 784, "total": 816}
@@ -741,7 +745,10 @@ def test_sharded_layouts_modes_and_bytes_moved(tmp_path: Path) -> None:
     g = suite.bytes_moved("global", "prioritized", 4, 1000, 64, 100)
     assert g["gear_jax"] == {"select": 128, "rows": 4 * 64 * 117, "total": 128 + 29952}
     assert g["naive"] == {"select": 17024, "rows": 29952, "total": 17024 + 29952}
-    assert g["picked_row_bytes"] == 64 * 117
+    assert g["picked_row_bytes"] == 64 * 117 and g["sent_over_picked"] == 4.0
+    # The compact exchange with blocks of 100 slots at S = 4, B = 1024: S^2 x 100 slots sent for 1,024.
+    c = suite.bytes_moved("global", "uniform", 4, 1000, 1024, 100, block_capacity=100)
+    assert c["gear_jax"]["rows"] == 16 * 100 * 117 and c["sent_over_picked"] == pytest.approx(1600 / 1024)
     assert suite.bytes_moved("global", "fifo", 4, 1000, 64, 100)["gear_jax"]["select"] == 8 * 16 * 64 + 64
     assert suite.bytes_moved("local", "uniform", 4, 1000, 64, 100)["gear_jax"] == {
         "select": 64,
@@ -749,7 +756,7 @@ def test_sharded_layouts_modes_and_bytes_moved(tmp_path: Path) -> None:
         "total": 64,
     }
     # With many rows per shard, every design of gear_jax selects with fewer bytes than one rank would.
-    for mode, method in itertools.product(("global", "local"), suite.METHODS):
+    for mode, method in itertools.product(suite.MODES, suite.METHODS):
         for shards in (2, 4, 8, 16):
             m = suite.bytes_moved(mode, method, shards, 1_000_000, 1024, 1024)
             assert m["gear_jax"]["select"] < m["naive"]["select"], (mode, method, shards)
