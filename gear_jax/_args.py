@@ -111,6 +111,24 @@ def check_exponent(priority_exponent: Any, op: str) -> float:
     return exponent
 
 
+def check_capacity_factor(capacity_factor: Any, op: str) -> float | None:
+    """A sharded exchange's capacity factor: a finite number > 0, or None (full-size blocks)."""
+    check_static(capacity_factor, "capacity_factor", op)
+    if capacity_factor is None:
+        return None
+    if (
+        isinstance(capacity_factor, bool)
+        or not isinstance(capacity_factor, (int, float, np.integer, np.floating))
+        or not math.isfinite(capacity_factor)
+        or capacity_factor <= 0
+    ):
+        raise InvalidArgumentError(
+            f"{op}: capacity_factor={capacity_factor!r} must be a number > 0 (the exchange's first block "
+            "capacity over its mean), or None for full-size blocks"
+        )
+    return float(capacity_factor)
+
+
 def check_window(window: Any, max_steps: int, op: str) -> int:
     """The window length (0 for None), at most the rows' `max_steps`."""
     if window is None:

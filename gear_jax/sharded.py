@@ -501,16 +501,7 @@ def sample(
         )
     win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
     _args.method_word(st.spec, method, win, short_episodes, "sharded.sample")  # its checks
-    if capacity_factor is not None and (
-        isinstance(capacity_factor, bool)
-        or not isinstance(capacity_factor, (int, float, np.integer, np.floating))
-        or not math.isfinite(capacity_factor)
-        or capacity_factor <= 0
-    ):
-        raise InvalidArgumentError(
-            f"sharded.sample: capacity_factor={capacity_factor!r} must be a number > 0 (the exchange's first "
-            "block capacity over its mean), or None for full-size blocks"
-        )
+    capacity_factor = _args.check_capacity_factor(capacity_factor, "sharded.sample")
     # Uniform windows whose law weighs rows by their windows (step rings) or skips the short ones: the
     # shards are weighed under that law and draw their own picks by it (the module's docstring).
     window_law = (
@@ -575,7 +566,7 @@ def sample(
     # Pick j is consumed by device j // per_device; its owner gathers it and sends it there.
     my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
     capacities = exchange_capacities(int(batch_size), num_shards, capacity_factor)
-    moved = _exchange(st, owner, smp, fields, per_device, capacities)
+    moved = _exchange(st, owner, my_owners, smp, fields, capacities)
     result = ShardedSample(
         my_owners * st.capacity + moved["indices"],
         moved["generations"],
@@ -625,27 +616,27 @@ def exchange_branch(owner: Any, num_shards: int, capacities: tuple[int, ...]) ->
 def _exchange(
     st: ShardedTable,
     owner: jax.Array,
+    my_owners: jax.Array,
     smp: Sample,
     fields: Sequence[str] | None,
-    per_device: int,
     capacities: tuple[int, ...],
 ) -> dict[str, jax.Array]:
     """Gathers this shard's picks and moves every pick to its consumer (pick j to device j //
-    per_device): (the consumer's per_device picks of `indices`, `generations`, `probabilities`, `starts`
-    and each gathered field as `field:<name>`). `smp` is this shard's Sample of the B slots (the
-    failed-pick marker where another shard owns the pick). Each shard packs the picks it owns for each
-    consumer into a block of C slots (C from `capacities`, the branch every device agrees on), gathers
-    those S x C rows only, and one all_to_all moves the blocks; the consumer takes pick j from block
-    owner[j] at its rank among that owner's picks of the consumer's."""
+    per_device; `my_owners` holds the owners of this consumer's picks): the consumer's per_device picks
+    of `indices`, `generations`, `probabilities`, `starts` and each gathered field as `field:<name>`.
+    `smp` is this shard's Sample of the B slots (the failed-pick marker where another shard owns the
+    pick). Each shard packs the picks it owns for each consumer into a block of C slots (C from
+    `capacities`, the branch every device agrees on), gathers those S x C rows only, and one all_to_all
+    moves the blocks; the consumer takes pick j from block owner[j] at its rank among that owner's picks
+    of the consumer's."""
     num_shards = st.num_shards
     me = lax.axis_index(st.axis)
-    batch_size = owner.shape[0]
+    batch_size, per_device = owner.shape[0], my_owners.shape[0]
     consumer = jnp.arange(batch_size) // per_device
     # Each pick's rank among the picks of its (owner, consumer) block, in pick order: the same everywhere.
     owned_by = (owner[:, None] == jnp.arange(num_shards)[None, :]).astype(jnp.int32)  # [B, S]
     ranks_by_owner = jnp.cumsum(owned_by.reshape((num_shards, per_device, num_shards)), axis=1) - 1
     rank = jnp.take_along_axis(ranks_by_owner.reshape((batch_size, num_shards)), owner[:, None], axis=1)[:, 0]
-    my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
     my_ranks = lax.dynamic_slice(rank, (me * per_device,), (per_device,))
 
     def exchange(capacity: int) -> dict[str, jax.Array]:

@@ -65,10 +65,9 @@ std::string KernelStatus::message() const {
       return "the sum of priority^priority_exponent overflows a double; lower priority_exponent or rescale "
              "the priorities";
     case ErrorSite::kSampleWeightUnderflow:
-      return "the table holds " + v + " selectable rows, but every one's priority^priority_exponent " +
-             "underflows to 0 in a double; rescale the priorities (e.g. divide them by their largest) or "
-             "lower "
-             "priority_exponent";
+      return "the table holds " + v +
+             " selectable rows, but every one's priority^priority_exponent underflows to 0 in a double; "
+             "rescale the priorities (e.g. divide them by their largest) or lower priority_exponent";
     case ErrorSite::kSampleMethod: return "unknown sampling method " + v;
     case ErrorSite::kTotalWeightOverflow:
       return "the sum of priority^priority_exponent over the selectable rows overflows a float32; lower "

@@ -55,8 +55,12 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
   const double length_total = by_length ? TreeTotal(*tree) : 0.0;
   // The longest row bounds every row's count of windows (a view without the word: max_steps does).
   const int32_t longest = t.longest != nullptr ? LoadRelaxed(t.longest) : t.max_steps;
+  // Draw `attempt` of pick `pick`: a target in the index over lengths, or a uniform candidate.
+  auto uniform = [&](uint32_t pick, int attempt) {
+    return UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
+  };
   auto candidate = [&](uint32_t pick, int attempt) -> int64_t {
-    double u = UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
+    const double u = uniform(pick, attempt);
     if (by_length) return DescendTree(*tree, u * length_total);  // -1: no row of positive weight
     return std::min<int64_t>(static_cast<int64_t>(u * claimed), claimed - 1);
   };
@@ -68,10 +72,8 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
       double target[kTreeLanes];
       for (int64_t base = begin; base < end; base += kTreeLanes) {
         const int lanes = static_cast<int>(std::min<int64_t>(kTreeLanes, end - base));
-        for (int j = 0; j < lanes; ++j) {
-          target[j] = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(base + j), 0, Draw::kSelect) *
-                      length_total;
-        }
+        for (int j = 0; j < lanes; ++j)
+          target[j] = uniform(static_cast<uint32_t>(base + j), 0) * length_total;
         DescendTreeLanes(t, *tree, true, lanes, target, &first[base - begin]);
       }
     }
