@@ -489,12 +489,8 @@ def sample(
     if mode not in MODES:
         raise InvalidArgumentError(f"sharded.sample: mode={mode!r} is not one of {MODES}")
     num_shards = st.num_shards
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, (int, np.integer))
-        or batch_size < 1
-        or batch_size % num_shards
-    ):
+    batch_size = _args.check_batch_size(batch_size, "sharded.sample")
+    if batch_size % num_shards:
         raise InvalidArgumentError(
             f"sharded.sample: batch_size={batch_size!r} must be a positive multiple of the {num_shards} "
             f"shards (each device consumes batch_size / {num_shards} picks)"

@@ -1,8 +1,17 @@
 """Fixtures for every test; shared helper code is in tests/helpers/."""
 
+import os
+
 import pytest
+from hypothesis import settings
 
 import gear_jax as gj
+
+# Property tests draw the same cases on every run by default, so that CI passes or fails on the code and
+# not on the draw. HYPOTHESIS_PROFILE=explore draws new cases each run, to look for new failures.
+settings.register_profile("reproducible", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "reproducible"))
 
 
 @pytest.fixture

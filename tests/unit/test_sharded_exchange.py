@@ -60,3 +60,14 @@ def test_a_bad_capacity_factor_is_refused_by_name(factor):
         table.shard(0).insert({"x": np.zeros(4, np.float32)})
         with pytest.raises(gj.InvalidArgumentError, match=r"capacity_factor=.* must be a number > 0"):
             table.sampler(4, capacity_factor=factor)(jax.random.key(0))
+
+
+@pytest.mark.parametrize("batch_size", [2**31, 2**70, 0, -4, 2.0, True])
+def test_a_batch_size_out_of_range_is_refused_by_name(batch_size):
+    spec = gj.TableSpec({"x": gj.Field((), "float32")}, capacity=8)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("replay",))
+    with gj.ShardedTable.create(spec, mesh) as table:
+        table.shard(0).insert({"x": np.zeros(4, np.float32)})
+        refused = r"batch_size=.* must be an int in \[1, 2\*\*31 - 1\]"
+        with pytest.raises(gj.InvalidArgumentError, match=refused):
+            table.sampler(batch_size)(jax.random.key(0))
