@@ -43,6 +43,7 @@ from gear_jax.rate_limiter import RateLimiter, RateLimiterCounts
 from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import Table
 from gear_jax.writers import EpisodeWriter
+from gear_jax.epochs import epoch, retire
 from gear_jax.sharded import ShardedSample, ShardedTable
 from gear_jax import casting, host, sharded, transitions
 
@@ -103,12 +104,14 @@ __all__ = [
     "casting",
     "clear_pool",
     "configure_pool",
+    "epoch",
     "gather",
     "host",
     "insert",
     "malloc_tuning",
     "ordered_candidates",
     "pool_stats",
+    "retire",
     "sample",
     "sample_at",
     "sample_gather",

@@ -36,7 +36,7 @@ from gear_jax.errors import InvalidArgumentError
 from gear_jax.selection import PICK_BYTES, Sample
 from gear_jax.table import Table
 
-__all__ = ["Sampler", "gather", "sample", "sample_gather", "update_priorities"]
+__all__ = ["Sampler", "epoch", "gather", "retire", "sample", "sample_gather", "update_priorities"]
 
 
 def _draw_64_bits(generator: np.random.Generator) -> Callable[[], int]:
@@ -352,6 +352,80 @@ def update_priorities(table: Table, sample: Sample, priorities: Any) -> int:
         np.asarray(sample.generations, np.uint32),
         values,
     )
+
+
+def epoch(
+    table: Table,
+    rng: Any,
+    minibatch_size: int,
+    num_rows: int | None = None,
+    drop_last: bool = True,
+    window: int | None = None,
+) -> list[Sample]:
+    """One epoch over the table's selectable rows, each once, shuffled, in minibatches:
+    `gear_jax.epoch` outside jit (the same arguments and rules, numpy arrays).
+
+    The rows are those selectable in a snapshot of the rows' status taken now (the `num_rows` newest
+    where there are more); a row overwritten since comes back invalid from `gather`, as for any sample.
+
+    Returns:
+      A list of `num_minibatches` Samples of `minibatch_size` picks each; the last ones end with failed
+      picks (generation 1: `valid` False in `gather`) where the table held fewer than `num_rows` rows.
+    """
+    from gear_jax import epochs
+
+    op = "gear_jax.host.epoch"
+    table = _args.check_table(table, op)
+    mb, rows = epochs.check_epoch(table, minibatch_size, num_rows, drop_last, op)
+    win = _args.check_window(window, table.max_steps, op)
+    generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(_seed_words(rng, op))
+    status = table.row_status()
+    length = status["length"]
+    selectable = (
+        (status["generation"] % 2 == 0)
+        & (status["priority"] > 0)
+        & (length >= 1)
+        & (length <= table.max_steps)
+    )
+    found = np.flatnonzero(selectable)
+    found = found[np.argsort(status["insert_seq"][found], kind="stable")[::-1][:rows]]  # the newest
+    found = generator.permutation(found)
+    minibatches, _ = epochs.epoch_shape(rows, mb, drop_last)
+    wanted = minibatches * mb
+    n = min(len(found), wanted)
+    indices = np.zeros(wanted, np.int32)
+    generations = np.full(wanted, epochs.FAILED_GENERATION, np.uint32)
+    probabilities = np.zeros(wanted, np.float32)
+    starts = np.zeros(wanted, np.int32)
+    indices[:n] = found[:n]
+    generations[:n] = status["generation"][found[:n]]
+    probabilities[:n] = 1.0
+    if win > 0:
+        room = np.maximum(length[found[:n]] - win, 0).astype(np.int64)
+        starts[:n] = generator.integers(0, room + 1)
+    return [
+        Sample(
+            indices[i : i + mb],
+            generations[i : i + mb],
+            probabilities[i : i + mb],
+            starts[i : i + mb],
+            window=win,
+            table_handle=table.handle,
+        )
+        for i in range(0, wanted, mb)
+    ]
+
+
+def retire(table: Table, samples: Sample | Sequence[Sample]) -> int:
+    """Makes the rows of a sample (or of every sample of an epoch) unselectable, priority 0, where they
+    still hold what was picked: `gear_jax.retire` outside jit. Returns the count of rows retired."""
+    op = "gear_jax.host.retire"
+    table = _args.check_table(table, op)
+    retired = 0
+    for s in [samples] if isinstance(samples, Sample) else list(samples):
+        b = _args.check_sample(s, op, table)
+        retired += update_priorities(table, s, np.zeros(b, np.float32))
+    return retired
 
 
 class Sampler:

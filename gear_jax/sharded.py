@@ -907,6 +907,62 @@ def update_priorities(
     )
 
 
+def epoch(
+    table: ShardedTable,
+    key: jax.Array,
+    minibatch_size: int,
+    num_rows: int | None = None,
+    drop_last: bool = True,
+    window: int | None = None,
+    fields: Sequence[str] | None = None,
+    after: Any = None,
+) -> tuple[ShardedSample, dict[str, jax.Array]]:
+    """Inside `jax.shard_map` over `table.axis`: one epoch over this device's own shard (local mode), as
+    `gear_jax.epoch` over that shard's table, with its rows gathered; no row moves between devices.
+
+    Args:
+      table: a `ShardedTable` (static).
+      key: a PRNG key, the same on every device (each folds in its own index).
+      minibatch_size, num_rows, drop_last, window, after: as for `gear_jax.epoch`, per shard (num_rows
+        defaults to a shard's capacity).
+      fields: fields to gather; default all.
+
+    Returns:
+      (ShardedSample, batch): [M, minibatch_size] picks with global row ids (`selectable`: the global
+      count of selectable rows, replicated) and [M, minibatch_size, ...] per field plus `valid`.
+    """
+    from gear_jax import epochs
+
+    st = _check(table, "sharded.epoch")
+    me = lax.axis_index(st.axis)
+    shard_key = jax.random.fold_in(key, me)
+    picks = st._on_my_shard(
+        lambda t: epochs.epoch(t, shard_key, minibatch_size, num_rows, drop_last, window, after)
+    )
+    flat = jax.tree_util.tree_map(jnp.ravel, picks)
+    batch = st._on_my_shard(lambda t: ops.gather(t, flat, fields))
+    shape = picks.indices.shape
+    batch = {name: v.reshape(*shape, *v.shape[1:]) for name, v in batch.items()}
+    count = jnp.sum((picks.generations & 1) == 0).astype(jnp.int32)
+    result = ShardedSample(
+        me * st.capacity + picks.indices,
+        picks.generations,
+        picks.probabilities,
+        picks.starts,
+        lax.psum(count, st.axis),
+        window=picks.window,
+    )
+    return result, batch
+
+
+def retire(table: ShardedTable, sample: ShardedSample, after: Any = None) -> jax.Array:
+    """Inside `jax.shard_map`: makes the rows of `sample` (any shape, e.g. an epoch's) unselectable,
+    priority 0, where they still hold what was picked, on the shards that own them; returns the count
+    this device's shard retired."""
+    flat = jax.tree_util.tree_map(jnp.ravel, sample)
+    return update_priorities(table, flat, jnp.zeros(flat.indices.shape, jnp.float32), after=after)
+
+
 def importance_weights(table: ShardedTable, sample: ShardedSample, beta: float) -> jax.Array:
     """Inside `jax.shard_map`: (N * P)^-beta for this device's picks, divided by the maximum over the
     global batch (a `pmax`); 0 for a pick that holds no row. `beta` may be traced (annealed in the

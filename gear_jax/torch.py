@@ -37,7 +37,15 @@ from gear_jax.selection import Sample
 from gear_jax.table import Table
 from gear_jax.writers import AdmittedInserts
 
-__all__ = ["CopyWarning", "Sampler", "from_torch", "insert_tensors", "to_torch", "torch_dtype"]
+__all__ = [
+    "CopyWarning",
+    "EpochSampler",
+    "Sampler",
+    "from_torch",
+    "insert_tensors",
+    "to_torch",
+    "torch_dtype",
+]
 
 
 class CopyWarning(UserWarning):
@@ -465,3 +473,91 @@ class Sampler:
         count = self._update(self._last, p)
         self._after = count
         return torch.from_dlpack(count)
+
+
+class EpochSampler:
+    """Epochs over a gear_jax table for a PyTorch on-policy learner: each `iter(sampler)` is one epoch, a
+    fresh permutation of the selectable rows in minibatches (dicts of torch tensors), each row once.
+
+    On the CPU an epoch is `gj.host.epoch` and each minibatch `gj.host.gather` (numpy arrays torch
+    shares); on a GPU it is one jitted `gj.epoch` and a jitted `gj.gather` per minibatch on the JAX
+    device that matches `device`, handed to torch without a copy. `minibatch_size`, `num_rows`,
+    `drop_last` and `window` are those of `gj.epoch`, `fields` that of `gj.gather`. A minibatch holds
+    the fields, `valid` (False for the failed picks that fill an epoch over fewer rows than `num_rows`)
+    and `indices` (int32 row ids). `retire()` makes the rows of the last epoch unselectable.
+
+    Example:
+      sampler = gj.torch.EpochSampler(rollouts, 64, num_rows=2048)
+      for _ in range(4):                      # four epochs over the rollout
+          for batch in sampler:
+              loss = ppo_loss(policy, batch)   # mask with batch["valid"]
+              ...
+      sampler.retire()                        # the rollout is never drawn again
+    """
+
+    def __init__(
+        self,
+        table: Table,
+        minibatch_size: int,
+        num_rows: int | None = None,
+        drop_last: bool = True,
+        fields: Sequence[str] | None = None,
+        window: int | None = None,
+        device: Any = None,
+        seed: int = 0,
+    ):
+        from gear_jax import epochs
+
+        if not isinstance(table, Table):
+            raise InvalidArgumentError(
+                f"EpochSampler: `table` must be a gear_jax.Table, got {type(table).__name__}"
+            )
+        op = "EpochSampler"
+        mb, rows = epochs.check_epoch(table, minibatch_size, num_rows, drop_last, op)
+        self._table = table
+        self._options = {"minibatch_size": mb, "num_rows": rows, "drop_last": drop_last, "window": window}
+        self._fields = fields
+        self._device = _jax_device(device)
+        self._on_host = self._device.platform == "cpu"
+        self._rng = np.random.default_rng(seed)
+        self._key = jax.device_put(jax.random.key(seed), self._device)
+        self._last: list[Sample] = []
+        self._minibatches = epochs.epoch_shape(rows, mb, drop_last)[0]
+        _args.check_fields(table.spec, fields, op)
+        _args.check_window(window, table.max_steps, op)
+
+        def draw(key: jax.Array) -> tuple[jax.Array, Sample]:
+            key, sub = jax.random.split(key)
+            return key, epochs.epoch(table, sub, **self._options)
+
+        def gather(s: Sample) -> dict[str, jax.Array]:
+            out = ops.gather(table, s, fields=fields)
+            out["indices"] = s.indices
+            return out
+
+        self._draw = jax.jit(draw)
+        self._gather = jax.jit(gather)
+
+    def __len__(self) -> int:
+        """Minibatches per epoch."""
+        return self._minibatches
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._on_host:
+            self._last = host.epoch(self._table, self._rng, **self._options)
+            for s in self._last:
+                out = host.gather(self._table, s, fields=self._fields)
+                out["indices"] = s.indices
+                yield {name: _column_tensor(value) for name, value in out.items()}
+            return
+        self._key, picks = self._draw(self._key)
+        self._last = [jax.tree_util.tree_map(lambda x, i=i: x[i], picks) for i in range(self._minibatches)]
+        for s in self._last:
+            yield to_torch(self._gather(s))
+
+    def retire(self) -> int:
+        """Makes the rows of the last epoch unselectable (priority 0) where they still hold what was
+        drawn; returns how many it retired."""
+        if not self._last:
+            raise InvalidArgumentError("retire: no epoch was drawn yet; iterate the sampler first")
+        return host.retire(self._table, [jax.tree_util.tree_map(np.asarray, s) for s in self._last])

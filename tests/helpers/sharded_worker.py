@@ -502,5 +502,30 @@ def checkpoint_verify(mesh, path):
     return out
 
 
+def scenario_epochs(table):
+    """Local epochs: every device visits each of its shard's rows once per epoch (its ids, in a shuffled
+    order, failed picks after them), then `sharded.retire` makes them unselectable."""
+    mb = 8
+
+    def body(key_data):
+        key = jax.random.wrap_key_data(key_data)
+        smp, batch = sharded.epoch(table, key, mb, num_rows=CAPACITY, drop_last=False)
+        retired = sharded.retire(table, smp)
+        return smp, batch["id"], batch["valid"], retired[None]
+
+    row = P("replay")
+    f = jax.jit(jax.shard_map(body, mesh=table.mesh, in_specs=P(),
+                              out_specs=(sharded.ShardedSample(row, row, row, row, P()), row, row, row),
+                              check_vma=False))
+    smp, ids, valid, retired = jax.block_until_ready(f(np.asarray(jax.random.key_data(jax.random.key(5)))))
+    selectable_after = [int(np.asarray(gj.total_weight(t, 0.0)[1])) for t in table.local_shards.values()]
+    per_device = CAPACITY // mb
+    return {"indices": gathered(smp.indices).reshape(SHARDS, per_device * mb).tolist(),
+            "ids": gathered(ids).reshape(SHARDS, per_device * mb).tolist(),
+            "valid": gathered(valid).reshape(SHARDS, per_device * mb).tolist(),
+            "retired": gathered(retired).tolist(), "selectable": int(np.asarray(smp.selectable)),
+            "selectable_after": selectable_after}
+
+
 if __name__ == "__main__":
     main()

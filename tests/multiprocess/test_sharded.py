@@ -292,3 +292,22 @@ def test_a_sharded_table_in_an_orbax_checkpoint_manager_step(tmp_path):
         assert r["after"] == r["before"]
     sizes = {s: v["size"] for r in results for s, v in r["after"][1].items()}
     assert sizes == {"0": 5 + 2, "1": 0 + 2}
+
+
+@pytest.mark.parametrize("processes,devices", [(1, 4), (2, 2)])
+def test_local_epochs_visit_each_shards_rows_once_and_retire_them(processes, devices):
+    shards = processes * devices
+    rows = [0 if (s == 1 and shards > 1) else min(64, 5 + 7 * s) for s in range(shards)]
+    for r in run_job("epochs", processes, devices):
+        assert r["selectable"] == sum(rows)
+        for s in range(shards):
+            valid = np.asarray(r["valid"][s])
+            real = valid.sum()
+            assert real == rows[s] and valid[:real].all(), (s, r["valid"][s])  # real picks first
+            ids, indices = np.asarray(r["ids"][s])[:real], np.asarray(r["indices"][s])[:real]
+            assert sorted(ids.tolist()) == list(range(s * 64, s * 64 + rows[s]))  # each row once
+            assert (ids == indices).all()  # the rows gathered are the rows picked
+            if rows[s] > 2:
+                assert ids.tolist() != sorted(ids.tolist())  # shuffled
+        assert r["retired"] == rows  # every shard retired its own rows
+        assert r["selectable_after"] == [0] * len(r["selectable_after"])
