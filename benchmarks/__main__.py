@@ -18,6 +18,7 @@ from gear_jax.bench import (
     gather,
     insert,
     pool,
+    ppo,
     priorities,
     sample,
     selection,
@@ -39,6 +40,7 @@ SUITES: dict[str, ModuleType] = {
     "sharded": sharded,
     "episodes": episodes,
     "episode_inserts": episode_inserts,
+    "ppo": ppo,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
@@ -51,6 +53,7 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "sharded": sharded.SYSTEMS,
     "episodes": episodes.SYSTEMS,
     "episode_inserts": episode_inserts.SYSTEMS,
+    "ppo": ppo.SYSTEMS,
 }
 INTERLEAVED_SUITES = (
     "gather",
@@ -70,6 +73,7 @@ ITEM_UNITS = {
     "sharded": "rows",
     "episodes": "windows",
     "episode_inserts": "episodes / steps",
+    "ppo": "rollout rows (x epochs)",
 }
 
 

@@ -82,8 +82,13 @@ def shuffle_real_first(key: jax.Array, generations: jax.Array) -> jax.Array:
     the failed ones after them."""
     n = generations.shape[0]
     order = jax.random.permutation(key, n)
-    failed = (generations[order] & 1) == 1
-    return order[jnp.argsort(failed, stable=True)]
+    # A stable partition by scatter (one pass; a second sort cost more than the permutation's own on
+    # XLA:CPU): the k-th real pick goes to k, the k-th failed one to real_count + k.
+    real = (generations[order] & 1) == 0
+    real_before = jnp.cumsum(real) - real
+    failed_before = jnp.arange(n) - real_before
+    target = jnp.where(real, real_before, real.sum() + failed_before)
+    return jnp.zeros_like(order).at[target].set(order, unique_indices=True)
 
 
 def arrange(sample: Sample, order: jax.Array, minibatches: int, minibatch_size: int) -> Sample:

@@ -99,7 +99,7 @@ def main():
     elif SCENARIO.startswith("checkpoint_"):
         out.update(globals()[SCENARIO](mesh, os.environ["GEAR_JAX_TEST_CHECKPOINT"]))
     else:
-        max_steps = 4 if SCENARIO == "windows" else 1
+        max_steps = 4 if SCENARIO in ("windows", "exchange_windows") else 1
         with gj.ShardedTable.create(spec(max_steps), mesh, axis="replay") as table:
             fill(table, max_steps)
             multihost_utils.sync_global_devices("filled")
@@ -144,24 +144,37 @@ def scenario_exchange(table):
     """One key through the exchange's every capacity (full-size blocks, the default, a tiny factor whose
     first blocks overflow): the picks, rows and probabilities of each, and the branch each took."""
     out = {}
-    b = 32 * SHARDS
+    trajectories = table.spec.max_steps > 1  # scenario exchange_windows: windows of 2 steps
+    window = 2 if trajectories else None
     factors = (None, gj.sharded.CAPACITY_FACTOR, 0.01)
-    for method in ("uniform", "prioritized"):
+    for method in ("uniform", "prioritized", "fifo", "lifo", "topk"):
+        # fifo, lifo, topk: at most the rows the shards hold (50 with four shards, 5 with two)
+        if method in ("uniform", "prioritized"):
+            b = (12 if trajectories else 32) * SHARDS
+        else:
+            b = min(12 * SHARDS, sum(ROWS) // SHARDS * SHARDS)
         runs = {}
         for factor in factors:
-            sampler = table.sampler(b, method=method, mode="global", capacity_factor=factor)
+            sampler = table.sampler(b, method=method, mode="global", capacity_factor=factor, window=window)
             smp, batch = sampler(jax.random.key(11))
+            ids = gathered(batch["id"])
             runs[str(factor)] = {
                 "indices": gathered(smp.indices).tolist(),
                 "probabilities": gathered(smp.probabilities).tolist(),
-                "ids": gathered(batch["id"]).tolist(),
-                "valid": gathered(batch["valid"]).tolist(),
+                "starts": gathered(smp.starts).tolist(),
+                "ids": (ids[:, 0] // 100 if trajectories else ids).tolist(),
+                "steps": (ids % 100 if trajectories else np.zeros_like(ids)).tolist(),
+                "valid": gathered(batch["valid"]).reshape(len(ids), -1)[:, 0].tolist(),
             }
         owners = np.asarray(runs["None"]["indices"]) // table.capacity
         capacities = {str(f): gj.sharded.exchange_capacities(b, SHARDS, f) for f in factors}
         branches = {f: int(gj.sharded.exchange_branch(owners, SHARDS, c)) for f, c in capacities.items()}
         out[method] = {"runs": runs, "branches": branches}
     return out
+
+
+def scenario_exchange_windows(table):
+    return scenario_exchange(table)
 
 
 def scenario_counts(table):
@@ -312,10 +325,12 @@ def scenario_writer(table):
         for w in writers:
             assert w.stdout.readline().strip() == "attached"
         multihost_utils.sync_global_devices("writers started")
-        sampler = table.sampler(32 * SHARDS, method="prioritized", mode="global")
+        # The default exchange and one whose first blocks overflow (a later branch runs), in turns.
+        samplers = [table.sampler(32 * SHARDS, method="prioritized", mode="global", capacity_factor=f)
+                    for f in (gj.sharded.CAPACITY_FACTOR, 0.01)]
         torn = valid = 0
         for i in range(60):
-            smp, batch = sampler(jax.random.key(i))
+            smp, batch = samplers[i % 2](jax.random.key(i))
             ok = gathered(batch["valid"])
             ids = gathered(batch["id"]).astype(np.float32)
             x = gathered(batch["x"])

@@ -86,17 +86,35 @@ def test_the_exchange_gives_the_same_picks_and_rows_at_every_capacity(processes,
     # a later branch runs) must give the same picks, rows and probabilities. Shard 1 is empty and the
     # others hold 5 + 7 s rows: unequal shares.
     results = run_job("exchange", processes, devices)
-    shards = processes * devices
-    for method in ("uniform", "prioritized"):
+    check_exchange_runs(results, processes * devices, windows=False)
+
+
+@pytest.mark.parametrize("processes,devices", [(1, 4), (2, 2)])
+def test_the_exchange_of_windows_gives_the_same_picks_and_steps_at_every_capacity(processes, devices):
+    # As above, for windows of 2 steps of 4-step trajectory rows: the same picks, starts and steps.
+    results = run_job("exchange_windows", processes, devices)
+    check_exchange_runs(results, processes * devices, windows=True)
+
+
+def check_exchange_runs(results: list[dict], shards: int, windows: bool) -> None:
+    """Every capacity factor gave the full-size exchange's picks, rows and probabilities, for every
+    method, on every process; the tiny factor overflowed its first blocks."""
+    for method in ("uniform", "prioritized", "fifo", "lifo", "topk"):
         r = results[0][method]
         full = r["runs"]["None"]
         for factor, run in r["runs"].items():
             assert run == full, (method, factor)
         assert all(full["valid"]) and full["ids"] == full["indices"]
+        if windows:  # each window's steps are its start and the next step of its row
+            starts = np.asarray(full["starts"])
+            assert (np.asarray(full["steps"]) == starts[:, None] + np.arange(2)).all()
         for other in results[1:]:
             assert other[method]["runs"] == r["runs"]
-        if shards > 1:  # the tiny factor's first capacity cannot hold the fullest block
-            assert r["branches"]["0.01"] > 0, r["branches"]
+        if shards > 1 and not windows and method in ("uniform", "prioritized"):
+            assert r["branches"]["0.01"] > 0, r["branches"]  # the tiny factor's first blocks overflowed
+    if shards > 1:  # some method's fullest block overflowed the tiny factor's first capacity
+        overflowed = [m for m in results[0] if results[0][m]["branches"]["0.01"] > 0]
+        assert overflowed, {m: results[0][m]["branches"] for m in results[0]}
 
 
 def expected_rows(shards: int) -> int:
