@@ -10,7 +10,7 @@ parameters and Adam's state on the 2-core CPU VM), so that one update per call w
   * gear_jax: `gj.insert` of the rollout into a table of `table_rows` rows, then per epoch `gj.epoch`
     and per minibatch `gj.gather`;
   * pytree: the rollout stays a dict of jax arrays; per epoch a `jax.random.permutation` indexes them.
-Both draw the same permutations from the same keys and compute the same updates. Systems are timed in
+The minibatches differ (gj.epoch shuffles natively on the CPU), the work is the same. Systems are timed in
 turns, one call each per round. The rollout is fresh random data (the update's speed does not depend
 on its values).
 

@@ -10,9 +10,10 @@ What this shows:
     the rollout would keep older rollouts too: `gj.epoch(..., num_rows=R)` takes the R newest rows, and
     `gj.retire` makes a rollout's rows unselectable once it has served;
   * the same PPO with the rollout in a pytree of jax arrays (`--compare=...,pytree`), the usual way:
-    each epoch a `jax.random.permutation` of the rows indexes the arrays. It draws the same permutations
-    from the same keys, so both make the same run (the same minibatches, losses and returns, up to the
-    rounding of two differently compiled programs), and the difference in speed is the replay's alone.
+    each epoch a `jax.random.permutation` of the rows indexes the arrays. Everything else is the same
+    (environments, network, keys, hyperparameters); the minibatches differ (on the CPU `gj.epoch`
+    shuffles natively, so another permutation comes from the same key), so the two learn alike but not
+    identically, and the difference in speed is the replay's alone.
 
 Both comparisons run in turns, one call (`--iterations_per_call` iterations) of each per round, so that
 the changing load of a shared machine falls on both alike. Compilation is timed apart.
@@ -236,9 +237,7 @@ def make_learner(
         mask = jnp.ones(c.minibatch_size, jnp.float32)
 
         def one_epoch(state, epoch_key):
-            # gj.epoch's permutation from the same key, of the rows newest first (the table's order).
-            _, order_key = jax.random.split(epoch_key)
-            order = rows - 1 - jax.random.permutation(order_key, rows)
+            order = jax.random.permutation(epoch_key, rows)
 
             def minibatch(state, idx):
                 return sgd(state, jax.tree_util.tree_map(lambda x: x[idx], rollout), mask)

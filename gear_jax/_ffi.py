@@ -12,6 +12,7 @@ SAMPLE_AT = "gear_jax_sample_at"
 ORDERED_CANDIDATES = "gear_jax_ordered_candidates"
 SAMPLE_GATHER = "gear_jax_sample_gather"
 INSERT = "gear_jax_insert"
+SHUFFLE = "gear_jax_shuffle"  # CPU only (gear_jax.epochs)
 
 REGISTERED_PLATFORMS: list[str] = []
 

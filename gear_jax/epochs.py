@@ -37,8 +37,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from gear_jax import _args, ops
+from gear_jax import _args, _ffi, ops
 from gear_jax.errors import InvalidArgumentError
 from gear_jax.selection import Sample
 from gear_jax.table import Table
@@ -79,11 +80,28 @@ def check_epoch(table: Table, minibatch_size: Any, num_rows: Any, drop_last: Any
 
 def shuffle_real_first(key: jax.Array, generations: jax.Array) -> jax.Array:
     """A permutation of the picks: the real ones (even generation) first, in a uniformly random order,
-    the failed ones after them."""
+    the failed ones after them. order[k] is the pick that goes to position k.
+
+    On the CPU a native Fisher-Yates shuffle (`gear_jax_shuffle`, O(n)): XLA:CPU's sort, which
+    `jax.random.permutation` runs, took 0.34 ms for 512 picks and 14 ms for 8,192 on the 2-core VM, the
+    shuffle microseconds. Elsewhere (GPUs sort fast) `jax.random.permutation` and a stable partition.
+    Both are uniform permutations; they differ in which one a key gives."""
     n = generations.shape[0]
-    order = jax.random.permutation(key, n)
-    # A stable partition by scatter (one pass; a second sort cost more than the permutation's own on
-    # XLA:CPU): the k-th real pick goes to k, the k-th failed one to real_count + k.
+
+    def native(key: jax.Array, generations: jax.Array) -> jax.Array:
+        seed = _args.seed_words(key, "gear_jax.epoch")
+        out = jax.ShapeDtypeStruct((n,), jnp.int32)
+        return jax.ffi.ffi_call(_ffi.SHUFFLE, out, has_side_effect=False)(seed, generations)
+
+    return lax.platform_dependent(key, generations, cpu=native, default=shuffle_by_sort)
+
+
+def shuffle_by_sort(key: jax.Array, generations: jax.Array) -> jax.Array:
+    """`shuffle_real_first` off the CPU: `jax.random.permutation`, then a stable partition."""
+    n = generations.shape[0]
+    order = jax.random.permutation(key, n).astype(jnp.int32)
+    # A stable partition by scatter (one pass, not a second sort): the k-th real pick goes to k, the
+    # k-th failed one to real_count + k.
     real = (generations[order] & 1) == 0
     real_before = jnp.cumsum(real) - real
     failed_before = jnp.arange(n) - real_before

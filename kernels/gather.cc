@@ -46,9 +46,21 @@ void PrefetchFirstLines(const TableView& t, const GatherRequest& r, int64_t row,
 void PrefetchRest(const TableView& t, const GatherRequest& r, int64_t row, int64_t start) {
   for (int32_t f = 0; f < r.num_fields; ++f) {
     const FieldView& field = t.fields[r.field_ids[f]];
-    const uint8_t* src = RowStart(t, field, row, start);
     const int64_t bytes = std::min<int64_t>(r.window * field.step_bytes, kPrefetchBytes);
+    if (bytes <= 64) continue;  // one line: nothing past the first, which PrefetchFirstLines fetches
+    const uint8_t* src = RowStart(t, field, row, start);
     for (int64_t offset = 64; offset < bytes; offset += 64) __builtin_prefetch(src + offset);
+  }
+}
+
+// Copies `bytes` bytes: small copies of fixed sizes inline (a call of the library's memcpy of a few
+// bytes cost more than the copy; rows of small fields are mostly such copies).
+inline void CopyBytes(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+  switch (bytes) {
+    case 4: std::memcpy(dst, src, 4); return;
+    case 8: std::memcpy(dst, src, 8); return;
+    case 16: std::memcpy(dst, src, 16); return;
+    default: std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
 }
 
@@ -105,12 +117,13 @@ void GatherRange(const TableView& t, const int32_t* indices, const uint32_t* gen
       int64_t head = 0;
       const uint8_t* src = StepSource(t, field, row, first_step, starts[i], steps, &head);
       const int64_t copied = steps * field.step_bytes;
-      if (head > 0) std::memcpy(dst, src, static_cast<size_t>(head * field.step_bytes));
+      if (head > 0) CopyBytes(dst, src, head * field.step_bytes);
       if (steps > head) {  // the window wraps the ring's end
         std::memcpy(dst + head * field.step_bytes, field.data,
                     static_cast<size_t>((steps - head) * field.step_bytes));
       }
-      std::memset(dst + copied, 0, static_cast<size_t>(window * field.step_bytes - copied));
+      if (copied < window * field.step_bytes)
+        std::memset(dst + copied, 0, static_cast<size_t>(window * field.step_bytes - copied));
     }
     FenceAcquire();
     const uint64_t after = LoadRelaxed(&t.state[row]);

@@ -38,7 +38,7 @@ GEAR_HD Philox4 Philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, u
 }
 
 // Purposes of a draw (third counter word), so that streams never overlap.
-enum class Draw : uint32_t { kSelect = 0, kWindowStart = 1, kFallback = 2 };
+enum class Draw : uint32_t { kSelect = 0, kWindowStart = 1, kFallback = 2, kShuffle = 3 };
 
 // A uniform double in [0, 1) with 53 random bits, for pick `index`, attempt `attempt`.
 GEAR_HD double UniformDouble(uint32_t seed0, uint32_t seed1, uint32_t index, uint32_t attempt, Draw purpose) {

@@ -259,4 +259,20 @@ int64_t ClaimedRows(const TableView& t) {
   return next < static_cast<uint64_t>(t.capacity) ? static_cast<int64_t>(next) : t.capacity;
 }
 
+void ShufflePicks(uint32_t seed0, uint32_t seed1, const uint32_t* generations, int64_t n, int32_t* order) {
+  int64_t real = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if ((generations[i] & 1u) == 0) order[real++] = static_cast<int32_t>(i);
+  }
+  int64_t failed = real;
+  for (int64_t i = 0; i < n; ++i) {
+    if ((generations[i] & 1u) != 0) order[failed++] = static_cast<int32_t>(i);
+  }
+  for (int64_t i = real - 1; i > 0; --i) {  // position i takes a uniform one of [0, i]
+    const double u = UniformDouble(seed0, seed1, static_cast<uint32_t>(i), 0, Draw::kShuffle);
+    const int64_t j = std::min<int64_t>(static_cast<int64_t>(u * static_cast<double>(i + 1)), i);
+    std::swap(order[i], order[j]);
+  }
+}
+
 }  // namespace gear

@@ -116,4 +116,10 @@ inline float IndexExponent(const SampleRequest& r) {
 KernelStatus SampleRowsCpu(const TableView& table, const SampleRequest& request, SampleResult out,
                            const PriorityTreeView* tree = nullptr, const ParallelFor& parallel = SerialFor());
 
+// An epoch's order of `n` picks (gear_jax.epoch): the picks of even generation (real ones) first, in a
+// uniformly random order drawn from the seed words (a Fisher-Yates shuffle, draw i from the Philox
+// counter (i, 0, Draw::kShuffle)), then the failed ones (odd generation) in their own order.
+// order[k] is the pick that goes to position k. O(n), on the calling thread.
+void ShufflePicks(uint32_t seed0, uint32_t seed1, const uint32_t* generations, int64_t n, int32_t* order);
+
 }  // namespace gear

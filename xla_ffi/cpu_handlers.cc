@@ -114,6 +114,18 @@ ffi::Error OrderedCandidatesImpl(ffi::Buffer<ffi::U32> seed, ffi::AnyBuffer /*af
   return KernelFailure(SampleRowsCpu(table->view(), request, out));
 }
 
+ffi::Error ShuffleImpl(ffi::Buffer<ffi::U32> seed, ffi::Buffer<ffi::U32> generations,
+                       ffi::ResultBuffer<ffi::S32> order) {
+  if (seed.element_count() != 2 || generations.element_count() != order->element_count()) {
+    return ffi::Error::InvalidArgument(
+        "gear_jax shuffle: expected uint32[2] seed words and as many "
+        "generations as order entries");
+  }
+  ShufflePicks(seed.typed_data()[0], seed.typed_data()[1], generations.typed_data(),
+               static_cast<int64_t>(generations.element_count()), order->typed_data());
+  return ffi::Error::Success();
+}
+
 ffi::Error GatherImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
                       ffi::Buffer<ffi::S32> starts, ffi::ResultBuffer<ffi::PRED> valid,
                       ffi::RemainingRets fields_out, ffi::ThreadPool pool, int64_t handle, int64_t spec_hash,
@@ -318,6 +330,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxOrderedCandidatesCpu, gear::OrderedCandidat
                                   .Attr<int64_t>("spec_hash")
                                   .Attr<int32_t>("method")
                                   .Attr<int32_t>("window"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxShuffleCpu, gear::ShuffleImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()    // seed: uint32[2] from the key
+                                  .Arg<ffi::Buffer<ffi::U32>>()    // generations: uint32[n] of the picks
+                                  .Ret<ffi::Buffer<ffi::S32>>());  // order: int32[n]
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxGatherCpu, gear::GatherImpl,
                               ffi::Ffi::Bind()

@@ -313,6 +313,7 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCpu);
     cpu["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCpu);
     cpu["gear_jax_insert"] = gear::Capsule(GearJaxInsertCpu);
+    cpu["gear_jax_shuffle"] = gear::Capsule(GearJaxShuffleCpu);  // CPU only: GPUs sort fast (epochs.py)
     py::dict out;
     out["cpu"] = cpu;
 #if GEAR_JAX_WITH_CUDA

@@ -257,3 +257,23 @@ def test_an_epoch_inside_a_jitted_step_runs_after_the_insert_it_names():
 
         got = jax.jit(step)(jnp.arange(8, dtype=jnp.int32) + 20, jax.random.key(0))
         assert sorted(np.asarray(got).tolist()) == list(range(20, 28))
+
+
+@pytest.mark.parametrize("shuffle", ["native", "by_sort"])
+def test_both_shuffles_put_real_picks_first_in_a_uniform_order(shuffle):
+    """The CPU's native shuffle and the sort path GPUs take: over 4 real picks among 6 (two failed, at
+    positions 1 and 4), each of the 24 orders of the real ones equally likely (chi-square over 4,800
+    keys), the failed ones after them."""
+    from gear_jax import epochs
+
+    fn = epochs.shuffle_real_first if shuffle == "native" else epochs.shuffle_by_sort
+    generations = jnp.asarray([2, 1, 4, 6, 3, 8], jnp.uint32)
+    orders = np.asarray(
+        jax.jit(lambda keys: jax.lax.map(lambda k: fn(k, generations), keys))(
+            jax.random.split(jax.random.key(3), 4800)
+        )
+    )
+    assert (np.sort(orders[:, 4:], axis=1) == [1, 4]).all()
+    perms = {p: i for i, p in enumerate(itertools.permutations([0, 2, 3, 5]))}
+    counts = np.bincount([perms[tuple(o)] for o in orders[:, :4].tolist()], minlength=24)
+    assert stats.chisquare(counts).pvalue > P_THRESHOLD, counts
