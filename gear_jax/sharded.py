@@ -923,8 +923,11 @@ def epoch(
     Args:
       table: a `ShardedTable` (static).
       key: a PRNG key, the same on every device (each folds in its own index).
-      minibatch_size, num_rows, drop_last, window, after: as for `gear_jax.epoch`, per shard (num_rows
-        defaults to a shard's capacity).
+      minibatch_size: as for `gear_jax.epoch`.
+      num_rows: as for `gear_jax.epoch`, per shard (default a shard's capacity).
+      drop_last: as for `gear_jax.epoch`.
+      window: as for `gear_jax.epoch`.
+      after: as for `gear_jax.epoch`.
       fields: fields to gather; default all.
 
     Returns:
