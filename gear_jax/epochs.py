@@ -55,9 +55,22 @@ def epoch_shape(num_rows: int, minibatch_size: int, drop_last: bool) -> tuple[in
     return minibatches, minibatch_size
 
 
-def check_epoch(table: Table, minibatch_size: Any, num_rows: Any, drop_last: Any, op: str) -> tuple[int, int]:
-    """The checked (minibatch_size, num_rows) of an epoch: num_rows defaults to the table's capacity."""
-    mb = _args.check_batch_size(minibatch_size, op)
+def check_epoch(
+    table: Table, minibatch_size: Any, num_rows: Any, drop_last: Any, op: str, window: Any = None
+) -> tuple[int, int]:
+    """The checked (minibatch_size, num_rows) of an epoch (and its window): num_rows defaults to the
+    table's capacity."""
+    _args.check_static(minibatch_size, "minibatch_size", op)
+    if (
+        isinstance(minibatch_size, bool)
+        or not isinstance(minibatch_size, (int, np.integer))
+        or not 1 <= minibatch_size <= _args.MAX_BATCH_SIZE
+    ):
+        raise InvalidArgumentError(
+            f"{op}: minibatch_size={minibatch_size!r} must be an int in [1, 2**31 - 1]"
+        )
+    mb = int(minibatch_size)
+    _args.check_window(window, table.max_steps, op)
     if num_rows is None:
         num_rows = table.capacity
     _args.check_static(num_rows, "num_rows", op)
@@ -68,7 +81,7 @@ def check_epoch(table: Table, minibatch_size: Any, num_rows: Any, drop_last: Any
             f"{op}: num_rows={num_rows} is more than the table's {table.capacity} rows; an epoch visits each "
             "row once (pass num_rows <= capacity)"
         )
-    if not isinstance(drop_last, bool):
+    if not isinstance(drop_last, (bool, np.bool_)):
         raise InvalidArgumentError(f"{op}: drop_last={drop_last!r} must be True or False")
     if drop_last and mb > num_rows:
         raise InvalidArgumentError(
@@ -164,7 +177,9 @@ def epoch(
     """
     op = "gear_jax.epoch"
     table = _args.check_table(table, op)
-    mb, rows = check_epoch(table, minibatch_size, num_rows, drop_last, op)
+    mb, rows = check_epoch(table, minibatch_size, num_rows, drop_last, op, window)
+    drop_last = bool(drop_last)
+    _args.seed_words(key, op)  # a bad key refused by name before it is split
     select_key, order_key = jax.random.split(key)
     picks, _ = ops.ordered_candidates(table, select_key, rows, "lifo", window=window, after=after)
     order = shuffle_real_first(order_key, picks.generations)
@@ -175,5 +190,10 @@ def retire(table: Table, sample: Sample, after: Any = None) -> jax.Array:
     """Makes the rows of `sample` unselectable (priority 0) where they still hold what was picked: a
     rollout's rows after its epochs. Inside jit; returns the count of rows retired (int32), which a later
     call takes as `after=` to run after it. Failed picks and rows overwritten since are left alone."""
+    table = _args.check_table(table, "gear_jax.retire")
+    if not isinstance(sample, Sample):
+        raise InvalidArgumentError(
+            f"gear_jax.retire: sample must be a gear_jax.Sample (an epoch's), got {type(sample).__name__}"
+        )
     flat = jax.tree_util.tree_map(lambda x: jnp.ravel(x), sample)
     return ops.update_priorities(table, flat, jnp.zeros(flat.indices.shape, jnp.float32), after=after)

@@ -376,8 +376,9 @@ def epoch(
 
     op = "gear_jax.host.epoch"
     table = _args.check_table(table, op)
-    mb, rows = epochs.check_epoch(table, minibatch_size, num_rows, drop_last, op)
+    mb, rows = epochs.check_epoch(table, minibatch_size, num_rows, drop_last, op, window)
     win = _args.check_window(window, table.max_steps, op)
+    drop_last = bool(drop_last)
     generator = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(_seed_words(rng, op))
     status = table.row_status()
     length = status["length"]
@@ -421,8 +422,15 @@ def retire(table: Table, samples: Sample | Sequence[Sample]) -> int:
     still hold what was picked: `gear_jax.retire` outside jit. Returns the count of rows retired."""
     op = "gear_jax.host.retire"
     table = _args.check_table(table, op)
+    if isinstance(samples, Sample):
+        samples = [samples]
+    elif not isinstance(samples, (list, tuple)):
+        raise InvalidArgumentError(
+            f"{op}: samples must be a gear_jax.Sample or a list of them (an epoch), "
+            f"got {type(samples).__name__}"
+        )
     retired = 0
-    for s in [samples] if isinstance(samples, Sample) else list(samples):
+    for s in samples:
         b = _args.check_sample(s, op, table)
         retired += update_priorities(table, s, np.zeros(b, np.float32))
     return retired

@@ -932,11 +932,13 @@ def epoch(
 
     Returns:
       (ShardedSample, batch): [M, minibatch_size] picks with global row ids (`selectable`: the global
-      count of selectable rows, replicated) and [M, minibatch_size, ...] per field plus `valid`.
+      count N of selectable rows, replicated, as `sample` gives it) and [M, minibatch_size, ...] per
+      field plus `valid`.
     """
     from gear_jax import epochs
 
     st = _check(table, "sharded.epoch")
+    _args.seed_words(key, "sharded.epoch")  # a bad key refused by name
     me = lax.axis_index(st.axis)
     shard_key = jax.random.fold_in(key, me)
     picks = st._on_my_shard(
@@ -946,7 +948,7 @@ def epoch(
     batch = st._on_my_shard(lambda t: ops.gather(t, flat, fields))
     shape = picks.indices.shape
     batch = {name: v.reshape(*shape, *v.shape[1:]) for name, v in batch.items()}
-    count = jnp.sum((picks.generations & 1) == 0).astype(jnp.int32)
+    _, count = st._on_my_shard(lambda t: ops.total_weight(t, 0.0, after=after))
     result = ShardedSample(
         me * st.capacity + picks.indices,
         picks.generations,
@@ -962,6 +964,10 @@ def retire(table: ShardedTable, sample: ShardedSample, after: Any = None) -> jax
     """Inside `jax.shard_map`: makes the rows of `sample` (any shape, e.g. an epoch's) unselectable,
     priority 0, where they still hold what was picked, on the shards that own them; returns the count
     this device's shard retired."""
+    if not isinstance(sample, ShardedSample):
+        raise InvalidArgumentError(
+            f"sharded.retire: sample must be a ShardedSample (an epoch's), got {type(sample).__name__}"
+        )
     flat = jax.tree_util.tree_map(jnp.ravel, sample)
     return update_priorities(table, flat, jnp.zeros(flat.indices.shape, jnp.float32), after=after)
 

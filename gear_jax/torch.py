@@ -513,7 +513,8 @@ class EpochSampler:
                 f"EpochSampler: `table` must be a gear_jax.Table, got {type(table).__name__}"
             )
         op = "EpochSampler"
-        mb, rows = epochs.check_epoch(table, minibatch_size, num_rows, drop_last, op)
+        mb, rows = epochs.check_epoch(table, minibatch_size, num_rows, drop_last, op, window)
+        drop_last = bool(drop_last)
         self._table = table
         self._options = {"minibatch_size": mb, "num_rows": rows, "drop_last": drop_last, "window": window}
         self._fields = fields

@@ -47,9 +47,12 @@ void PrefetchRest(const TableView& t, const GatherRequest& r, int64_t row, int64
   for (int32_t f = 0; f < r.num_fields; ++f) {
     const FieldView& field = t.fields[r.field_ids[f]];
     const int64_t bytes = std::min<int64_t>(r.window * field.step_bytes, kPrefetchBytes);
-    if (bytes <= 64) continue;  // one line: nothing past the first, which PrefetchFirstLines fetches
+    // Padded rows: PrefetchFirstLines fetched the first line (a one-line field needs nothing more).
+    // A ring's first line waits on the row's first step, fetched there, so it is fetched here.
+    const int64_t from = t.step_capacity > 0 ? 0 : 64;
+    if (bytes <= from) continue;
     const uint8_t* src = RowStart(t, field, row, start);
-    for (int64_t offset = 64; offset < bytes; offset += 64) __builtin_prefetch(src + offset);
+    for (int64_t offset = from; offset < bytes; offset += 64) __builtin_prefetch(src + offset);
   }
 }
 

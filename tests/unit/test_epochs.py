@@ -211,12 +211,12 @@ def held_row_of(table, row_id):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"minibatch_size": 0}, r"batch_size=0"),
+        ({"minibatch_size": 0}, r"minibatch_size=0 must be an int"),
         ({"minibatch_size": 4, "num_rows": 17}, r"num_rows=17 is more than the table's 16 rows"),
         ({"minibatch_size": 4, "num_rows": 0}, r"num_rows=0 must be an int >= 1"),
         ({"minibatch_size": 4, "drop_last": 1}, r"drop_last=1 must be True or False"),
         ({"minibatch_size": 8, "num_rows": 4}, r"minibatch_size=8 is more than num_rows=4"),
-        ({"minibatch_size": 4, "window": 9}, r"window"),
+        ({"minibatch_size": 4, "window": 9}, r"epoch: window=9"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(kwargs, message):
@@ -277,3 +277,16 @@ def test_both_shuffles_put_real_picks_first_in_a_uniform_order(shuffle):
     perms = {p: i for i, p in enumerate(itertools.permutations([0, 2, 3, 5]))}
     counts = np.bincount([perms[tuple(o)] for o in orders[:, :4].tolist()], minlength=24)
     assert stats.chisquare(counts).pvalue > P_THRESHOLD, counts
+
+
+def test_a_bad_key_or_sample_is_refused_by_name():
+    with make("transitions") as table:
+        with pytest.raises(gj.InvalidArgumentError, match="key must be a JAX PRNG key"):
+            gj.epoch(table, 0, 4)
+        for bad in (None, {"indices": np.zeros(2, np.int32)}):
+            with pytest.raises(gj.InvalidArgumentError, match="retire: sample must be a gear_jax.Sample"):
+                gj.retire(table, bad)
+            with pytest.raises(gj.InvalidArgumentError, match="samples must be a gear_jax.Sample or a list"):
+                gj.host.retire(table, bad)
+        # numpy's bools are bools
+        assert len(gj.host.epoch(table, np.random.default_rng(0), 4, drop_last=np.bool_(True))) == 4
