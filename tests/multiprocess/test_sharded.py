@@ -89,7 +89,7 @@ def test_the_exchange_gives_the_same_picks_and_rows_at_every_capacity(processes,
     check_exchange_runs(results, processes * devices, windows=False)
 
 
-@pytest.mark.parametrize("processes,devices", [(1, 4), (2, 2)])
+@pytest.mark.parametrize("processes,devices", [(2, 2)])
 def test_the_exchange_of_windows_gives_the_same_picks_and_steps_at_every_capacity(processes, devices):
     # As above, for windows of 2 steps of 4-step trajectory rows: the same picks, starts and steps.
     results = run_job("exchange_windows", processes, devices)
