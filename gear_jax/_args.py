@@ -41,14 +41,15 @@ def check_static(value: Any, name: str, op: str) -> None:
         raise traced_value_error(value, name, op)
 
 
-def check_batch_size(batch_size: Any, op: str) -> int:
-    check_static(batch_size, "batch_size", op)
+def check_batch_size(batch_size: Any, op: str, name: str = "batch_size") -> int:
+    """A count of picks (the argument `name` of `op`): a static int in [1, 2**31 - 1]."""
+    check_static(batch_size, name, op)
     if (
         isinstance(batch_size, bool)
         or not isinstance(batch_size, (int, np.integer))
         or not 1 <= batch_size <= MAX_BATCH_SIZE
     ):
-        raise InvalidArgumentError(f"{op}: batch_size={batch_size!r} must be an int in [1, 2**31 - 1]")
+        raise InvalidArgumentError(f"{op}: {name}={batch_size!r} must be an int in [1, 2**31 - 1]")
     return int(batch_size)
 
 

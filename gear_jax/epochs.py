@@ -60,16 +60,7 @@ def check_epoch(
 ) -> tuple[int, int]:
     """The checked (minibatch_size, num_rows) of an epoch (and its window): num_rows defaults to the
     table's capacity."""
-    _args.check_static(minibatch_size, "minibatch_size", op)
-    if (
-        isinstance(minibatch_size, bool)
-        or not isinstance(minibatch_size, (int, np.integer))
-        or not 1 <= minibatch_size <= _args.MAX_BATCH_SIZE
-    ):
-        raise InvalidArgumentError(
-            f"{op}: minibatch_size={minibatch_size!r} must be an int in [1, 2**31 - 1]"
-        )
-    mb = int(minibatch_size)
+    mb = _args.check_batch_size(minibatch_size, op, "minibatch_size")
     _args.check_window(window, table.max_steps, op)
     if num_rows is None:
         num_rows = table.capacity
