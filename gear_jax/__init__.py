@@ -44,6 +44,7 @@ from gear_jax.spec import SUPPORTED_DTYPES, Field, TableSpec
 from gear_jax.table import Table
 from gear_jax.writers import EpisodeWriter
 from gear_jax.epochs import epoch, retire
+from gear_jax.queues import consume, dequeue
 from gear_jax.sharded import ShardedSample, ShardedTable
 from gear_jax import casting, host, sharded, transitions
 
@@ -104,6 +105,8 @@ __all__ = [
     "casting",
     "clear_pool",
     "configure_pool",
+    "consume",
+    "dequeue",
     "epoch",
     "gather",
     "host",

@@ -400,7 +400,9 @@ def _write_row_columns(
     and the manifest's entries about the rows."""
     spec = table.spec
     columns = _columns_for(spec)
-    checksums, saved_empty, states_summary = _stream_rows(native, spec, columns, _table_views(table), fds)
+    checksums, saved_empty, states_summary = _stream_rows(
+        native, spec, columns, _table_views(table), fds, table.times_sampled_counts
+    )
     next_seq, commit_seq = native.cursors()  # after the last row: no saved row is newer
     return (
         columns,
@@ -441,6 +443,7 @@ def _stream_rows(
     columns: list[_Column],
     views: dict[str, np.ndarray],
     fds: dict[str, int],
+    times_sampled_counts: Any,
 ) -> tuple[dict[str, int], int, tuple[int, int]]:
     """Copies the rows chunk by chunk (a seqlock read: states, fields and status, states again, then
     re-copies of rows that changed), and writes each chunk on a second thread while the next is copied.
@@ -469,6 +472,8 @@ def _stream_rows(
                 pending[slot].result()  # this buffer's previous chunk is written
             chunk = buffers[slot]
             empty = _copy_consistent_rows(native, views, chunk.arrays, start, stop)
+            counts = chunk.arrays["times_sampled"][: stop - start]
+            counts[:] = times_sampled_counts(counts)  # a checkpoint keeps counts, not tags
             states = chunk.arrays["state"][: stop - start]
             saved_empty += empty
             committed = (state_generation(states) & np.uint64(1)) == 0
@@ -546,6 +551,7 @@ def _write_ring_columns(
     in a ring of step_capacity."""
     spec = table.spec
     snapshot, unsettled = _snapshot_status(native, spec.capacity, dict(table.status_columns))
+    snapshot["times_sampled"] = table.times_sampled_counts(snapshot["times_sampled"])
     states = snapshot["state"]
     candidates = np.flatnonzero(((state_generation(states) & np.uint64(1)) == 0) & (snapshot["length"] > 0))
     candidates = candidates[np.argsort(snapshot["insert_seq"][candidates], kind="stable")]  # insert order

@@ -403,6 +403,11 @@ def insert(
         errors surface at the next call on the table, and the call's row ids are -1.
     """
     table = _args.check_table(table, "insert")
+    if table.queue:
+        raise InvalidArgumentError(
+            f"insert: table {table.name!r} is a queue, whose inserts wait while it is full, which a call "
+            "inside XLA cannot; insert from the host (table.insert, table.add or an EpisodeWriter)"
+        )
     time_major = check_flag(time_major, "time_major", "insert")
     arrays, b, steps = _rows.Batches(table.spec).traced(batch, table.casting, time_major, "insert")
     if isinstance(priorities, str):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 import secrets
+import time
 import types
 import weakref
 from collections.abc import Mapping
@@ -19,6 +21,7 @@ from gear_jax.casting import StepConverter, check_casting, to_numpy
 from gear_jax.errors import (
     GearJaxError,
     InvalidArgumentError,
+    RateLimiterTimeout,
     SpecError,
     TableClosedError,
     TableMismatchError,
@@ -105,6 +108,11 @@ class Table:
                 limiter["error_buffer"] if limiter["samples_per_insert"] else None,
             )
         )
+        rules = native.sampling_rules()
+        self._max_times_sampled: int | None = int(rules["max_times_sampled"]) or None
+        self._queue = bool(rules["queue"])
+        if self._queue:
+            self._rate_limiter = None  # the queue's own (inserts less consumed rows within the capacity)
         memory = np.frombuffer(native.mapping(), dtype=np.uint8)  # views keep the mapping alive
         layout = native.layout()
         capacity, steps = spec.capacity, spec.max_steps
@@ -142,6 +150,8 @@ class Table:
         casting: str = "fit",
         outlive_creator: bool = False,
         rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int | None = None,
+        queue: bool = False,
     ) -> Table:
         """Creates a table in shared memory (mode 0600).
 
@@ -168,10 +178,21 @@ class Table:
           rate_limiter: a `gear_jax.RateLimiter` pacing inserts against samples, kept in the table's
             shared header for every process that attaches (`gear_jax.rate_limiter`); None: no limiter
             (nothing waits, nothing is counted).
+          max_times_sampled: retire each row's contents after this many samples (1 to 65535; None: no
+            limit), as Reverb's `max_times_sampled`: the sample that takes the last one sets the row's
+            priority to 0 (unselectable, its slot reusable), and `update_priorities` never makes it
+            selectable again. Counted exactly across processes: a pick of a row with no sample left (taken
+            by another learner, or earlier in the same batch) fails, and `gather` returns it
+            `valid=False`. See `gear_jax.queues`.
+          queue: make the table a queue (`gear_jax.queues`): writers never overwrite a row no consumer
+            has taken, so `insert`, `add` and `EpisodeWriter` wait (up to their `timeout`) while the
+            queue is full, and learners consume rows with `gj.dequeue` inside jit, each row exactly once
+            in commit order. A queue takes no `rate_limiter` (it has its own) and is not a step ring.
 
         Raises:
           InvalidArgumentError: `name` is malformed or already in use; `rate_limiter` is not a
-            `RateLimiter`, or asks for more rows before sampling than the table holds.
+            `RateLimiter`, or asks for more rows before sampling than the table holds;
+            `max_times_sampled` or `queue` out of range or combined with what they exclude.
           OutOfSpaceError: /dev/shm cannot hold the table (also a RuntimeError).
         """
         if not isinstance(spec, TableSpec):
@@ -189,6 +210,7 @@ class Table:
                     f"more than the table's capacity={spec.capacity}, so samples would wait for good; lower "
                     "it or raise the capacity"
                 )
+        limit = _check_sampling_rules(spec, rate_limiter, max_times_sampled, queue, "Table.create")
         if name is None:
             name = f"gear_jax_{secrets.token_hex(16)}"
         _check_name(name, "Table.create", creating=True)
@@ -206,6 +228,8 @@ class Table:
                 outlive_creator=check_flag(outlive_creator, "outlive_creator", "Table.create"),
                 rate_limiter=None if rate_limiter is None else rate_limiter.native_settings(),
                 step_capacity=spec.step_capacity or 0,
+                max_times_sampled=limit,
+                queue=bool(queue),
             )
         except GearJaxError:  # raised as gear_jax's own by the native module (xla_ffi/module.cc)
             raise
@@ -415,6 +439,21 @@ class Table:
         that attaches), or None for a table without one."""
         return self._rate_limiter
 
+    @property
+    def max_times_sampled(self) -> int | None:
+        """Samples after which a row's contents are retired (`Table.create`), None for no limit."""
+        return self._max_times_sampled
+
+    @property
+    def queue(self) -> bool:
+        """Whether the table is a queue (`Table.create(..., queue=True)`, `gear_jax.queues`)."""
+        return self._queue
+
+    @property
+    def unconsumed(self) -> int:
+        """Rows a sample may select now: in a queue, the rows no consumer has taken yet."""
+        return int(self._live().selectable)
+
     def rate_limiter_counts(self) -> RateLimiterCounts:
         """The limiter's shared counts now: inserts and samples admitted since the table was made, the
         table's size, and `diff = inserts * samples_per_insert - samples` (None without a ratio). A table
@@ -427,8 +466,11 @@ class Table:
 
     def can_sample(self, n: int) -> bool:
         """Whether `await_samples(n)` would return at once (nothing is counted). Without a limiter: whether
-        the table holds a row."""
-        return bool(self._live().can_sample(check_count(n, "Table.can_sample")))
+        the table holds a row. A queue: whether it holds `n` unconsumed rows."""
+        n = check_count(n, "Table.can_sample")
+        if self._queue:
+            return self.unconsumed >= n
+        return bool(self._live().can_sample(n))
 
     def await_samples(self, n: int, timeout: float | None = None) -> None:
         """The learner's side of the rate limiter: waits until `n` samples may proceed, then counts them.
@@ -436,7 +478,9 @@ class Table:
         Call it on the host with the batch size before each jitted step that samples (`gj.sample` inside
         jit neither waits nor counts: a step never blocks inside XLA). The wait releases the GIL and polls
         the shared counts (50 us, backing off to 1 ms). Without a limiter it waits only for a first row
-        and counts nothing.
+        and counts nothing. A queue's consumer waits until the queue holds `n` unconsumed rows (nothing
+        is counted: `gj.dequeue` counts the rows it consumes); with several consumers another may take
+        them first, and the dequeue then returns some picks `valid=False`.
 
         Args:
           n: samples the next step takes (>= 1).
@@ -449,7 +493,10 @@ class Table:
         """
         native = self._live()
         n = check_count(n, "Table.await_samples")
-        native.await_samples(n, check_timeout(timeout, "Table.await_samples"))
+        timeout = check_timeout(timeout, "Table.await_samples")
+        if self._queue:
+            return _await_unconsumed(self, n, timeout)
+        native.await_samples(n, timeout)
 
     @property
     def nbytes(self) -> int:
@@ -474,9 +521,14 @@ class Table:
             "priority": state_priority(state),
             "length": self._length.copy(),
             "insert_seq": self._insert_seq.copy(),
-            "times_sampled": self._times_sampled.copy(),
+            "times_sampled": self.times_sampled_counts(self._times_sampled.copy()),
             **ring,
         }
+
+    def times_sampled_counts(self, words: np.ndarray) -> np.ndarray:
+        """The counts of samples in `words` of the `times_sampled` column: the words themselves, or in a
+        table with `max_times_sampled` their low 16 bits (the high 16 tag the contents' generation)."""
+        return words & np.uint32(0xFFFF) if self._max_times_sampled else words
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -782,3 +834,60 @@ def _stored_spec(name: str, native: Any) -> TableSpec:
 # function as an ordinary argument (not only captured or marked static). Tables equal in (handle, spec
 # hash) share compiled functions, as they do as static arguments.
 jax.tree_util.register_pytree_node(Table, lambda table: ((), table), lambda table, _: table)
+
+
+def _check_sampling_rules(
+    spec: TableSpec, rate_limiter: Any, max_times_sampled: Any, queue: Any, op: str
+) -> int:
+    """Checks `Table.create`'s max_times_sampled and queue; returns the limit for the header (0: none)."""
+    queue = check_flag(queue, "queue", op)
+    limit = 0
+    if max_times_sampled is not None:
+        if (
+            isinstance(max_times_sampled, bool)
+            or not isinstance(max_times_sampled, numbers.Integral)
+            or not 1 <= max_times_sampled <= 0xFFFF
+        ):
+            raise InvalidArgumentError(
+                f"{op}: max_times_sampled={max_times_sampled!r} must be an integer from 1 to 65535 (samples "
+                "after which a row is retired), or None for no limit"
+            )
+        limit = int(max_times_sampled)
+    if queue:
+        if rate_limiter is not None:
+            raise InvalidArgumentError(
+                f"{op}: a queue paces its writers itself (inserts wait while it is full); pass "
+                "rate_limiter=None with queue=True"
+            )
+        if spec.step_ring:
+            raise InvalidArgumentError(
+                f"{op}: queue=True takes a table of padded rows (transitions or trajectories); a step ring "
+                "retires episodes by step room, which a queue cannot"
+            )
+        if limit:
+            raise InvalidArgumentError(
+                f"{op}: a queue consumes each row once (gj.dequeue); max_times_sampled={limit} does not "
+                "apply: leave it None"
+            )
+        if spec.capacity < 2:
+            raise InvalidArgumentError(f"{op}: a queue needs capacity >= 2, got {spec.capacity}")
+    return limit
+
+
+def _await_unconsumed(table: Table, n: int, timeout: float | None) -> None:
+    """A queue consumer's wait for `n` unconsumed rows: polls, sleeping 50 us and backing off to 1 ms."""
+    if n > table.capacity:
+        raise InvalidArgumentError(
+            f"Table.await_samples: n={n} is more than the queue's capacity={table.capacity}; it would wait "
+            "for good"
+        )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 5e-5
+    while table.unconsumed < n:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise RateLimiterTimeout(
+                f"Table.await_samples: the queue {table.name!r} held {table.unconsumed} unconsumed rows, "
+                f"fewer than n={n}, for {timeout} s"
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)

@@ -59,7 +59,8 @@ class EpisodeWriter:
         self._packer: Any = None  # a RowWriter, made on the first append
         # The row held, in a cell the finalizer shares: a writer dropped without close() (an
         # exception, say) still gives its row back instead of holding it for the process's lifetime.
-        self._held: list[int | None] = [None]
+        # The second entry: whether a queue admitted the row's insert (given back if it is abandoned).
+        self._held: list[Any] = [None, False]
         self._finalizer = weakref.finalize(self, _abandon_held, table.native, self._held)
         self._convert = StepConverter(table.spec.fields)
 
@@ -122,7 +123,7 @@ class EpisodeWriter:
                 self._packer = row_writer(native, spec)
             if self._packer.pack(step, table.casting == "strict"):
                 if self._row is None:
-                    self._row = int(native.claim())
+                    self._claim(native)
                 self._packer.write_packed(self._row, self._steps)
                 self._steps += 1
                 return
@@ -139,13 +140,27 @@ class EpisodeWriter:
             if type(step) is dict:
                 self._convert.warn_general_path(step, table.casting, "step")
         if self._row is None:
-            self._row = int(native.claim())
+            self._claim(native)
         for name, value in values.items():
             if device and _rows.is_device_tensor(value):
                 copy_step(table, name, self._row, self._steps, value)
             else:
                 table.columns[name][self._row, self._steps] = value
         self._steps += 1
+
+    def _claim(self, native: Any) -> None:
+        """Claims the row the episode goes to. A queue admits the episode first (waiting while the queue
+        is full): a writer never holds a row the queue has no room for."""
+        if not self._table.queue:
+            self._row = int(native.claim())
+            return
+        native.reserve_inserts(1, None)
+        try:
+            self._row = int(native.claim())
+        except BaseException:
+            native.return_inserts(1)
+            raise
+        self._held[1] = True
 
     def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
         """Publishes the episode; returns its row id.
@@ -183,13 +198,17 @@ class EpisodeWriter:
         try:
             # Waits for the limiter first, holding the row: a timeout, a close or an interrupt meanwhile
             # leaves the row held and the episode kept.
-            native.commit(row, steps, p, timeout)
+            native.commit(row, steps, p, timeout, self._held[1])  # a queue's: admitted at the claim
         except TableClosedError:
             raise
         except RuntimeError:  # the row was taken over (reclaimed as a dead writer's): held no more
+            if self._held[1]:  # a queue's admission of an episode never published
+                native.return_inserts(1)
+                self._held[1] = False
             self._row, self._steps = None, 0
             raise
         self._row, self._steps = None, 0
+        self._held[1] = False
         return row
 
     def close(self) -> None:
@@ -240,8 +259,12 @@ class AdmittedInserts:
             self._native.return_inserts(self._left)
 
 
-def _abandon_held(native: Any, held: list[int | None]) -> None:
-    """Gives back the row in `held`, if any (a writer's close and finalizer)."""
+def _abandon_held(native: Any, held: list[Any]) -> None:
+    """Gives back the row in `held`, if any, and a queue's admission of it (a writer's close and
+    finalizer)."""
     row, held[0] = held[0], None
+    admitted, held[1] = held[1], False
     if row is not None:
         native.abandon(row)
+    if admitted and not native.closed:
+        native.return_inserts(1)

@@ -87,4 +87,44 @@ inline void RaiseLongest(const TableView& t, int32_t length) {
   }
 }
 
+// Limited tables (TableView::max_times_sampled): takes the priority of `row`'s contents of `generation`
+// to 0 (unselectable; a writer may reuse the slot) unless it changed generation or is 0 already, and
+// counts the row out of `selectable`.
+inline void RetireRow(const TableView& t, int64_t row, uint32_t generation) {
+  uint64_t current = LoadAcquire(&t.state[row]);
+  while (StateGeneration(current) == generation && StatePriority(current) > 0.0f) {
+    if (CompareExchange(&t.state[row], &current, MakeState(generation, 0.0f))) {
+      FetchAdd<int64_t>(t.selectable, -1);
+      NoteRowChanged(t, row);
+      return;
+    }
+  }
+}
+
+// Counts one sample of `row`, picked with `generation`, in times_sampled. In a limited table the count
+// is a reservation, taken only while the contents of that generation have samples left (one
+// compare-and-swap of the tagged word: exact however many processes sample at once): false means the
+// pick must fail. The sample that takes the last one retires the row (RetireRow).
+inline bool TakeSample(const TableView& t, int64_t row, uint32_t generation) {
+  uint32_t* word = &t.times_sampled[row];
+  if (t.max_times_sampled == 0) {
+    FetchAdd<uint32_t>(word, 1u);
+    return true;
+  }
+  uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+  do {
+    if (!SampleBudgetOf(seen, generation) || SampleBudgetCount(seen) >= t.max_times_sampled) return false;
+  } while (!__atomic_compare_exchange_n(word, &seen, seen + 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+  if (SampleBudgetCount(seen) + 1 == t.max_times_sampled) RetireRow(t, row, generation);
+  return true;
+}
+
+// Whether a limited table's `row`, sampled with `generation`, has used up its samples (a priority update
+// must not make it selectable again). Read after the row's state.
+inline bool SamplesUsedUp(const TableView& t, int64_t row, uint32_t generation) {
+  if (t.max_times_sampled == 0) return false;
+  const uint32_t seen = __atomic_load_n(&t.times_sampled[row], __ATOMIC_ACQUIRE);
+  return SampleBudgetOf(seen, generation) && SampleBudgetCount(seen) >= t.max_times_sampled;
+}
+
 }  // namespace gear

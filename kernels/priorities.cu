@@ -4,6 +4,7 @@
 #include <cub/util_type.cuh>
 
 #include "atomics.cuh"
+#include "sample_budget.cuh"
 #include "scratch.cuh"
 
 namespace gear {
@@ -42,6 +43,8 @@ __device__ bool SetPriority(const TableView& t, int64_t row, uint32_t generation
   while (StateGeneration(current) == generation && (generation & 1u) == 0 && generation != 0) {
     // Never makes a row of a length out of range selectable (priorities.cc).
     if (priority > 0.0f && !LengthInRange(device::LoadRelaxed(&t.length[row]), t.max_steps)) return false;
+    // Nor a limited table's row whose samples are used up (priorities.cc).
+    if (priority > 0.0f && device::SamplesUsedUp(t, row, generation)) return false;
     const float old_priority = StatePriority(current);
     if (device::CompareExchange(word, &current, MakeState(generation, priority),
                                 t.read_modify_write_atomics)) {

@@ -268,7 +268,8 @@ void RecordPick(const TableView& t, int32_t window, uint32_t seed0, uint32_t see
   if (out.lengths != nullptr) out.lengths[pick] = LoadRelaxed(&t.length[row]);
 }
 
-// times_sampled of every picked row (not the failed picks: odd generation), after the picks. An atomic
+// times_sampled of every picked row (not the failed picks: odd generation), after the picks (TakeSample:
+// a limited table's pick of a row with no sample left fails). An atomic
 // add is a full barrier on x86 that waits for its cache line: one per pick inside the walks serializes
 // the picks' misses (measured: 1e7 rows, 1,024 picks, 1.5 ms with, 0.42 ms without). Plain loads of the
 // lines first, whose misses overlap, then the adds on lines in cache.
@@ -277,7 +278,9 @@ void CountSamples(const TableView& t, SampleResult out, int64_t begin, int64_t e
   for (int64_t i = begin; i < end; ++i) touched += LoadRelaxed(&t.times_sampled[out.indices[i]]);
   asm volatile("" : : "r"(touched));
   for (int64_t i = begin; i < end; ++i) {
-    if ((out.generations[i] & 1u) == 0) FetchAdd<uint32_t>(&t.times_sampled[out.indices[i]], 1u);
+    if ((out.generations[i] & 1u) == 0 && !TakeSample(t, out.indices[i], out.generations[i])) {
+      RecordFailed(out, i);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include "atomics.cuh"
 #include "philox.h"
+#include "sample_budget.cuh"
 #include "selection.h"
 
 namespace gear {
@@ -25,6 +26,10 @@ __device__ bool StillAsSeen(const TableView& t, const PriorityTreeView& tree, in
 
 __device__ void RecordPick(const TableView& t, int32_t window, uint32_t seed0, uint32_t seed1,
                            SampleResult out, int64_t pick, int64_t row, uint64_t state, float probability) {
+  if (!device::TakeSample(t, row, StateGeneration(state))) {  // a limited table's row used up meanwhile
+    RecordFailed(out, pick);
+    return;
+  }
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = StateGeneration(state);
   out.probabilities[pick] = probability;
@@ -32,8 +37,6 @@ __device__ void RecordPick(const TableView& t, int32_t window, uint32_t seed0, u
   const int32_t length = read_length ? device::LoadRelaxed(&t.length[row]) : 0;  // one round trip
   out.starts[pick] = window > 0 ? WindowStart(length, window, seed0, seed1, static_cast<uint32_t>(pick)) : 0;
   if (out.lengths != nullptr) out.lengths[pick] = length;
-  device::AddToCount<uint32_t>(&t.times_sampled[row], 1u,
-                               t.read_modify_write_atomics);  // a count (sample.cu)
 }
 
 __global__ void SampleIndexedKernel(TableView t, PriorityTreeView tree, SampleRequest r, const uint32_t* seed,

@@ -16,9 +16,14 @@ namespace {
 
 KernelStatus Empty() { return KernelError(ErrorSite::kSampleEmpty); }
 
-// `start`: the window's start where the caller drew it (uniform picks), -1 to draw it here.
-void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
+// `start`: the window's start where the caller drew it (uniform picks), -1 to draw it here. False, with
+// the pick failed, when a limited table's row has no sample left for the generation picked (TakeSample).
+bool Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick, int64_t row,
             uint64_t state, float probability, int32_t start = -1) {
+  if (!TakeSample(t, row, StateGeneration(state))) {
+    RecordFailed(out, pick);
+    return false;
+  }
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = StateGeneration(state);
   out.probabilities[pick] = probability;
@@ -29,7 +34,7 @@ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_
   }
   out.starts[pick] = start;
   if (out.lengths != nullptr) out.lengths[pick] = LoadRelaxed(&t.length[row]);
-  FetchAdd<uint32_t>(&t.times_sampled[row], 1u);
+  return true;
 }
 
 // Whether a row is long enough for the request (skip_short: at least its window).
@@ -95,16 +100,15 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
         const uint64_t s = LoadAcquire(&t.state[c]);
         if (!StateSelectable(s) || !LengthUsable(t, c)) continue;
         if (!windowed) {
-          Record(t, r, out, i, c, s, 0.0f);
-          break;
+          if (Record(t, r, out, i, c, s, 0.0f)) break;
+          continue;
         }
         if (by_length && s != tree->seen[c]) continue;  // changed since the index weighed it
         const int32_t length = LoadRelaxed(&t.length[c]);
         int32_t start = 0;
         if (KeepWindow(length, r.window, r.skip_short, r.uniform_starts, by_length ? length : longest,
                        r.seed0, r.seed1, static_cast<uint32_t>(i), static_cast<uint32_t>(attempt), &start)) {
-          Record(t, r, out, i, c, s, 0.0f, start);
-          break;
+          if (Record(t, r, out, i, c, s, 0.0f, start)) break;
         }
       }
     }
@@ -136,7 +140,17 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
       }
       scanned = true;
     }
-    if (selectable.empty()) return Empty();
+    if (selectable.empty()) {
+      // A limited table's earlier picks of this batch may have used its rows up: the rest fail. With
+      // no pick made at all, the table had nothing to sample.
+      bool some_made = false;
+      for (int64_t j = 0; j < r.batch_size && t.max_times_sampled > 0 && !some_made; ++j) {
+        some_made = out.indices[j] >= 0 && (out.generations[j] & 1u) == 0;
+      }
+      if (!some_made) return Empty();
+      RecordFailed(out, i);
+      continue;
+    }
     double u = UniformDouble(r.seed0, r.seed1, static_cast<uint32_t>(i), 0, Draw::kFallback);
     const int64_t rank = std::min(static_cast<int64_t>(u * static_cast<double>(total)), total - 1);
     // The last row whose weights begin at or before the rank.
@@ -166,7 +180,9 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
   // The best batch_size candidates in O(rows) time and O(batch_size) memory: collect up to 4 x
   // batch_size, then keep the best batch_size; the worst kept one becomes a threshold that most later
   // rows fail with a single comparison.
-  const size_t keep = static_cast<size_t>(r.batch_size);
+  // A limited table keeps twice the batch: a candidate another learner took the last sample of meanwhile
+  // gives its place to the next one.
+  const size_t keep = static_cast<size_t>(r.batch_size) * (t.max_times_sampled > 0 ? 2 : 1);
   std::vector<Candidate> best;
   best.reserve(4 * keep);
   Candidate threshold{};
@@ -200,14 +216,15 @@ KernelStatus SampleOrdered(const TableView& t, const SampleRequest& r, SampleRes
   }
   if (best.size() > keep) prune();
   std::sort(best.begin(), best.end(), better);
+  size_t next = 0;  // the best candidate not tried yet
   for (int64_t i = 0; i < r.batch_size; ++i) {
-    const bool found = i < static_cast<int64_t>(best.size());
-    if (found) {
-      Record(t, r, out, i, best[i].row, best[i].state, 1.0f);
-    } else {
-      RecordFailed(out, i);
+    uint64_t key = kNoCandidate;
+    while (next < best.size() && key == kNoCandidate) {
+      const Candidate& c = best[next++];
+      if (Record(t, r, out, i, c.row, c.state, 1.0f)) key = c.key;
     }
-    if (out.order_keys != nullptr) out.order_keys[i] = found ? best[i].key : kNoCandidate;
+    if (key == kNoCandidate) RecordFailed(out, i);
+    if (out.order_keys != nullptr) out.order_keys[i] = key;
   }
   return {};
 }

@@ -16,6 +16,7 @@
 #include "claimed_rows.cuh"
 #include "philox.h"
 #include "priority_index.h"
+#include "sample_budget.cuh"
 #include "scratch.cuh"
 #include "selection.h"
 
@@ -51,9 +52,14 @@ constexpr int32_t kReadLength = INT32_MIN;
 // `start`: the window's start where the caller drew it (uniform picks), -1 to draw it here (sample.cc).
 // `length`: the row's length as the caller read it after the state it picked the row by (each read of
 // table memory is a round trip over PCIe), or kReadLength.
-__device__ void Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick,
+// A limited table's pick of a row with no sample left fails (device::TakeSample): false.
+__device__ bool Record(const TableView& t, const SampleRequest& r, SampleResult out, int64_t pick,
                        int64_t row, uint32_t generation, float probability, int32_t start = -1,
                        int32_t length = kReadLength) {
+  if (!device::TakeSample(t, row, generation)) {
+    RecordFailed(out, pick);
+    return false;
+  }
   out.indices[pick] = static_cast<int32_t>(row);
   out.generations[pick] = generation;
   out.probabilities[pick] = probability;
@@ -65,9 +71,7 @@ __device__ void Record(const TableView& t, const SampleRequest& r, SampleResult 
   }
   out.starts[pick] = start;
   if (out.lengths != nullptr) out.lengths[pick] = length;
-  // A count, not part of the consistency model: without system-scope atomics an increment that races
-  // with the CPU's or another GPU's can be lost.
-  device::AddToCount<uint32_t>(&t.times_sampled[row], 1u, t.read_modify_write_atomics);
+  return true;
 }
 
 // ---- uniform ---------------------------------------------------------------------------------------

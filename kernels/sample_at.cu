@@ -7,6 +7,7 @@
 
 #include "atomics.cuh"
 #include "claimed_rows.cuh"
+#include "sample_budget.cuh"
 #include "scratch.cuh"
 #include "selection.h"
 
@@ -197,14 +198,19 @@ __global__ void __launch_bounds__(SampleAtPolicy::kPickWarps * 32)
     out.starts[pick] = 0;
     return;
   }
+  if (!device::TakeSample(t, found.row, StateGeneration(found.state))) {  // a limited row used up meanwhile
+    out.indices[pick] = 0;
+    out.generations[pick] = 1;
+    out.probabilities[pick] = 0.0f;
+    out.starts[pick] = 0;
+    return;
+  }
   out.indices[pick] = static_cast<int32_t>(found.row);
   out.generations[pick] = StateGeneration(found.state);
   out.probabilities[pick] = static_cast<float>(found.weight / total);
   out.starts[pick] = r.window > 0 ? WindowStart(device::LoadRelaxed(&t.length[found.row]), r.window, seed[0],
                                                 seed[1], static_cast<uint32_t>(pick))
                                   : 0;
-  // A count, not part of the consistency model (see sample.cu).
-  device::AddToCount<uint32_t>(&t.times_sampled[found.row], 1u, t.read_modify_write_atomics);
 }
 
 // `rows` is the capacity (claimed_rows.cuh): tiles past the claimed rows sum to 0.

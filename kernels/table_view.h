@@ -48,6 +48,9 @@ struct TableView {
   const uint64_t* next_seq = nullptr;     // allocation cursor: rows [0, min(next_seq, capacity)) were claimed
   int64_t* selectable = nullptr;          // count of rows with an even generation and priority > 0
   uint32_t* max_priority_bits = nullptr;  // the largest priority so far (float32 bits; only raised)
+  // Tables created with max_times_sampled (0: no limit): a row's contents are retired (priority 0, the
+  // slot reusable) by the sample that uses up its last one, and times_sampled holds a SampleBudgetWord.
+  uint32_t max_times_sampled = 0;
   // Whether a kernel may use read-modify-write atomics on this memory: true on the host (CPU atomics) and
   // on a device with native host atomics; false for pinned host memory over PCIe, where a GPU atomic is
   // not atomic against the CPU's and compute-sanitizer reports it as an invalid system-scoped atomic.
@@ -118,6 +121,21 @@ GEAR_HD uint64_t MakeState(uint32_t generation, float priority) {
 
 GEAR_HD bool StateSelectable(uint64_t state) {
   return (StateGeneration(state) & 1u) == 0 && StatePriority(state) > 0.0f;
+}
+
+// A limited table's times_sampled word (max_times_sampled > 0): the samples taken of a row's current
+// contents in the low 16 bits, tagged in the high 16 with the contents' generation, so that a sampler
+// that picked the row before a writer took it over can never count against the new contents (its
+// compare-and-swap expects the old tag). The writer of a row stores the word of the generation it will
+// publish, with a count of 0, while the row is odd (xla_ffi/row_protocol.cc).
+inline constexpr uint32_t kMaxTimesSampledLimit = 0xFFFFu;
+GEAR_HD uint32_t SampleBudgetWord(uint32_t generation, uint32_t count) {
+  return (((generation >> 1) & 0xFFFFu) << 16) | count;
+}
+GEAR_HD uint32_t SampleBudgetCount(uint32_t word) { return word & 0xFFFFu; }
+// Whether `word` counts the samples of the contents of `generation`.
+GEAR_HD bool SampleBudgetOf(uint32_t word, uint32_t generation) {
+  return (word & 0xFFFF0000u) == (SampleBudgetWord(generation, 0) & 0xFFFF0000u);
 }
 
 // Whether a row's length is one a writer can publish: [1, max_steps]. The length column is data of the

@@ -13,4 +13,5 @@ XLA_FFI_Error* GearJaxOrderedCandidatesCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxSampleGatherCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxInsertCpu(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxShuffleCpu(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GearJaxConsumeCpu(XLA_FFI_CallFrame* call_frame);
 }

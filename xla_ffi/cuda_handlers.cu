@@ -158,6 +158,19 @@ ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* o
   return TakeEarlierError(out->side->error_host, device);
 }
 
+// Samples of a table with max_times_sampled retire rows by a compare-and-swap of their state words, which
+// is atomic against the writers' claims only with native host atomics (see "Where update_priorities
+// runs" above): without them such a sample is refused, naming the way that works.
+ffi::Error RefuseSampleBudgetWithoutHostAtomics(const CudaTable& t, int32_t device, const char* op) {
+  if (t.view.max_times_sampled == 0 || t.view.read_modify_write_atomics) return ffi::Error::Success();
+  return OpError(ffi::ErrorCode::kFailedPrecondition, op,
+                 "table '" + t.table->name() +
+                     "' has max_times_sampled=" + std::to_string(t.view.max_times_sampled) +
+                     ", whose samples retire rows by atomics that CUDA device " + std::to_string(device) +
+                     " cannot make on host memory (no native host atomics: a PCIe GPU); sample it on the CPU "
+                     "(jax.jit(..., device=jax.devices('cpu')[0]) or gear_jax.host)");
+}
+
 // Device scratch memory for this call (nullptr for 0 bytes), aligned to ScratchCarver::kAlign. XLA's
 // allocator refuses alignments above 16 bytes ("Unsupported alignment"), so the block is asked for with
 // none and kAlign bytes more, and its start is rounded up here.
@@ -237,6 +250,8 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
     return CudaFailure("sample", "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, "sample", &t); error.failure()) return error;
+  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, "sample"); error.failure())
+    return error;
   SampleRequest request;
   if (ffi::Error error = PrepareSample(seed.element_count(), method, priority_exponent, window,
                                        indices->element_count(), &request);
@@ -268,6 +283,7 @@ ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::Scrat
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, kOp); error.failure()) return error;
   SampleRequest request;
   if (ffi::Error error =
           PrepareOrderedCandidates(seed.element_count(), method, window, indices->element_count(),
@@ -326,6 +342,7 @@ ffi::Error SampleGatherImpl(cudaStream_t stream, int32_t device, ffi::ScratchAll
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, kOp); error.failure()) return error;
   SampleRequest request;
   if (ffi::Error error = PrepareSample(seed.element_count(), method, priority_exponent, window,
                                        indices->element_count(), &request);
@@ -754,6 +771,7 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, kOp); error.failure()) return error;
   SampleAtRequest request;
   if (ffi::Error error = PrepareSampleAt(seed.element_count(), targets.element_count(), priority_exponent,
                                          window, indices->element_count(), generations->element_count(),

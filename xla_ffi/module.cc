@@ -120,6 +120,15 @@ py::array_t<int32_t> Insert(OpenTable& self, const std::vector<py::array>& field
   return rows;
 }
 
+// The table's sampling rules (TableHeader::max_times_sampled, RateLimiterState::queue).
+py::dict SamplingRulesOf(OpenTable& self) {
+  const TableHeader* h = self.table().header();
+  py::dict out;
+  out["max_times_sampled"] = h->max_times_sampled;
+  out["queue"] = h->rate_limiter.queue != 0;
+  return out;
+}
+
 // The limiter's settings (None for a table without one).
 py::object RateLimiterSettings(OpenTable& self) {
   const RateLimiterState& s = self.table().rate_limiter().settings();
@@ -314,6 +323,7 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCpu);
     cpu["gear_jax_insert"] = gear::Capsule(GearJaxInsertCpu);
     cpu["gear_jax_shuffle"] = gear::Capsule(GearJaxShuffleCpu);  // CPU only: GPUs sort fast (epochs.py)
+    cpu["gear_jax_consume"] = gear::Capsule(GearJaxConsumeCpu);  // CPU only so far (gear_jax.queues)
     py::dict out;
     out["cpu"] = cpu;
 #if GEAR_JAX_WITH_CUDA
@@ -452,21 +462,24 @@ PYBIND11_MODULE(_native, m) {
           [](const std::string& name, int64_t capacity, int32_t max_steps,
              const std::vector<int64_t>& step_bytes, const std::string& spec_json, uint64_t spec_hash,
              bool pin, bool reuse, bool outlive_creator,
-             const std::optional<std::tuple<int64_t, double, double>>& rate_limiter, int64_t step_capacity) {
+             const std::optional<std::tuple<int64_t, double, double>>& rate_limiter, int64_t step_capacity,
+             uint32_t max_times_sampled, bool queue) {
             gear::RateLimiterState limiter{};  // disabled
             if (rate_limiter) {
               const auto& [min_size_to_sample, samples_per_insert, error_buffer] = *rate_limiter;
               limiter = gear::MakeRateLimiter(min_size_to_sample, samples_per_insert, error_buffer, capacity);
             }
             return gear::CreateTable(name, capacity, max_steps, step_bytes, spec_json, spec_hash, pin, reuse,
-                                     outlive_creator, limiter, step_capacity);
+                                     outlive_creator, limiter, step_capacity,
+                                     gear::SamplingRules{max_times_sampled, queue});
           },
           py::arg("name"), py::arg("capacity"), py::arg("max_steps"), py::arg("step_bytes"),
           py::arg("spec_json"), py::arg("spec_hash"), py::arg("pin"), py::arg("reuse"),
           py::arg("outlive_creator") = false, py::arg("rate_limiter") = py::none(),
-          py::arg("step_capacity") = 0,
+          py::arg("step_capacity") = 0, py::arg("max_times_sampled") = 0, py::arg("queue") = false,
           "rate_limiter: (min_size_to_sample, samples_per_insert or 0, error_buffer), or None for none; "
-          "step_capacity > 0: a step ring of that many steps (max_steps: the longest episode)")
+          "step_capacity > 0: a step ring of that many steps (max_steps: the longest episode); "
+          "max_times_sampled: 0 or the samples after which a row is retired; queue: a consuming queue")
       .def_static("attach", &gear::AttachTable, py::arg("name"), py::arg("pin"))
       .def(
           "mapping", [](OpenTable& self) { return TableMapping{self.ref()}; },
@@ -556,6 +569,7 @@ PYBIND11_MODULE(_native, m) {
           },
           py::arg("n"))
       .def("rate_limiter", &gear::RateLimiterSettings)
+      .def("sampling_rules", &gear::SamplingRulesOf)
       .def("rate_limiter_counts", &gear::RateLimiterCountsOf)
       .def("abandon", &OpenTable::Abandon, py::arg("row"))
       // gear_jax.host: the CPU kernels on numpy arrays, outside XLA (host_calls.h).

@@ -140,10 +140,25 @@ void OpenTable::AwaitAdmission(SharedTable& table, RateOp op, int64_t n, double 
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
                                        uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator,
-                                       const RateLimiterState& rate_limiter, int64_t step_capacity) {
+                                       const RateLimiterState& rate_limiter, int64_t step_capacity,
+                                       const SamplingRules& rules) {
   TablePlan plan = PlanTable(capacity, max_steps, step_bytes, spec_json, step_capacity);
   plan.layout.persistent = outlive_creator ? 1u : 0u;
   plan.layout.rate_limiter = rate_limiter;  // written with the header, before its magic (WriteHeader)
+  if (rules.max_times_sampled > kMaxTimesSampledLimit) {
+    throw std::invalid_argument("max_times_sampled=" + std::to_string(rules.max_times_sampled) +
+                                " is more than " + std::to_string(kMaxTimesSampledLimit));
+  }
+  plan.layout.max_times_sampled = rules.max_times_sampled;
+  if (rules.queue) {
+    if (rate_limiter.enabled != 0) throw std::invalid_argument("a queue takes no rate limiter of its own");
+    if (step_capacity > 0) throw std::invalid_argument("a step ring cannot be a queue");
+    if (capacity < 2) throw std::invalid_argument("a queue needs a capacity of at least 2 rows");
+    // Inserts wait while inserts - consumed rows would pass the capacity: one sample per insert, an
+    // offset of one row (min_size_to_sample) and a tolerance of capacity - 1 rows put max_diff at it.
+    plan.layout.rate_limiter = MakeRateLimiter(1, 1.0, static_cast<double>(capacity - 1), capacity);
+    plan.layout.rate_limiter.queue = 1;
+  }
   // First the tables whose processes are all gone (dead_tables.h; at most once a second).
   SweepDeadTables(/*force=*/false);
   DropParkedTables();  // lets the pool reuse memory they still held

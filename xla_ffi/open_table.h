@@ -68,12 +68,13 @@ class OpenTable {
 // (taking its handle too when the spec is the same), else in new shared memory; a full /dev/shm
 // empties the pool and retries. See SharedTable::Create for `pin`. Removes the tables of processes
 // that are all gone first (dead_tables.h); `outlive_creator` exempts this table from that.
-// `rate_limiter` (MakeRateLimiter; zero: none) goes into the header with the rest of it.
+// `rate_limiter` (MakeRateLimiter; zero: none) and `rules` go into the header with the rest of it; a
+// queue (rules.queue) takes the limiter that keeps inserts within its room (none other may be given).
 std::unique_ptr<OpenTable> CreateTable(const std::string& name, int64_t capacity, int32_t max_steps,
                                        const std::vector<int64_t>& step_bytes, const std::string& spec_json,
                                        uint64_t spec_hash, bool pin, bool reuse, bool outlive_creator,
                                        const RateLimiterState& rate_limiter = RateLimiterState{},
-                                       int64_t step_capacity = 0);
+                                       int64_t step_capacity = 0, const SamplingRules& rules = {});
 
 // Attaches to the table `name` created by another open (of any process on the host).
 std::unique_ptr<OpenTable> AttachTable(const std::string& name, bool pin);

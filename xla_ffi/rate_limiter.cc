@@ -115,6 +115,11 @@ bool RateLimiter::TryAdmit(RateOp op, int64_t n) {
 std::string RateLimiter::Refusal(RateOp op, int64_t n, const RateLimiterCounts& now) const {
   const double ratio = state_->samples_per_insert;
   if (!enabled() || ratio == 0) return {};
+  if (state_->queue != 0) {  // a queue holds at most max_diff (its capacity) rows not consumed
+    if (op != RateOp::kInsert || static_cast<double>(n) <= state_->max_diff) return {};
+    return "an insert of " + std::to_string(n) + " rows into the queue '" + *name_ + "' of capacity " +
+           Num(state_->max_diff) + " can never fit; insert at most that many rows at a time";
+  }
   const double tolerance = state_->max_diff - state_->min_diff;  // 2 x error_buffer
   const double need = op == RateOp::kInsert ? static_cast<double>(n) * ratio : static_cast<double>(n);
   if (need <= tolerance) return {};
@@ -152,7 +157,11 @@ std::string RateLimiter::TimeoutMessage(RateOp op, int64_t n, double timeout_s) 
         << ", min_diff=" << Num(state_->min_diff) << ", max_diff=" << Num(state_->max_diff);
   }
   out << "). ";
-  if (op == RateOp::kInsert) {
+  if (op == RateOp::kInsert && state_->queue != 0) {
+    out << "The queue is full (" << c.inserts - c.samples << " of its " << Num(state_->max_diff)
+        << " rows inserted and not consumed): consumers must dequeue first (gj.dequeue); start them or speed "
+           "them up, or pass a longer timeout";
+  } else if (op == RateOp::kInsert) {
     out << "It needs diff + " << n << " x " << Num(ratio)
         << " <= max_diff: the learner must sample more first "
         << "(it declares its samples with table.await_samples); start it or speed it up, or pass a longer "

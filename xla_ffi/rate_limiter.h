@@ -46,7 +46,9 @@ namespace gear {
 struct RateLimiterState {
   // Settings, written by the creator before the header's magic and never changed after.
   uint32_t enabled;  // 0: no limiter (inserts and samples never wait, nothing is counted)
-  uint32_t reserved;
+  // Nonzero: the limiter of a queue (Table.create(..., queue=True)), whose samples are the rows consumers
+  // took (ConsumePicks) and whose writers never take an unconsumed row (row_protocol.cc).
+  uint32_t queue;
   int64_t min_size_to_sample;  // samples wait until the table holds this many rows
   double samples_per_insert;   // 0: no ratio between samples and inserts
   double error_buffer;         // the tolerance around the ratio, in samples (0 without a ratio)

@@ -77,7 +77,13 @@ bool SharedTable::TryClaimRow(int64_t row, uint64_t* before, uint64_t* claimed, 
   if (!Cas(&owner[row], &previous, CurrentPid())) return false;  // another writer took it first
   uint64_t state = Load(&view_.state[row]);
   uint64_t next = 0;
-  do {  // fails only when a priority update lands in between
+  do {  // fails only when a priority update (or a queue's consumption) lands in between
+    // A queue's writer never takes an unconsumed row: the owner word goes back (the row is published,
+    // so 0 is its owner even where a dead writer's pid was left in it).
+    if (h->rate_limiter.queue != 0 && StateSelectable(state)) {
+      Store(&owner[row], 0);
+      return false;
+    }
     const uint32_t generation = StateGeneration(state);
     next = MakeState(generation + ((generation & 1u) ? 2u : 1u), 0.0f);
   } while (!Cas(&view_.state[row], &state, next));
@@ -118,6 +124,14 @@ int64_t SharedTable::ClaimRows(int64_t want, int32_t* rows, uint64_t* held, bool
   NoteRowsChanged(view_, rows, got);
   FenceRelease();  // the odd generations become visible before any data this writer stores
   for (int64_t i = 0; i < got; ++i) StoreRelaxed(&view_.length[rows[i]], 0);
+  // A limited table's count of samples starts at 0 for the generation the row will be published with
+  // (table_view.h, SampleBudgetWord): a sampler of the old contents can no longer take one.
+  if (view_.max_times_sampled > 0) {
+    for (int64_t i = 0; i < got; ++i) {
+      __atomic_store_n(&view_.times_sampled[rows[i]], SampleBudgetWord(StateGeneration(held[i]) + 1, 0),
+                       __ATOMIC_RELAXED);
+    }
+  }
   return got;
 }
 

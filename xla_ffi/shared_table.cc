@@ -50,6 +50,7 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   view_.next_seq = &h->next_seq;
   view_.selectable = &h->selectable;
   view_.max_priority_bits = &h->max_priority_bits;
+  view_.max_times_sampled = h->max_times_sampled;
   view_.step_capacity = h->step_capacity;
   if (h->step_capacity > 0) view_.first_step = reinterpret_cast<uint64_t*>(base_ + h->first_step_offset);
   view_.longest = &h->longest_episode;

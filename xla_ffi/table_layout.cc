@@ -186,6 +186,10 @@ std::string HeaderProblem(const TableHeader& h, uint64_t size) {
            " fields) has sizes out of range or columns outside the file";
   }
   if (std::string layout = LayoutProblem(h, size); !layout.empty()) return "has a damaged header: " + layout;
+  if (h.max_times_sampled > kMaxTimesSampledLimit) {
+    return "has a damaged header: max_times_sampled " + std::to_string(h.max_times_sampled) +
+           " is out of range";
+  }
   return {};
 }
 

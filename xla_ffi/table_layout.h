@@ -16,7 +16,8 @@ namespace gear {
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
 inline constexpr uint32_t kFormatVersion =
-    8;  // 7: step rings (step_capacity, first_step, the ring's cursors); 8: admitted_inserts
+    9;  // 7: step rings (step_capacity, first_step, the ring's cursors); 8: admitted_inserts; 9: the
+        // sampling rules (max_times_sampled, queue)
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =
@@ -75,6 +76,11 @@ struct TableHeader {
   // Set (never cleared) by an attach from another PID namespace than the creator's: kill(pid, 0) then
   // answers for no pid in the table, and every process takes every recorded pid for alive (PidMayBeAlive).
   uint32_t mixed_pid_namespaces;
+  // Samples after which a row's contents are retired (Table.create's max_times_sampled; 0: no limit;
+  // TableView::max_times_sampled), set by the creator before the magic and never changed after. (A queue
+  // is told by its rate limiter: RateLimiterState::queue.)
+  uint32_t max_times_sampled;
+  uint32_t reserved_rules;
   // The largest priority a row was published or updated with so far, as float32 bits (priorities are
   // >= 0, whose bits order as their values): 0 until some row had a priority above 0. Only ever raised
   // (RaiseMaxPriority in kernels/atomics.h), by inserts, commits, priority updates and restores.
@@ -89,6 +95,12 @@ struct TableHeader {
   alignas(64) RateLimiterState rate_limiter;           // rate_limiter.h
   alignas(64) int32_t attached_pids[kMaxAttachments];  // one per open by attach (0: free slot)
   alignas(64) char spec_json[kSpecJsonCapacity];
+};
+
+// The sampling rules of a new table (TableHeader::max_times_sampled, RateLimiterState::queue).
+struct SamplingRules {
+  uint32_t max_times_sampled = 0;  // 0: no limit; at most kMaxTimesSampledLimit
+  bool queue = false;
 };
 
 // Where each column of a table goes, for a capacity, a row length and field sizes.

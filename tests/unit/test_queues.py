@@ -1,0 +1,273 @@
+"""Rows used up by samples (max_times_sampled) and queues (gj.dequeue), in one process."""
+
+import collections
+
+import jax
+import numpy as np
+import pytest
+
+import gear_jax as gj
+from gear_jax import host
+
+IDS = {"id": gj.Field((), "int32")}
+
+
+def ids(n, start=0):
+    return {"id": np.arange(start, start + n, dtype=np.int32)}
+
+
+def delivered(table, sample, batch):
+    """(row, generation, id) of each valid pick."""
+    ok = np.asarray(batch["valid"])
+    ok = ok if ok.ndim == 1 else ok[:, 0]
+    rows, gens = np.asarray(sample.indices)[ok], np.asarray(sample.generations)[ok]
+    values = np.asarray(batch["id"])[ok]
+    return list(zip(rows.tolist(), gens.tolist(), values.reshape(len(values), -1)[:, 0].tolist()))
+
+
+# -- max_times_sampled --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"max_times_sampled": 0}, "1 to 65535"),
+        ({"max_times_sampled": 65536}, "1 to 65535"),
+        ({"max_times_sampled": True}, "1 to 65535"),
+        ({"max_times_sampled": 2.0}, "1 to 65535"),
+        ({"queue": True, "max_times_sampled": 1}, "leave it None"),
+        ({"queue": True, "rate_limiter": gj.RateLimiter(1)}, "rate_limiter=None"),
+        ({"queue": "yes"}, "queue"),
+    ],
+)
+def test_bad_sampling_rules_are_refused_by_name(make_table, kwargs, words):
+    with pytest.raises(gj.InvalidArgumentError, match=words):
+        make_table(fields=IDS, **kwargs)
+
+
+def test_a_step_ring_cannot_be_a_queue():
+    spec = gj.TableSpec(IDS, capacity=8, max_steps=4, step_capacity=64)
+    with pytest.raises(gj.InvalidArgumentError, match="step ring"):
+        gj.Table.create(spec, queue=True)
+
+
+def test_the_rules_are_read_back_by_an_attach(make_table):
+    limited = make_table(fields=IDS, max_times_sampled=3)
+    queue = make_table(fields=IDS, queue=True)
+    with gj.Table.attach(limited.name) as a, gj.Table.attach(queue.name) as b:
+        assert (a.max_times_sampled, a.queue) == (3, False)
+        assert (b.max_times_sampled, b.queue) == (None, True)
+        assert b.rate_limiter is None  # the queue's own limiter is not a user's RateLimiter
+
+
+@pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "lifo", "topk"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_every_row_is_sampled_exactly_max_times_sampled_times(make_table, method, k):
+    table = make_table(fields=IDS, capacity=64, max_times_sampled=k)
+    table.insert(ids(40), priorities=np.linspace(0.5, 2.0, 40))
+    step = jax.jit(lambda key: (lambda s: (s, gj.gather(table, s)))(gj.sample(table, key, 8, method=method)))
+    counts = collections.Counter()
+    for i in range(200):
+        if table.unconsumed == 0:
+            break
+        if method in ("fifo", "lifo", "topk") and table.unconsumed < 8:
+            break  # these methods refuse a batch larger than the rows left
+        s, b = step(jax.random.key(i))
+        counts.update(delivered(table, s, b))
+    if method in ("fifo", "lifo", "topk"):
+        assert table.unconsumed < 8
+        left = table.row_status()
+        # The rows left were sampled fewer than k times and are still selectable.
+        selectable = left["priority"][:40] > 0
+        assert (left["times_sampled"][:40][selectable] < k).all()
+        assert (left["times_sampled"][:40][~selectable] == k).all()
+    else:
+        assert table.unconsumed == 0
+    for (row, _, value), n in counts.items():
+        assert row == value and n <= k
+    status = table.row_status()
+    for row in range(40):
+        assert status["times_sampled"][row] == sum(n for (r, _, _), n in counts.items() if r == row)
+    if method not in ("fifo", "lifo", "topk"):
+        assert all(counts[(row, int(status["generation"][row]), row)] == k for row in range(40))
+        assert (status["priority"][:40] == 0).all()
+
+
+def test_a_batch_larger_than_what_is_left_fails_the_extra_picks(make_table):
+    table = make_table(fields=IDS, capacity=8, max_times_sampled=1)
+    table.insert(ids(3))
+    s = gj.sample(table, jax.random.key(0), 16)
+    b = gj.gather(table, s)
+    got = delivered(table, s, b)
+    assert sorted(v for _, _, v in got) == [0, 1, 2]  # each row once, the other 13 picks failed
+    assert int(np.asarray(b["valid"]).sum()) == 3
+    with pytest.raises(gj.EXECUTION_ERRORS, match="no selectable rows"):
+        jax.block_until_ready(gj.sample(table, jax.random.key(1), 4))
+
+
+def test_update_priorities_never_revives_a_used_up_row(make_table):
+    table = make_table(fields=IDS, capacity=8, max_times_sampled=2)
+    table.insert(ids(2))
+    first = gj.sample(table, jax.random.key(0), 1, method="fifo")  # row 0, one sample left
+    second = gj.sample(table, jax.random.key(1), 1, method="fifo")  # row 0 again: used up
+    assert int(first.indices[0]) == int(second.indices[0]) == 0
+    assert table.row_status()["priority"][0] == 0
+    assert int(gj.update_priorities(table, first, np.array([5.0], np.float32))) == 0
+    assert table.row_status()["priority"][0] == 0
+    # A row with samples left takes a new priority.
+    other = gj.sample(table, jax.random.key(2), 1, method="fifo")
+    assert int(other.indices[0]) == 1
+    assert int(gj.update_priorities(table, other, np.array([5.0], np.float32))) == 1
+    assert table.row_status()["priority"][1] == 5.0
+
+
+def test_new_contents_of_a_row_get_a_fresh_budget(make_table):
+    table = make_table(fields=IDS, capacity=4, max_times_sampled=1)
+    table.insert(ids(4))
+    s = gj.sample(table, jax.random.key(0), 4, method="fifo")
+    assert table.unconsumed == 0
+    table.insert(ids(4, start=100))  # overwrites every row
+    assert table.unconsumed == 4
+    assert (table.row_status()["times_sampled"] == 0).all()
+    again = gj.sample(table, jax.random.key(1), 4, method="fifo")
+    b = gj.gather(table, again)
+    assert sorted(np.asarray(b["id"]).tolist()) == [100, 101, 102, 103]
+    # The old sample is stale (other generations): gather says so.
+    assert not np.asarray(gj.gather(table, s)["valid"]).any()
+
+
+def test_windows_of_trajectories_use_rows_up_too(make_table):
+    table = make_table(fields={"id": gj.Field((), "int32")}, capacity=8, max_steps=6, max_times_sampled=2)
+    table.insert({"id": np.repeat(np.arange(4, dtype=np.int32)[:, None], 6, axis=1)})
+    counts = collections.Counter()
+    for i in range(20):
+        if table.unconsumed == 0:
+            break
+        s = gj.sample(table, jax.random.key(i), 4, window=3)
+        b = gj.gather(table, s)
+        counts.update(delivered(table, s, b))
+    assert table.unconsumed == 0
+    assert sorted(counts.values()) == [2] * 4
+
+
+def test_the_host_sampler_follows_the_limit(make_table):
+    table = make_table(fields=IDS, capacity=16, max_times_sampled=2)
+    table.insert(ids(5))
+    seen = collections.Counter()
+    for i in range(20):
+        if table.unconsumed == 0:
+            break
+        _, b = host.sample_gather(table, np.random.default_rng(i), 4)
+        ok = np.asarray(b["valid"])
+        seen.update(np.asarray(b["id"])[ok].tolist())
+    assert seen == {row: 2 for row in range(5)}
+
+
+def test_a_checkpoint_keeps_counts_not_their_tags(make_table, tmp_path):
+    table = make_table(fields=IDS, capacity=8, max_times_sampled=3)
+    table.insert(ids(4))
+    gj.sample(table, jax.random.key(0), 2, method="fifo")
+    table.save(tmp_path / "ckpt")
+    loaded = gj.Table.load(tmp_path / "ckpt")
+    try:
+        assert loaded.row_status()["times_sampled"][:4].tolist() == [1, 1, 0, 0]
+    finally:
+        loaded.close()
+
+
+# -- queues -------------------------------------------------------------------------------------------
+
+
+def test_dequeue_takes_each_row_once_in_commit_order(make_table):
+    queue = make_table(fields=IDS, capacity=16, queue=True)
+    queue.insert(ids(10))
+    take = jax.jit(lambda: gj.dequeue(queue, 4))
+    out = []
+    for expected_valid in (4, 4, 2, 0):
+        _, b = take()
+        ok = np.asarray(b["valid"])
+        assert int(ok.sum()) == expected_valid
+        assert (np.asarray(b["id"])[~ok] == 0).all()
+        out += np.asarray(b["id"])[ok].tolist()
+    assert out == list(range(10))
+    assert queue.unconsumed == 0
+    assert queue.rate_limiter_counts().samples == 10
+
+
+def test_a_full_queue_makes_inserts_wait_and_never_loses_a_row(make_table):
+    queue = make_table(fields=IDS, capacity=8, queue=True)
+    queue.insert(ids(8))
+    with pytest.raises(gj.RateLimiterTimeout, match="queue is full"):
+        queue.insert(ids(1, start=8), timeout=0.05)
+    with pytest.raises(gj.RateLimiterTimeout, match="queue is full"):
+        queue.add({"id": 8}, timeout=0.05)
+    assert queue.unconsumed == 8  # nothing overwritten
+    _, b = gj.dequeue(queue, 3)
+    assert np.asarray(b["id"]).tolist() == [0, 1, 2]
+    queue.insert(ids(3, start=8), timeout=1.0)  # room for three now
+    with pytest.raises(gj.RateLimiterTimeout):
+        queue.insert(ids(1, start=11), timeout=0.05)
+    _, b = gj.dequeue(queue, 8)
+    assert np.asarray(b["id"]).tolist() == list(range(3, 11))
+
+
+def test_an_insert_larger_than_the_queue_is_refused(make_table):
+    queue = make_table(fields=IDS, capacity=4, queue=True)
+    with pytest.raises(gj.InvalidArgumentError):
+        queue.insert(ids(5), timeout=0.05)
+    assert queue.size == 0
+
+
+def test_episode_writers_wait_for_room_and_give_it_back_when_they_abandon(make_table):
+    queue = make_table(fields={"id": gj.Field((), "int32")}, capacity=2, max_steps=4, queue=True)
+    with queue.writer() as w:
+        w.append({"id": 1})
+        w.end_episode()
+    w = queue.writer()
+    w.append({"id": 2})  # admitted: the queue's last room
+    w.close()  # abandoned: the room comes back
+    assert queue.rate_limiter_counts().inserts == 1
+    with queue.writer() as w:
+        for _ in range(3):
+            w.append({"id": 3})
+        w.end_episode()
+    _, b = gj.dequeue(queue, 2, window=4)
+    assert np.asarray(b["valid"]).sum(axis=1).tolist() == [1, 3]
+    assert np.asarray(b["id"])[:, 0].tolist() == [1, 3]
+
+
+def test_a_consumer_waits_for_rows(make_table):
+    queue = make_table(fields=IDS, capacity=8, queue=True)
+    assert not queue.can_sample(1)
+    with pytest.raises(gj.RateLimiterTimeout, match="unconsumed"):
+        queue.await_samples(2, timeout=0.05)
+    queue.insert(ids(2))
+    queue.await_samples(2, timeout=1.0)
+    assert queue.can_sample(2) and not queue.can_sample(3)
+    with pytest.raises(gj.InvalidArgumentError, match="capacity"):
+        queue.await_samples(9)
+
+
+def test_two_consumers_of_the_same_rows_split_them(make_table):
+    """Two dequeues that copied the same rows: the consume step gives each row to one of them."""
+    queue = make_table(fields=IDS, capacity=8, queue=True)
+    queue.insert(ids(4))
+    first, _ = gj.ordered_candidates(queue, jax.random.key(0), 4, "fifo")
+    second, _ = gj.ordered_candidates(queue, jax.random.key(0), 4, "fifo")
+    everything = np.ones(4, bool)
+    took_first = np.asarray(gj.consume(queue, first, everything))
+    took_second = np.asarray(gj.consume(queue, second, everything))
+    assert took_first.all() and not took_second.any()
+    assert queue.unconsumed == 0
+
+
+def test_queue_misuse_is_refused_by_name(make_table):
+    plain = make_table(fields=IDS)
+    queue = make_table(fields=IDS, queue=True)
+    with pytest.raises(gj.InvalidArgumentError, match="not a queue"):
+        gj.dequeue(plain, 2)
+    with pytest.raises(gj.InvalidArgumentError, match="is a queue"):
+        gj.insert(queue, ids(2))
+    s, _ = gj.ordered_candidates(queue, jax.random.key(0), 2, "fifo")
+    with pytest.raises(gj.InvalidArgumentError, match="delivered"):
+        gj.consume(queue, s, np.ones(3, bool))
