@@ -13,7 +13,7 @@ ORDERED_CANDIDATES = "gear_jax_ordered_candidates"
 SAMPLE_GATHER = "gear_jax_sample_gather"
 INSERT = "gear_jax_insert"
 SHUFFLE = "gear_jax_shuffle"  # CPU only (gear_jax.epochs)
-CONSUME = "gear_jax_consume"  # CPU only so far (gear_jax.queues)
+CONSUME = "gear_jax_consume"  # gear_jax.queues
 
 REGISTERED_PLATFORMS: list[str] = []
 

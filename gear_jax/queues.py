@@ -28,7 +28,9 @@ Nothing else is lost: every committed row is either consumed by exactly one `deq
 queue.
 
 On a GPU: samples of a `max_times_sampled` table run on devices with native host atomics only (the
-handler refuses others, naming the CPU path), and `dequeue` runs on the CPU platform in this version.
+handler refuses others, naming the CPU path: a retirement is a compare-and-swap of a row's state word,
+which must be atomic against the writers' claims). `dequeue`'s consumption runs on the host in the
+stream's order (a host callback, as `update_priorities` does over PCIe), after the gather's copies.
 """
 
 from __future__ import annotations

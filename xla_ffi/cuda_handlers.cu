@@ -555,6 +555,106 @@ ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTab
   return FinishStagedCall(pool, chunk, stream, status, kOp, what);
 }
 
+// Where the arrays of a queue's host consumption lie in its staging chunk.
+struct ConsumeStaging {
+  int32_t* indices;
+  uint32_t* generations;
+  bool* delivered;
+  bool* consumed;
+
+  ConsumeStaging(ScratchCarver& carver, int64_t n)
+      : indices(carver.Take<int32_t>(n)),
+        generations(carver.Take<uint32_t>(n)),
+        delivered(carver.Take<bool>(n)),
+        consumed(carver.Take<bool>(n)) {}
+};
+
+// One host consumption in flight, owned by its host callback.
+struct HostConsume {
+  std::shared_ptr<SharedTable> table;  // keeps the mapping and its host view until the callback ran
+  int64_t handle;
+  DeviceError* error;
+  ConsumeStaging staging;
+  int64_t n;
+};
+
+// The host callback of a queue's consumption: ConsumePicksCpu on the table's host view (the compare-and-
+// swaps of the state words must be atomic against the CPU writers' claims, which a GPU over PCIe cannot
+// make), between the copies of its inputs in and of `consumed` out. Makes no CUDA call.
+void RunHostConsume(void* arg) {
+  std::unique_ptr<HostConsume> call(static_cast<HostConsume*>(arg));
+  const ConsumeStaging& s = call->staging;
+  KernelStatus status;
+  int64_t count = 0;
+  {
+    CounterWindow window(*call->table);
+    status = ConsumePicksCpu(call->table->view(), s.indices, s.generations, s.delivered, call->n, s.consumed,
+                             &count);
+  }
+  if (status.ok() && count > 0 && call->table->header()->rate_limiter.queue != 0) {
+    __atomic_fetch_add(&call->table->header()->rate_limiter.samples, static_cast<uint64_t>(count),
+                       __ATOMIC_SEQ_CST);
+  }
+  if (!status.ok()) {
+    for (int64_t i = 0; i < call->n; ++i) s.consumed[i] = false;
+    ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
+  }
+  if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
+}
+
+// A queue's consumption (cpu_handlers.cc, ConsumeImpl) in a GPU program: always on the host, in the order
+// of the stream (the picks' copies come first), without waiting for it.
+ffi::Error ConsumeImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32> indices,
+                       ffi::Buffer<ffi::U32> generations, ffi::Buffer<ffi::PRED> delivered,
+                       ffi::ResultBuffer<ffi::PRED> consumed, int64_t handle, int64_t spec_hash) {
+  constexpr const char* kOp = "consume";
+  ScopedDevice scope(device);
+  if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
+  CudaTable t;
+  if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
+  const int64_t n = static_cast<int64_t>(indices.element_count());
+  if (generations.element_count() != indices.element_count() ||
+      delivered.element_count() != indices.element_count() ||
+      consumed->element_count() != indices.element_count()) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
+                   "indices, generations and delivered differ in size");
+  }
+  if (n == 0) return ffi::Error::Success();
+  HostStaging* pool = HostStaging::ForDevice(device);
+  ScratchCarver sizer(nullptr);
+  const ConsumeStaging layout(sizer, n);
+  HostStaging::Chunk* chunk;
+  if (cudaError_t status = pool->Acquire(sizer.bytes(), &chunk); status != cudaSuccess) {
+    return CudaFailure(kOp, "cannot allocate pinned host staging memory", status);
+  }
+  ScratchCarver carver(chunk->data);
+  auto call = std::unique_ptr<HostConsume>(
+      new HostConsume{t.table, handle, t.side->error_host, ConsumeStaging(carver, n), n});
+  const ConsumeStaging& s = call->staging;
+  const char* what = "cannot copy the picks to the host";
+  cudaError_t status =
+      cudaMemcpyAsync(s.indices, indices.typed_data(), n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
+  if (status == cudaSuccess) {
+    status = cudaMemcpyAsync(s.generations, generations.typed_data(), n * sizeof(uint32_t),
+                             cudaMemcpyDeviceToHost, stream);
+  }
+  if (status == cudaSuccess) {
+    status = cudaMemcpyAsync(s.delivered, delivered.typed_data(), n * sizeof(bool), cudaMemcpyDeviceToHost,
+                             stream);
+  }
+  if (status == cudaSuccess) {
+    what = "cannot enqueue the host consumption";
+    status = cudaLaunchHostFunc(stream, RunHostConsume, call.get());
+    if (status == cudaSuccess) call.release();  // the callback owns it now
+  }
+  if (status == cudaSuccess) {
+    what = "cannot copy the consumed picks to the device";
+    status =
+        cudaMemcpyAsync(consumed->typed_data(), s.consumed, n * sizeof(bool), cudaMemcpyHostToDevice, stream);
+  }
+  return FinishStagedCall(pool, chunk, stream, status, kOp, what);
+}
+
 // A counter window that stays open while a priority kernel may run: opened by the handler before the
 // launch, closed by a host callback enqueued after the kernel (a process killed meanwhile leaves the
 // window open in its writer slot, and the counters are recounted; counter_window.h). Deleting it
@@ -882,6 +982,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxSampleGatherCuda, gear::SampleGatherImpl,
                                   .Attr<int32_t>("window")
                                   .Attr<ffi::Span<const int64_t>>("fields")
                                   .Attr<int32_t>("steps"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxConsumeCuda, gear::ConsumeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // indices: int32[B]
+                                  .Arg<ffi::Buffer<ffi::U32>>()   // generations: uint32[B]
+                                  .Arg<ffi::Buffer<ffi::PRED>>()  // delivered: bool[B]
+                                  .Ret<ffi::Buffer<ffi::PRED>>()  // consumed: bool[B]
+                                  .Attr<int64_t>("handle")
+                                  .Attr<int64_t>("spec_hash"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GearJaxUpdatePrioritiesCuda, gear::UpdatePrioritiesImpl,
                               ffi::Ffi::Bind()

@@ -8,6 +8,7 @@ XLA_FFI_Error* GearJaxSampleCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxGatherCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxSampleGatherCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxUpdatePrioritiesCuda(XLA_FFI_CallFrame* call_frame);
+XLA_FFI_Error* GearJaxConsumeCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxTotalWeightCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxSampleAtCuda(XLA_FFI_CallFrame* call_frame);
 XLA_FFI_Error* GearJaxOrderedCandidatesCuda(XLA_FFI_CallFrame* call_frame);

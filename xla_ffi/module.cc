@@ -323,7 +323,7 @@ PYBIND11_MODULE(_native, m) {
     cpu["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCpu);
     cpu["gear_jax_insert"] = gear::Capsule(GearJaxInsertCpu);
     cpu["gear_jax_shuffle"] = gear::Capsule(GearJaxShuffleCpu);  // CPU only: GPUs sort fast (epochs.py)
-    cpu["gear_jax_consume"] = gear::Capsule(GearJaxConsumeCpu);  // CPU only so far (gear_jax.queues)
+    cpu["gear_jax_consume"] = gear::Capsule(GearJaxConsumeCpu);
     py::dict out;
     out["cpu"] = cpu;
 #if GEAR_JAX_WITH_CUDA
@@ -332,6 +332,7 @@ PYBIND11_MODULE(_native, m) {
     cuda["gear_jax_gather"] = gear::Capsule(GearJaxGatherCuda);
     cuda["gear_jax_sample_gather"] = gear::Capsule(GearJaxSampleGatherCuda);
     cuda["gear_jax_update_priorities"] = gear::Capsule(GearJaxUpdatePrioritiesCuda);
+    cuda["gear_jax_consume"] = gear::Capsule(GearJaxConsumeCuda);
     cuda["gear_jax_total_weight"] = gear::Capsule(GearJaxTotalWeightCuda);
     cuda["gear_jax_sample_at"] = gear::Capsule(GearJaxSampleAtCuda);
     cuda["gear_jax_ordered_candidates"] = gear::Capsule(GearJaxOrderedCandidatesCuda);
