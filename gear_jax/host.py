@@ -32,9 +32,11 @@ import jax
 import numpy as np
 
 from gear_jax import _args, _native, _rows
-from gear_jax.errors import InvalidArgumentError
-from gear_jax.selection import PICK_BYTES, Sample
+from gear_jax.errors import InvalidArgumentError, NotEnoughRowsError
+from gear_jax.selection import METHODS, PICK_BYTES, Sample
 from gear_jax.table import Table
+
+_FIFO = METHODS["fifo"]
 
 __all__ = ["Sampler", "epoch", "gather", "retire", "sample", "sample_gather", "update_priorities"]
 
@@ -415,6 +417,57 @@ def epoch(
         )
         for i in range(0, wanted, mb)
     ]
+
+
+def dequeue(
+    table: Table,
+    batch_size: int,
+    fields: Sequence[str] | None = None,
+    window: int | None = None,
+    out: Mapping[str, np.ndarray] | None = None,
+) -> tuple[Sample, dict[str, np.ndarray]]:
+    """Takes up to `batch_size` of the oldest unconsumed rows out of the queue `table`, now, on this
+    thread: `gear_jax.dequeue` outside jit (a PyTorch learner's, say), with the same guarantees: each row
+    comes out of exactly one dequeue, of whichever process, and a pick another consumer took first comes
+    back `valid=False` with zeroed arrays. Call `table.await_samples(n)` first to wait for rows.
+
+    Args:
+      table: a queue (`Table.create(..., queue=True)`).
+      batch_size: picks B >= 1.
+      fields, window, out: as for `gather`.
+
+    Returns:
+      (sample, batch) of numpy arrays, as `gear_jax.dequeue`.
+    """
+    from gear_jax import epochs, queues
+
+    op = "gear_jax.host.dequeue"
+    table = queues.check_queue(table, op)
+    b = _args.check_batch_size(batch_size, op)
+    indices = np.zeros(b, np.int32)
+    generations = np.full(b, epochs.FAILED_GENERATION, np.uint32)
+    n = min(b, table.unconsumed)
+    while n > 0:  # the oldest n rows, n shrinking while other consumers take rows meanwhile
+        try:
+            picks = table.native.host_sample(0, 0, n, _FIFO, 1.0, 0, [], 0, [])
+        except NotEnoughRowsError:
+            n = min(n - 1, table.unconsumed)
+            continue
+        indices[:n], generations[:n] = picks[0], picks[1]
+        break
+    sample = Sample(
+        indices, generations, np.zeros(b, np.float32), np.zeros(b, np.int32), table_handle=table.handle
+    )
+    batch = gather(table, sample, fields, window, out)
+    valid = batch["valid"]
+    first = valid if valid.ndim == 1 else valid[:, 0]
+    taken = table.native.host_consume(indices, generations, np.ascontiguousarray(first))
+    lost = ~taken
+    valid[lost] = False
+    for name, value in batch.items():
+        if name != "valid":
+            value[lost] = 0
+    return sample, batch
 
 
 def retire(table: Table, samples: Sample | Sequence[Sample]) -> int:

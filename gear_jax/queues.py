@@ -55,7 +55,7 @@ def consume(table: Table, sample: Sample, delivered: jax.Array) -> jax.Array:
     side effect and runs after whatever computed `delivered` (pass the gathered `valid`, so that the copy
     comes first). `dequeue` is the usual way; this is its last step.
     """
-    table = _check_queue(table, "consume")
+    table = check_queue(table, "consume")
     b = _args.check_sample(sample, "consume", table)
     delivered = jnp.asarray(delivered)
     if delivered.shape != (b,) or delivered.dtype != jnp.bool_:
@@ -93,7 +93,7 @@ def dequeue(
     Raises:
       InvalidArgumentError: `table` is not a queue; a bad batch_size, fields or window (at trace time).
     """
-    table = _check_queue(table, "dequeue")
+    table = check_queue(table, "dequeue")
     key = jax.random.key(0)  # fifo draws nothing; the key only seeds window starts, which are 0 here
     sample, _ = ordered_candidates(table, key, batch_size, "fifo", window=None, after=after)
     batch = gather(table, sample, fields=fields, window=window)
@@ -108,7 +108,8 @@ def dequeue(
     return sample, out
 
 
-def _check_queue(table: Any, op: str) -> Table:
+def check_queue(table: Any, op: str) -> Table:
+    """`table` as a Table that is a queue; InvalidArgumentError naming `op` otherwise."""
     table = _args.check_table(table, op)
     if not table.queue:
         raise InvalidArgumentError(

@@ -170,6 +170,7 @@ class ShardedTable:
         name: str | None = None,
         pin: bool = True,
         reuse: bool = True,
+        max_times_sampled: int | None = None,
     ) -> ShardedTable:
         """Creates this process's shards; call it on every process with the same spec and mesh.
 
@@ -181,6 +182,10 @@ class ShardedTable:
             and every process takes it.
           pin: as in `Table.create`, for each shard.
           reuse: as in `Table.create`, for each shard.
+          max_times_sampled: as in `Table.create`, for each shard (the same on every process): each
+            shard counts the samples of its own rows. Works with local mode and with global uniform and
+            prioritized sampling; global fifo, lifo and topk are refused on such a table (their shards
+            take candidates that the exchange may not deliver).
 
         Raises (on every process, whichever process it concerns: the process at fault raises its own
         error, the others an error of the same kind naming that process and its cause, never a
@@ -207,7 +212,13 @@ class ShardedTable:
         try:
             for s, device in enumerate(devices):
                 if device.process_index == me:
-                    shards[s] = Table.create(spec, name=shard_name(name, s), pin=pin, reuse=reuse)
+                    shards[s] = Table.create(
+                        spec,
+                        name=shard_name(name, s),
+                        pin=pin,
+                        reuse=reuse,
+                        max_times_sampled=max_times_sampled,
+                    )
         except Exception as e:
             error = e
         try:
@@ -291,6 +302,11 @@ class ShardedTable:
     def capacity(self) -> int:
         """Rows per shard."""
         return self.spec.capacity
+
+    @property
+    def max_times_sampled(self) -> int | None:
+        """The shards' `max_times_sampled` (None: no limit)."""
+        return next(iter(self._shards.values())).max_times_sampled if self._shards else None
 
     @property
     def local_shards(self) -> dict[int, Table]:
@@ -488,6 +504,12 @@ def sample(
     _args.check_method(method, "sharded.sample", SHARDED_METHODS)
     if mode not in MODES:
         raise InvalidArgumentError(f"sharded.sample: mode={mode!r} is not one of {MODES}")
+    if mode == "global" and method in ORDERED_METHODS and st.max_times_sampled is not None:
+        raise InvalidArgumentError(
+            f"sharded.sample: method={method!r} in global mode takes candidates on every shard that the "
+            "exchange may not deliver, which a table with max_times_sampled would count as samples; use "
+            'mode="local", or uniform or prioritized'
+        )
     num_shards = st.num_shards
     batch_size = _args.check_batch_size(batch_size, "sharded.sample")
     if batch_size % num_shards:

@@ -220,35 +220,19 @@ ffi::Error UpdatePrioritiesImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::
       static_cast<int64_t>(indices.element_count()), updated->typed_data()));
 }
 
-// A queue's consumption of gathered picks (ConsumePicksCpu), counted as the rate limiter's samples: the
-// queue's inserts wait while inserts less consumed rows would pass its capacity.
+// A queue's consumption of gathered picks (SharedTable::Consume).
 ffi::Error ConsumeImpl(ffi::Buffer<ffi::S32> indices, ffi::Buffer<ffi::U32> generations,
                        ffi::Buffer<ffi::PRED> delivered, ffi::ResultBuffer<ffi::PRED> consumed,
                        int64_t handle, int64_t spec_hash) {
   std::shared_ptr<SharedTable> table;
   if (ffi::Error error = ResolveTable(handle, spec_hash, &table); error.failure()) return error;
-  const int64_t n = static_cast<int64_t>(indices.element_count());
-  if (generations.element_count() != indices.element_count() ||
-      delivered.element_count() != indices.element_count() ||
-      consumed->element_count() != indices.element_count()) {
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "consume: indices, generations and delivered differ in size");
+  if (ffi::Error error = CheckConsume(indices.element_count(), generations.element_count(),
+                                      delivered.element_count(), consumed->element_count());
+      error.failure()) {
+    return error;
   }
-  int64_t count = 0;
-  {
-    CounterWindow window(*table);  // consumption moves rows out of `selectable`
-    if (ffi::Error error =
-            KernelFailure(ConsumePicksCpu(table->view(), indices.typed_data(), generations.typed_data(),
-                                          delivered.typed_data(), n, consumed->typed_data(), &count));
-        error.failure()) {
-      return error;
-    }
-  }
-  if (count > 0 && table->header()->rate_limiter.queue != 0) {
-    __atomic_fetch_add(&table->header()->rate_limiter.samples, static_cast<uint64_t>(count),
-                       __ATOMIC_SEQ_CST);
-  }
-  return ffi::Error::Success();
+  return KernelFailure(table->Consume(indices.typed_data(), generations.typed_data(), delivered.typed_data(),
+                                      static_cast<int64_t>(indices.element_count()), consumed->typed_data()));
 }
 
 // The rows of an insert inside a jitted program: SharedTable::Insert, the host insert's claim, copy and

@@ -584,17 +584,8 @@ struct HostConsume {
 void RunHostConsume(void* arg) {
   std::unique_ptr<HostConsume> call(static_cast<HostConsume*>(arg));
   const ConsumeStaging& s = call->staging;
-  KernelStatus status;
-  int64_t count = 0;
-  {
-    CounterWindow window(*call->table);
-    status = ConsumePicksCpu(call->table->view(), s.indices, s.generations, s.delivered, call->n, s.consumed,
-                             &count);
-  }
-  if (status.ok() && count > 0 && call->table->header()->rate_limiter.queue != 0) {
-    __atomic_fetch_add(&call->table->header()->rate_limiter.samples, static_cast<uint64_t>(count),
-                       __ATOMIC_SEQ_CST);
-  }
+  const KernelStatus status =
+      call->table->Consume(s.indices, s.generations, s.delivered, call->n, s.consumed);
   if (!status.ok()) {
     for (int64_t i = 0; i < call->n; ++i) s.consumed[i] = false;
     ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
@@ -612,13 +603,12 @@ ffi::Error ConsumeImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
-  const int64_t n = static_cast<int64_t>(indices.element_count());
-  if (generations.element_count() != indices.element_count() ||
-      delivered.element_count() != indices.element_count() ||
-      consumed->element_count() != indices.element_count()) {
-    return OpError(ffi::ErrorCode::kInvalidArgument, kOp,
-                   "indices, generations and delivered differ in size");
+  if (ffi::Error error = CheckConsume(indices.element_count(), generations.element_count(),
+                                      delivered.element_count(), consumed->element_count());
+      error.failure()) {
+    return error;
   }
+  const int64_t n = static_cast<int64_t>(indices.element_count());
   if (n == 0) return ffi::Error::Success();
   HostStaging* pool = HostStaging::ForDevice(device);
   ScratchCarver sizer(nullptr);

@@ -305,4 +305,12 @@ ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t prio
   return ffi::Error::Success();
 }
 
+ffi::Error CheckConsume(size_t indices, size_t generations, size_t delivered, size_t consumed) {
+  if (generations != indices || delivered != indices || consumed != indices) {
+    return OpError(ffi::ErrorCode::kInvalidArgument, "consume",
+                   "indices, generations, delivered and consumed must have one entry per pick");
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace gear

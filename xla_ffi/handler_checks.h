@@ -113,5 +113,7 @@ KernelStatus InsertRows(SharedTable& table, const InsertRequest& request,
 
 // update_priorities: one generation and one priority per row id.
 ffi::Error CheckUpdatePriorities(size_t indices, size_t generations, size_t priorities);
+// consume: one entry of generations, delivered and consumed per pick.
+ffi::Error CheckConsume(size_t indices, size_t generations, size_t delivered, size_t consumed);
 
 }  // namespace gear

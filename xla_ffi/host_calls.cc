@@ -345,4 +345,24 @@ int32_t HostUpdatePriorities(OpenTable& self, const py::array_t<int32_t, py::arr
   return updated;
 }
 
+py::array_t<bool> HostConsume(OpenTable& self, const py::array_t<int32_t, py::array::c_style>& indices,
+                              const py::array_t<uint32_t, py::array::c_style>& generations,
+                              const py::array_t<bool, py::array::c_style>& delivered) {
+  constexpr const char* kOp = "consume";
+  const std::shared_ptr<SharedTable> held = self.ref();
+  const int64_t n = indices.ndim() == 1 ? indices.shape(0) : -1;
+  CheckPicks(indices, n, "indices", kOp);
+  CheckPicks(generations, n, "generations", kOp);
+  CheckPicks(delivered, n, "delivered", kOp);
+  py::array_t<bool> consumed(n);
+  KernelStatus status;
+  {
+    py::gil_scoped_release release;
+    held->CheckCounts(/*force=*/false);
+    status = held->Consume(indices.data(), generations.data(), delivered.data(), n, consumed.mutable_data());
+  }
+  ThrowIfFailed(status);
+  return consumed;
+}
+
 }  // namespace gear

@@ -74,6 +74,12 @@ void HostGather(OpenTable& self, const pybind11::array_t<int32_t, pybind11::arra
                 const std::vector<int64_t>& field_ids, int32_t steps,
                 const std::vector<pybind11::array>& outputs);
 
+// A queue's consumption of the picks `delivered` marks (SharedTable::Consume); returns consumed[i].
+pybind11::array_t<bool> HostConsume(OpenTable& self,
+                                    const pybind11::array_t<int32_t, pybind11::array::c_style>& indices,
+                                    const pybind11::array_t<uint32_t, pybind11::array::c_style>& generations,
+                                    const pybind11::array_t<bool, pybind11::array::c_style>& delivered);
+
 // Sets the priorities of the picked rows not overwritten since; returns the entries applied.
 int32_t HostUpdatePriorities(OpenTable& self,
                              const pybind11::array_t<int32_t, pybind11::array::c_style>& indices,

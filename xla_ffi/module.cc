@@ -580,7 +580,9 @@ PYBIND11_MODULE(_native, m) {
       .def("host_gather", &gear::HostGather, py::arg("indices"), py::arg("generations"), py::arg("starts"),
            py::arg("field_ids"), py::arg("steps"), py::arg("outputs"))
       .def("host_update_priorities", &gear::HostUpdatePriorities, py::arg("indices"), py::arg("generations"),
-           py::arg("priorities"));
+           py::arg("priorities"))
+      .def("host_consume", &gear::HostConsume, py::arg("indices"), py::arg("generations"),
+           py::arg("delivered"));
 
   py::class_<gear::HostDraw>(m, "HostDraw", "One draw repeated into the same arrays (host_calls.h)")
       .def(py::init<py::object, int64_t, int32_t, float, int32_t, const std::vector<int64_t>&, int32_t,

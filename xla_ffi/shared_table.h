@@ -103,6 +103,11 @@ class SharedTable {
               const int32_t* lengths, const float* priorities, int32_t* rows,
               InsertReservation* reserved = nullptr);
   bool step_ring() const { return view_.step_capacity > 0; }
+  // Queues (gear_jax.queues): takes the picks `delivered` marks out of the table (ConsumePicksCpu, inside
+  // a counter window) and counts the rows taken as the rate limiter's samples, which frees their room
+  // for the queue's inserts. consumed[i]: pick i took its row.
+  KernelStatus Consume(const int32_t* indices, const uint32_t* generations, const bool* delivered, int64_t n,
+                       bool* consumed);
 
   // The creator's close, first step: no attach succeeds from now on.
   void MarkClosed();

@@ -271,3 +271,48 @@ def test_queue_misuse_is_refused_by_name(make_table):
     s, _ = gj.ordered_candidates(queue, jax.random.key(0), 2, "fifo")
     with pytest.raises(gj.InvalidArgumentError, match="delivered"):
         gj.consume(queue, s, np.ones(3, bool))
+
+
+# -- sharded tables ------------------------------------------------------------------------------------
+
+
+def test_a_sharded_table_uses_rows_up_per_shard_in_local_mode():
+    from jax.sharding import Mesh
+
+    spec = gj.TableSpec(IDS, capacity=16)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("replay",))
+    with gj.ShardedTable.create(spec, mesh, max_times_sampled=2) as table:
+        assert table.max_times_sampled == 2 and table.shard(0).max_times_sampled == 2
+        table.shard(0).insert(ids(6))
+        step = table.sampler(4, mode="local")
+        seen = collections.Counter()
+        for i in range(10):
+            if table.shard(0).unconsumed == 0:
+                break
+            _, batch = step(jax.random.key(i))
+            ok = np.asarray(batch["valid"])
+            seen.update(np.asarray(batch["id"])[ok].tolist())
+        assert seen == {row: 2 for row in range(6)}
+        with pytest.raises(gj.InvalidArgumentError, match='mode="local"'):
+            table.sampler(4, method="fifo")(jax.random.key(0))
+
+
+def test_the_host_dequeue_takes_rows_as_the_jitted_one(make_table):
+    queue = make_table(fields={"id": gj.Field((), "int32")}, capacity=16, max_steps=3, queue=True)
+    queue.insert({"id": np.repeat(np.arange(5, dtype=np.int32)[:, None], 3, axis=1)}, lengths=[3, 1, 2, 3, 3])
+    s, b = host.dequeue(queue, 3)
+    assert b["valid"].sum(axis=1).tolist() == [3, 1, 2]
+    assert b["id"][:, 0].tolist() == [0, 1, 2]
+    _, b = gj.dequeue(queue, 4)  # the jitted one takes the rest
+    assert np.asarray(b["valid"])[:, 0].tolist() == [True, True, False, False]
+    _, b = host.dequeue(queue, 2)
+    assert not b["valid"].any() and (b["id"] == 0).all()
+    # A row another consumer took is not offered again; the picks past the queue's rows are zeroed.
+    queue.insert({"id": np.stack([np.full(3, 7, np.int32), np.full(3, 8, np.int32)])})
+    taken, _ = gj.ordered_candidates(queue, jax.random.key(0), 2, "fifo")
+    assert np.asarray(gj.consume(queue, taken, np.array([True, False]))).tolist() == [True, False]
+    _, b = host.dequeue(queue, 2)
+    assert b["valid"][:, 0].tolist() == [True, False]
+    assert b["id"].tolist() == [[8, 8, 8], [0, 0, 0]]
+    with pytest.raises(gj.InvalidArgumentError, match="not a queue"):
+        host.dequeue(make_table(fields=IDS), 2)
