@@ -750,6 +750,8 @@ class Table:
         pin: bool = True,
         casting: str = "fit",
         rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int | None = None,
+        queue: bool = False,
     ) -> Table:
         """Creates a table from the checkpoint `Table.save` wrote to `path`: the same spec, field bytes,
         priorities, lengths, generations, insert order, times sampled and allocator cursor, so FIFO and
@@ -762,6 +764,9 @@ class Table:
         must not write before then (its rows could be overwritten by the load). `name`, `pin`,
         `casting` and `rate_limiter` are those of `Table.create`; a checkpoint keeps no limiter counts:
         the loaded rows count toward `size` (and so `min_size_to_sample`) but not as inserts.
+        `max_times_sampled` and `queue` too: with a limit, each row keeps the samples it had taken (a
+        row that had taken the limit's worth is retired); a queue holds the rows no consumer had taken
+        (the consumed ones have priority 0), and its inserts wait for room as before.
 
         A step ring's checkpoint loads into a new ring of the same spec: its episodes back to back from
         the ring's start in insert order (first_step 0, then each one after the last), in the rows they
@@ -777,12 +782,45 @@ class Table:
         """
         from gear_jax import checkpoint
 
-        return checkpoint.load(
+        table = checkpoint.load(
             path,
             lambda spec: cls.create(
-                spec, name=name, pin=pin, reuse=False, casting=casting, rate_limiter=rate_limiter
+                spec,
+                name=name,
+                pin=pin,
+                reuse=False,
+                casting=casting,
+                rate_limiter=rate_limiter,
+                max_times_sampled=max_times_sampled,
+                queue=queue,
             ),
         )
+        try:
+            table._settle_loaded_rules()
+        except BaseException:
+            table.close()
+            raise
+        return table
+
+    def _settle_loaded_rules(self) -> None:
+        """After a load: a limited table's counts become its tagged words (rows that had used their
+        samples up retired); a queue's limiter counts its unconsumed rows as inserts, so that inserts
+        find room only where a row was consumed."""
+        native = self._live()
+        state = self._state.copy()
+        generation = state_generation(state).astype(np.uint32)
+        priority = state_priority(state)
+        committed = (generation % 2 == 0) & (self._length >= 1)
+        if self._max_times_sampled:
+            counts = np.minimum(self._times_sampled, self._max_times_sampled).astype(np.uint32)
+            self._times_sampled[:] = (((generation >> 1) & 0xFFFF) << 16) | counts
+            used = np.flatnonzero(committed & (priority > 0) & (counts >= self._max_times_sampled))
+            if used.size:
+                native.host_update_priorities(
+                    used.astype(np.int32), generation[used], np.zeros(used.size, np.float32)
+                )
+        if self._queue:
+            native.count_published_inserts(int(np.count_nonzero(committed & (priority > 0))))
 
 
 def _stored_spec(name: str, native: Any) -> TableSpec:

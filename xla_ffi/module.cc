@@ -569,6 +569,10 @@ PYBIND11_MODULE(_native, m) {
             return self.table().rate_limiter().Allows(gear::RateOp::kSample, n);
           },
           py::arg("n"))
+      .def(
+          "count_published_inserts",
+          [](OpenTable& self, int64_t n) { self.table().rate_limiter().CountInserts(n); }, py::arg("n"),
+          "Counts n rows already published as inserts (a loaded queue's unconsumed rows)")
       .def("rate_limiter", &gear::RateLimiterSettings)
       .def("sampling_rules", &gear::SamplingRulesOf)
       .def("rate_limiter_counts", &gear::RateLimiterCountsOf)

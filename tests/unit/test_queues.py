@@ -316,3 +316,32 @@ def test_the_host_dequeue_takes_rows_as_the_jitted_one(make_table):
     assert b["id"].tolist() == [[8, 8, 8], [0, 0, 0]]
     with pytest.raises(gj.InvalidArgumentError, match="not a queue"):
         host.dequeue(make_table(fields=IDS), 2)
+
+
+def test_a_loaded_checkpoint_keeps_budgets_and_a_queue_its_unconsumed_rows(make_table, tmp_path):
+    limited = make_table(fields=IDS, capacity=8, max_times_sampled=2)
+    limited.insert(ids(3))
+    gj.sample(limited, jax.random.key(0), 3, method="fifo")  # one sample each
+    gj.sample(limited, jax.random.key(0), 1, method="fifo")  # row 0 used up
+    limited.save(tmp_path / "limited")
+    with gj.Table.load(tmp_path / "limited", max_times_sampled=2) as loaded:
+        assert loaded.unconsumed == 2
+        counts = collections.Counter()
+        for i in range(5):
+            if loaded.unconsumed == 0:
+                break
+            s = gj.sample(loaded, jax.random.key(i), 2)
+            counts.update(delivered(loaded, s, gj.gather(loaded, s)))
+        assert sorted((row, n) for (row, _, _), n in counts.items()) == [(1, 1), (2, 1)]
+
+    queue = make_table(fields=IDS, capacity=4, queue=True)
+    queue.insert(ids(4))
+    gj.dequeue(queue, 1)
+    queue.save(tmp_path / "queue")
+    with gj.Table.load(tmp_path / "queue", queue=True) as loaded:
+        assert loaded.queue and loaded.unconsumed == 3
+        loaded.insert(ids(1, start=10), timeout=1.0)  # the consumed row's room
+        with pytest.raises(gj.RateLimiterTimeout, match="queue is full"):
+            loaded.insert(ids(1, start=11), timeout=0.05)
+        _, b = gj.dequeue(loaded, 4)
+        assert np.asarray(b["id"]).tolist() == [1, 2, 3, 10]
