@@ -1,0 +1,23 @@
+"""examples/impala.py: actor processes -> a gear_jax queue -> a jitted V-trace learner.
+
+One `--smoke` run (2 actor processes, 150 learner steps of 16 unrolls of 20 steps, about 45 s on this
+project's 2-core CPU machine) checks that every unroll the actors inserted was delivered exactly once
+(to the learner, or still queued at the end: none lost, none twice) and that the learner learned
+CartPole from them.
+"""
+
+from tests.helpers import examples
+
+
+def test_smoke_run_delivers_every_unroll_once_and_learns():
+    # Seed 0, --smoke, two runs: initial returns 25.3 and 24.7, final 96.3 and 104.6 (actors' timing
+    # varies from run to run, so the numbers do too).
+    fields, done = examples.run_example("impala.py", "--smoke", timeout=400)
+    summary = examples.numbers(fields)
+    assert summary["steps"] == 150
+    assert summary["unrolls"] == 150 * 16  # every learner step got a full batch
+    assert summary["duplicates"] == 0 and summary["lost"] == 0
+    assert summary["initial_return"] < 40  # a random policy keeps CartPole up for about 22 steps
+    assert summary["final_return"] >= 60, summary
+    assert summary["env_steps_per_s"] > 0
+    assert "0 delivered twice, 0 lost" in done.stdout
