@@ -20,6 +20,7 @@ from gear_jax.bench import (
     pool,
     ppo,
     priorities,
+    queue_throughput,
     sample,
     selection,
     sharded,
@@ -41,6 +42,7 @@ SUITES: dict[str, ModuleType] = {
     "episodes": episodes,
     "episode_inserts": episode_inserts,
     "ppo": ppo,
+    "queue": queue_throughput,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
@@ -54,6 +56,7 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "episodes": episodes.SYSTEMS,
     "episode_inserts": episode_inserts.SYSTEMS,
     "ppo": ppo.SYSTEMS,
+    "queue": queue_throughput.SYSTEMS,
 }
 INTERLEAVED_SUITES = (
     "gather",
@@ -62,6 +65,8 @@ INTERLEAVED_SUITES = (
     "episodes",
 )  # the suites that time through selection.measure
 BUSY_LOAD = 0.5
+# Flags shared by suites with different defaults: a suite's DEFAULTS come first, then these.
+FALLBACKS = {"world_size": "1,2,4", "insert_batch": 32}
 ITEM_UNITS = {
     "gather": "rows",
     "sample": "samples",
@@ -74,6 +79,7 @@ ITEM_UNITS = {
     "episodes": "windows",
     "episode_inserts": "episodes / steps",
     "ppo": "rollout rows (x epochs)",
+    "queue": "rows",
 }
 
 
@@ -113,8 +119,14 @@ def parser() -> argparse.ArgumentParser:
         "priorities sampled by the previous step, then sample; op prioritized+update), e.g. static,update",
     )
     p.add_argument("--writers", default="1,2", help="insert: writer processes")
-    p.add_argument("--world_size", default="1,2,4", help="actor_learner: actor processes")
-    p.add_argument("--insert_batch", type=int, default=32, help="actor_learner: rows per actor insert")
+    p.add_argument(
+        "--world_size", help="actor_learner: actor processes (1,2,4); queue: actor processes (1,2)"
+    )
+    p.add_argument(
+        "--insert_batch", type=int, help="actor_learner: rows per actor insert (32); queue: the same (8)"
+    )
+    p.add_argument("--rows_per_actor", type=int, help="queue: rows each actor inserts (20000)")
+    p.add_argument("--queue_size", type=int, help="queue: rows the queue holds (1024)")
     p.add_argument(
         "--samples_per_insert",
         help="actor_learner: give the table a rate limiter with these target ratios (a sweep, e.g. 1,4); "
@@ -158,6 +170,9 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
     for key, value in suite.DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key, value in FALLBACKS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     known = SYSTEMS[args.suite]
     args.systems = parse_names(args.systems) if args.systems else list(known)
     unknown = [s for s in args.systems if s not in known]
@@ -180,6 +195,9 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
             p.error(f"--samples_per_insert: {e}")
     elif args.error_buffer is not None:
         p.error("--error_buffer needs --samples_per_insert")
+    for key in ("insert_batch", "rows_per_actor", "queue_size"):
+        if getattr(args, key) is not None and getattr(args, key) < 1:
+            p.error(f"--{key} must be >= 1, got {getattr(args, key)}")
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
     if args.interleave < 0:
