@@ -434,7 +434,9 @@ def dequeue(
     Args:
       table: a queue (`Table.create(..., queue=True)`).
       batch_size: picks B >= 1.
-      fields, window, out: as for `gather`.
+      fields: as for `gather`.
+      window: as for `gather`.
+      out: as for `gather`.
 
     Returns:
       (sample, batch) of numpy arrays, as `gear_jax.dequeue`.
