@@ -345,3 +345,27 @@ def test_a_loaded_checkpoint_keeps_budgets_and_a_queue_its_unconsumed_rows(make_
             loaded.insert(ids(1, start=11), timeout=0.05)
         _, b = gj.dequeue(loaded, 4)
         assert np.asarray(b["id"]).tolist() == [1, 2, 3, 10]
+
+
+def test_two_dequeues_in_one_function_take_successive_rows_when_ordered_by_after(make_table):
+    queue = make_table(fields=IDS, capacity=32, queue=True)
+    queue.insert(ids(12))
+
+    @jax.jit
+    def twice():
+        _, a = gj.dequeue(queue, 4)
+        _, b = gj.dequeue(queue, 4, after=a["valid"])
+        return a, b
+
+    a, b = twice()
+    assert np.asarray(a["id"]).tolist() == [0, 1, 2, 3] and np.asarray(b["id"]).tolist() == [4, 5, 6, 7]
+
+    @jax.jit
+    def in_a_scan():
+        def body(carry, _):
+            _, batch = gj.dequeue(queue, 2)
+            return carry, batch["id"]
+
+        return jax.lax.scan(body, 0, None, length=2)[1]
+
+    assert np.asarray(in_a_scan()).tolist() == [[8, 9], [10, 11]]
