@@ -125,7 +125,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--insert_batch", type=int, help="actor_learner: rows per actor insert (32); queue: the same (8)"
     )
-    p.add_argument("--rows_per_actor", type=int, help="queue: rows each actor inserts (20000)")
+    p.add_argument("--rows_per_actor", type=int, help="queue: rows each actor inserts (50000)")
     p.add_argument("--queue_size", type=int, help="queue: rows the queue holds (1024)")
     p.add_argument(
         "--samples_per_insert",

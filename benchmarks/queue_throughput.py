@@ -49,7 +49,7 @@ DEFAULTS = {
     "batch_size": "64",
     "insert_batch": 8,
     "queue_size": 1024,
-    "rows_per_actor": 20000,
+    "rows_per_actor": 50000,
 }
 PLOT = {"x": "world_size", "y": "items_per_s", "label": "rows/s delivered to the learner"}
 OP = "queue"
@@ -281,7 +281,13 @@ def add_throughput_ratios(records: list[dict[str, Any]]) -> None:
 
 def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str, Any]]:
     """Records for every world size x item size x batch size."""
-    records = []
+    records: list[dict[str, Any]] = []
+    if args.insert_batch > args.queue_size:
+        note(
+            f"nothing measured: insert_batch={args.insert_batch} is more than the queue's "
+            f"{args.queue_size} rows"
+        )
+        return records
     for item_bytes, batch, actors in itertools.product(
         parse_ints(args.item_bytes), parse_ints(args.batch_size), parse_ints(args.world_size)
     ):

@@ -85,7 +85,7 @@ def test_flags_take_the_suites_defaults() -> None:
     p = bench_main.parser()
     queue = bench_main.resolve(p.parse_args(["queue"]), p)
     assert (queue.world_size, queue.insert_batch, queue.batch_size) == ("1,2", 8, "64")
-    assert (queue.rows_per_actor, queue.queue_size) == (20000, 1024)
+    assert (queue.rows_per_actor, queue.queue_size) == (50000, 1024)
     assert queue.systems == list(qt.SYSTEMS)
     learner = bench_main.resolve(p.parse_args(["actor_learner"]), p)
     assert (learner.world_size, learner.insert_batch) == ("1,2,4", 32)
