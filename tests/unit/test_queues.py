@@ -369,3 +369,22 @@ def test_two_dequeues_in_one_function_take_successive_rows_when_ordered_by_after
         return jax.lax.scan(body, 0, None, length=2)[1]
 
     assert np.asarray(in_a_scan()).tolist() == [[8, 9], [10, 11]]
+
+
+def test_a_step_ring_uses_episodes_up_too():
+    spec = gj.TableSpec(IDS, capacity=8, max_steps=6, step_capacity=64)
+    with gj.Table.create(spec, max_times_sampled=2) as ring:
+        lengths = np.array([6, 3, 5, 2])
+        ring.insert({"id": np.repeat(np.arange(4, dtype=np.int32)[:, None], 6, axis=1)}, lengths=lengths)
+        counts = collections.Counter()
+        for i in range(20):
+            if ring.unconsumed == 0:
+                break
+            s = gj.sample(ring, jax.random.key(i), 4, window=2, short_episodes="skip")
+            counts.update(delivered(ring, s, gj.gather(ring, s)))
+        assert ring.unconsumed == 0
+        assert sorted(n for n in counts.values()) == [2] * 4
+        # New episodes reuse the ring and get their own budget.
+        ring.insert({"id": np.full((1, 6), 9, np.int32)}, lengths=[4])
+        s = gj.sample(ring, jax.random.key(99), 3, window=2)
+        assert sorted(v for _, _, v in delivered(ring, s, gj.gather(ring, s))) == [9, 9]
