@@ -7,7 +7,6 @@
 #include <stdexcept>
 
 #include "kernels/atomics.h"
-#include "kernels/priorities.h"
 #include "xla_ffi/native_errors.h"
 #include "xla_ffi/seq_cst.h"
 #include "xla_ffi/shared_table.h"
@@ -321,21 +320,6 @@ void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t 
     }
   }
   AfterWrites(reclaimed);
-}
-
-KernelStatus SharedTable::Consume(const int32_t* indices, const uint32_t* generations, const bool* delivered,
-                                  int64_t n, bool* consumed) {
-  int64_t count = 0;
-  KernelStatus status;
-  {
-    CounterWindow window(*this);  // consumption moves rows out of `selectable`
-    status = ConsumePicksCpu(view_, indices, generations, delivered, n, consumed, &count);
-  }
-  // After the rows' state words: an insert the count admits finds their room free.
-  if (count > 0 && header()->rate_limiter.queue != 0) {
-    __atomic_fetch_add(&header()->rate_limiter.samples, static_cast<uint64_t>(count), __ATOMIC_SEQ_CST);
-  }
-  return status;
 }
 
 }  // namespace gear

@@ -15,7 +15,8 @@
 //
 // Files: table_layout.* (the header and where columns go), table_processes.* (pids, attach slots,
 // forks), table_mapping.* (the file, its mapping, huge pages, CUDA pinning), shared_table.cc (create,
-// reopen, attach, close), row_protocol.cc (claim, copy, publish), counter_window.* (windows, recounts).
+// reopen, attach, close), row_protocol.cc (claim, copy, publish), counter_window.* (windows, recounts),
+// consume.cc (a queue's consumption).
 #pragma once
 
 #include <atomic>
