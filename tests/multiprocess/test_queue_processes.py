@@ -86,7 +86,6 @@ def test_writers_and_consumers_of_a_queue_deliver_every_row_once(make_table, tmp
     assert len(got) == len(set(got)), "a row was delivered twice"
     assert sorted(got) == expected, "a committed row was lost"
     assert sum(waits) > 0, "the queue never filled: the writers' waits were not exercised"
-    assert all(out.strip() for out in outputs)  # both consumers got rows
 
 
 def test_consumers_killed_mid_batch_lose_at_most_the_batch_in_flight(make_table, tmp_path):
