@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import multiprocessing as mp
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +37,7 @@ import gear_jax as gj
 from gear_jax import host
 from gear_jax.bench.common import GEAR, GEAR_HOST, GEAR_SYSTEMS, Unavailable, make_record, parse_ints
 from gear_jax.bench.data import Dataset
+from gear_jax.bench import reverb_baseline
 from gear_jax.bench.display import progress
 
 REVERB = "reverb"
@@ -192,34 +191,9 @@ def run_reverb(
         "batch_size": point["batch_size"],
         "seed": 0,
     }
-    result = run_reverb_worker(python, config, timeout_s)
+    result = reverb_baseline.run_worker(python, config, timeout_s, worker=WORKER)
     ids = np.asarray(result["ids"], np.int64)
     return ids, np.asarray(result["latencies_s"], np.float64), float(result["wall_s"]), result
-
-
-def run_reverb_worker(python: str | None, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Runs reverb_queue_worker.py with `config` under `python` (as `reverb_baseline.run_worker` runs
-    its worker); returns its JSON result.
-
-    Raises:
-      Unavailable: no interpreter was given, it does not exist, or the worker failed.
-    """
-    if not python:
-        raise Unavailable(
-            "Reverb needs --reverb_python=PATH (an interpreter with dm-reverb; see docs/BENCHMARKS.md)"
-        )
-    if not os.path.exists(python):
-        raise Unavailable(f"--reverb_python={python} does not exist")
-    try:
-        done = subprocess.run(
-            [python, WORKER], input=json.dumps(config), capture_output=True, text=True, timeout=timeout_s
-        )
-    except subprocess.TimeoutExpired:
-        raise Unavailable(f"the Reverb queue worker ran longer than {timeout_s:.0f} s") from None
-    if done.returncode != 0:
-        tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-        raise Unavailable(f"the Reverb queue worker failed (exit {done.returncode}): {tail}")
-    return json.loads(done.stdout)
 
 
 def check_once(ids: np.ndarray, total: int, system: str, point: dict[str, Any]) -> None:

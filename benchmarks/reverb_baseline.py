@@ -17,8 +17,11 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reverb_worker
 SETUP_INSERT_BATCH = 100
 
 
-def run_worker(python: str | None, config: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Runs the worker with `config` under `python`; returns its JSON result.
+def run_worker(
+    python: str | None, config: dict[str, Any], timeout_s: float, worker: str = WORKER
+) -> dict[str, Any]:
+    """Runs the worker script `worker` (reverb_worker.py by default) with `config` under `python`;
+    returns its JSON result.
 
     Raises:
       Unavailable: no interpreter was given, it does not exist, or the worker failed.
@@ -31,7 +34,7 @@ def run_worker(python: str | None, config: dict[str, Any], timeout_s: float) -> 
         raise Unavailable(f"--reverb_python={python} does not exist")
     try:
         done = subprocess.run(
-            [python, WORKER], input=json.dumps(config), capture_output=True, text=True, timeout=timeout_s
+            [python, worker], input=json.dumps(config), capture_output=True, text=True, timeout=timeout_s
         )
     except subprocess.TimeoutExpired:
         raise Unavailable(f"the Reverb worker ran longer than {timeout_s:.0f} s") from None
