@@ -21,6 +21,7 @@ from gear_jax.bench import (
     ppo,
     priorities,
     queue_throughput,
+    remote_inserts,
     sample,
     selection,
     sharded,
@@ -43,6 +44,7 @@ SUITES: dict[str, ModuleType] = {
     "episode_inserts": episode_inserts,
     "ppo": ppo,
     "queue": queue_throughput,
+    "remote": remote_inserts,
 }
 SYSTEMS: dict[str, tuple[str, ...]] = {
     "gather": selection.SYSTEMS,
@@ -57,6 +59,7 @@ SYSTEMS: dict[str, tuple[str, ...]] = {
     "episode_inserts": episode_inserts.SYSTEMS,
     "ppo": ppo.SYSTEMS,
     "queue": queue_throughput.SYSTEMS,
+    "remote": remote_inserts.SYSTEMS,
 }
 INTERLEAVED_SUITES = (
     "gather",
@@ -80,6 +83,7 @@ ITEM_UNITS = {
     "episode_inserts": "episodes / steps",
     "ppo": "rollout rows (x epochs)",
     "queue": "rows",
+    "remote": "rows",
 }
 
 
@@ -87,7 +91,9 @@ def parser() -> argparse.ArgumentParser:
     """The command line; list flags left unset take the suite's defaults."""
     p = argparse.ArgumentParser(prog="python -m gear_jax.bench", description=__doc__.splitlines()[0])
     p.add_argument("suite", choices=sorted(SUITES))
-    p.add_argument("--batch_size", help="picks per step (insert: rows per insert call), e.g. 32,64,1024")
+    p.add_argument(
+        "--batch_size", help="picks per step (insert, remote: rows per insert call), e.g. 32,64,1024"
+    )
     p.add_argument("--item_bytes", help="bytes per row (per step with --window), e.g. 1024,65536")
     p.add_argument("--table_rows", help="rows in the table, e.g. 10000,100000")
     p.add_argument(
@@ -120,13 +126,15 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--writers", default="1,2", help="insert: writer processes")
     p.add_argument(
-        "--world_size", help="actor_learner: actor processes (1,2,4); queue: actor processes (1,2)"
+        "--world_size",
+        help="actor_learner: actor processes (1,2,4); queue: actor processes (1,2); remote: (1,2,4,8)",
     )
     p.add_argument(
         "--insert_batch", type=int, help="actor_learner: rows per actor insert (32); queue: the same (8)"
     )
     p.add_argument("--rows_per_actor", type=int, help="queue: rows each actor inserts (50000)")
     p.add_argument("--queue_size", type=int, help="queue: rows the queue holds (1024)")
+    p.add_argument("--seconds", type=float, help="remote: seconds each actor times calls per point (1.0)")
     p.add_argument(
         "--samples_per_insert",
         help="actor_learner: give the table a rate limiter with these target ratios (a sweep, e.g. 1,4); "
@@ -198,6 +206,8 @@ def resolve(args: argparse.Namespace, p: argparse.ArgumentParser) -> argparse.Na
     for key in ("insert_batch", "rows_per_actor", "queue_size"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             p.error(f"--{key} must be >= 1, got {getattr(args, key)}")
+    if args.seconds is not None and not args.seconds > 0:
+        p.error(f"--seconds must be > 0, got {args.seconds}")
     if args.iters < 1 or args.warmup < 0:
         p.error("--iters must be >= 1 and --warmup >= 0")
     if args.interleave < 0:

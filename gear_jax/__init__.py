@@ -19,6 +19,9 @@ from gear_jax.errors import (
     NotEnoughRowsError,
     OutOfSpaceError,
     RateLimiterTimeout,
+    RemoteAuthenticationError,
+    RemoteError,
+    RemoteUnavailableError,
     SlowPathWarning,
     SpecError,
     TableClosedError,
@@ -50,11 +53,14 @@ from gear_jax import casting, host, sharded, transitions
 
 
 def __getattr__(name: str) -> Any:
-    # `gj.torch` imports the PyTorch bridge on first use: `import gear_jax` never needs torch.
-    if name == "torch":
-        import importlib
+    # `gj.torch` imports the PyTorch bridge on first use: `import gear_jax` never needs torch; `gj.remote`
+    # and `gj.serve` import the remote writers (Arrow Flight) on first use: nor does it need pyarrow.
+    import importlib
 
-        return importlib.import_module("gear_jax.torch")
+    if name in ("torch", "remote"):
+        return importlib.import_module(f"gear_jax.{name}")
+    if name == "serve":
+        return importlib.import_module("gear_jax.remote").serve
     raise AttributeError(f"module 'gear_jax' has no attribute {name!r}")
 
 
@@ -89,6 +95,9 @@ __all__ = [
     "RateLimiter",
     "RateLimiterCounts",
     "RateLimiterTimeout",
+    "RemoteAuthenticationError",
+    "RemoteError",
+    "RemoteUnavailableError",
     "SUPPORTED_DTYPES",
     "Sample",
     "ShardedSample",

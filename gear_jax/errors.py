@@ -61,6 +61,20 @@ class NotEnoughRowsError(GearJaxError, RuntimeError):
     fifo, lifo and topk; insert rows (or wait for the writers) and sample again."""
 
 
+class RemoteError(GearJaxError, RuntimeError):
+    """A served table's server refused or failed a remote writer's call for a reason of its own (a
+    protocol mismatch, a malformed message); the message says what the server answered."""
+
+
+class RemoteUnavailableError(GearJaxError, ConnectionError):
+    """A remote writer could not reach its server after its retries: start the server (`gj.serve` or
+    `python -m gear_jax.serve`), check the address, or raise `retries`."""
+
+
+class RemoteAuthenticationError(GearJaxError, PermissionError):
+    """A served table's server refused a remote writer's token; pass the server's `token=`."""
+
+
 class SlowPathWarning(UserWarning):
     """An insert or one-row write took the general (Python) path: values of a type the native short path
     does not take (a list, a JAX array, a non-contiguous array, a dtype it does not convert). The same

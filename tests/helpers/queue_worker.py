@@ -3,9 +3,9 @@
     python queue_worker.py ROLE TABLE_NAME [ARGS...]
 
 Roles:
-  learner SECONDS: prints "ready" once its step is compiled, waits for a line on stdin, then samples
-    uniform batches of 16 (jitted sample + gather) until SECONDS have passed and the table has no
-    selectable row left; prints the id of every valid pick, one per line, at the end.
+  learner DONE_FILE: prints "ready" once its step is compiled, waits for a line on stdin, then samples
+    uniform batches of 16 (jitted sample + gather) until DONE_FILE exists (the writers are done) and the
+    table has no selectable row left; prints the id of every valid pick, one per line, at the end.
   writer FIRST COUNT BATCH [PAUSE]: inserts ids FIRST .. FIRST + COUNT - 1 in batches of BATCH (PAUSE
     seconds apart), waiting while a queue is full; prints how many batches had to wait.
   consumer DONE_FILE BATCH [PAUSE]: dequeues batches of BATCH (jitted, PAUSE seconds apart) until
@@ -24,14 +24,13 @@ import numpy as np
 import gear_jax as gj
 
 
-def learner(table: gj.Table, seconds: float) -> None:
+def learner(table: gj.Table, done_file: str) -> None:
     step = jax.jit(lambda k: (lambda s: gj.gather(table, s))(gj.sample(table, k, 16)))
     step = step.lower(jax.random.key(0)).compile()
     print("ready", flush=True)
     sys.stdin.readline()  # "go": every learner is ready
     ids, i = [], 0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end or table.unconsumed > 0:
+    while not os.path.exists(done_file) or table.unconsumed > 0:
         i += 1
         try:
             batch = step(jax.random.key(os.getpid() * 100_003 + i))
@@ -76,7 +75,7 @@ def main() -> None:
     role, name, *args = sys.argv[1:]
     table = gj.Table.attach(name)
     if role == "learner":
-        learner(table, float(args[0]))
+        learner(table, args[0])
     elif role == "writer":
         writer(table, int(args[0]), int(args[1]), int(args[2]), *map(float, args[3:]))
     elif role == "consumer":

@@ -38,13 +38,14 @@ def finish(process, timeout=TIMEOUT):
     return out
 
 
-def test_concurrent_learners_sample_each_row_exactly_max_times_sampled_times(make_table):
+def test_concurrent_learners_sample_each_row_exactly_max_times_sampled_times(make_table, tmp_path):
     """Three learner processes sample while a writer overwrites rows: no contents are ever delivered
     more than k times, and every row's final contents exactly k times."""
     k = 3
     table = make_table(fields={"id": gj.Field((), "int64")}, capacity=256, max_times_sampled=k)
     table.insert({"id": np.arange(256, dtype=np.int64)})
-    learners = [start("learner", table, 2.0) for _ in range(3)]
+    done = tmp_path / "writer_done"  # the learners sample until the writer is done and nothing is left
+    learners = [start("learner", table, done) for _ in range(3)]
     writer = None
     try:
         for p in learners:
@@ -54,6 +55,7 @@ def test_concurrent_learners_sample_each_row_exactly_max_times_sampled_times(mak
             p.stdin.flush()
         writer = start("writer", table, 1_000, 1_000, 8, 0.005)
         finish(writer)
+        done.touch()
         outputs = [finish(p) for p in learners]
     finally:
         for p in [*learners, writer]:

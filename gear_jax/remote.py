@@ -1,0 +1,887 @@
+"""Actors on other machines: a table served over the network, and writers that stream rows into it.
+
+A process that holds a table (or its shards of a `ShardedTable`) serves it with `gj.serve(table)`; an
+actor on any machine writes with `gj.remote.Writer(address)`, whose `insert`, `add` and `episode_writer`
+read as a table's own. The transport is Arrow Flight (`pyarrow.flight`: Arrow record batches over gRPC,
+TLS built in): each writer keeps one stream open, each insert is one record batch on it whose columns
+are the rows' bytes (no copy on either side), and the server answers every batch with the row ids once
+the rows are in the table. docs/BENCHMARKS.md ("Remote writers") has the figures that chose Flight over
+plain gRPC.
+
+What crosses the network, and what is checked where:
+  * the client casts and checks a batch by the table's casting policy before sending (it fails fast, with
+    the messages of a local insert); the server checks every message again (never trusting the client):
+    the schema, each column's widths, bool bytes, the steps per row, priorities and lengths, and the size
+    (`max_message_bytes`). A refused message writes nothing and leaves the stream usable;
+  * an insert is one message and one local `Table.insert` on the server: all of it is written or none;
+  * an episode is kept by the client until `end_episode`, then sent as one row: the server never holds a
+    row for a client, so a client killed at any moment leaves no half-written or held row behind;
+  * the table's rate limiter (or a queue's room) reaches remote writers: the server's insert waits, with
+    the client's `timeout`, and reads the stream's next message only once the last is in the table, so a
+    slow learner makes the writers wait instead of the server buffering (gRPC's flow control holds
+    back what a writer sends ahead);
+  * a server that goes away (restarted, say) is reconnected to: a writer retries a failed call up to
+    `retries` times (waits doubling from `retry_wait_s`), then raises `RemoteUnavailableError`. A batch
+    whose answer was lost with the connection is sent again: delivery is at least once (a batch the
+    server wrote just before it died is written twice);
+  * the server listens on 127.0.0.1 unless told otherwise, and beyond the loopback only with a
+    shared-secret `token`, which every call must carry (`authorization: Bearer <token>`); a call without
+    it gets nothing and writes nothing. With `tls=(cert_file, key_file)` the connection is TLS
+    (`grpc+tls://`); writers pass the certificate that signed it as `tls_root_cert`.
+
+A writer that stays idle for `idle_close_s` closes its stream (the next call opens another): a server's
+`close()` waits for open streams, which an idle writer would otherwise hold.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import math
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gear_jax import _rows
+from gear_jax.casting import StepConverter, check_casting, to_numpy
+from gear_jax.errors import (
+    AllRowsHeldError,
+    InvalidArgumentError,
+    RateLimiterTimeout,
+    RemoteAuthenticationError,
+    RemoteError,
+    RemoteUnavailableError,
+    TableClosedError,
+)
+from gear_jax.rate_limiter import check_timeout
+from gear_jax.spec import TableSpec
+
+try:
+    import pyarrow as pa
+    import pyarrow.flight as flight
+except ImportError as e:  # pragma: no cover - pyarrow is a dependency of the remote writers only
+    raise ImportError(
+        "gear_jax.remote needs pyarrow (Arrow Flight): pip install pyarrow, or gear_jax[remote]"
+    ) from e
+
+__all__ = ["RemoteEpisodeWriter", "Server", "Writer", "serve"]
+
+PROTOCOL = 1
+PRIORITY_COLUMN = "__priority"
+LENGTH_COLUMN = "__length"
+DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+AUTH_HEADER = "authorization"
+_log = logging.getLogger("gear_jax.remote")
+# What the server raises by name, so that the writer raises the same class (anything else: RemoteError).
+_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (InvalidArgumentError, RateLimiterTimeout, TableClosedError, AllRowsHeldError)
+}
+
+
+# -- the server ----------------------------------------------------------------------------------------
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _tables_of(table: Any) -> dict[int | None, Any]:
+    """{shard: Table} of what `serve` serves: a Table as shard None, a ShardedTable's local shards."""
+    from gear_jax.sharded import ShardedTable
+    from gear_jax.table import Table
+
+    if isinstance(table, Table):
+        return {None: table}
+    if isinstance(table, ShardedTable):
+        return dict(table.local_shards)
+    if isinstance(table, Mapping) and table and all(isinstance(t, Table) for t in table.values()):
+        if not all(isinstance(s, int) and not isinstance(s, bool) for s in table):
+            raise InvalidArgumentError("serve: a mapping of tables must be keyed by shard index (int)")
+        return dict(table)
+    raise InvalidArgumentError(
+        f"serve: table must be a gear_jax.Table, a ShardedTable (its shards on this process) or a "
+        f"{{shard: Table}} mapping; got {type(table).__name__}"
+    )
+
+
+class _TokenCheck(flight.ServerMiddlewareFactory):
+    """Refuses every call that does not carry the server's token (before any handler runs)."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    def start_call(self, info: Any, headers: dict[str, list[Any]]) -> None:
+        given = headers.get(AUTH_HEADER) or headers.get(AUTH_HEADER.title()) or []
+        for value in given:
+            value = value.encode() if isinstance(value, str) else bytes(value)
+            if hmac.compare_digest(value, self._expected):
+                return None
+        raise flight.FlightUnauthenticatedError("gear_jax server: missing or wrong token")
+
+
+class _Layout:
+    """The wire layout of one table: one large_binary column per field (each value one row's bytes),
+    then the rows' priorities and lengths."""
+
+    def __init__(self, spec: TableSpec):
+        self.spec = spec
+        self.names = list(spec.fields)
+        self.step_bytes = [f.step_bytes for f in spec.fields.values()]
+        self.schema = pa.schema(
+            [pa.field(n, pa.large_binary(), nullable=False) for n in self.names]
+            + [
+                pa.field(PRIORITY_COLUMN, pa.float32(), nullable=False),
+                pa.field(LENGTH_COLUMN, pa.int32(), nullable=False),
+            ]
+        )
+
+    def record_batch(
+        self, arrays: list[np.ndarray], rows: int, priorities: np.ndarray, lengths: np.ndarray
+    ) -> Any:
+        """The rows as a record batch whose field columns are views of `arrays` (no copy)."""
+        columns = []
+        for array in arrays:
+            width = array.nbytes // rows
+            offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int64)
+            data = pa.py_buffer(array.reshape(-1).view(np.uint8))
+            columns.append(
+                pa.Array.from_buffers(pa.large_binary(), rows, [None, pa.py_buffer(offsets), data])
+            )
+        columns.append(pa.array(priorities, pa.float32()))
+        columns.append(pa.array(lengths, pa.int32()))
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def arrays(self, batch: Any, steps: int) -> dict[str, np.ndarray]:
+        """The field arrays of a received batch (views of its buffers), after checking every column's
+        widths and bytes; InvalidArgumentError naming the column otherwise."""
+        rows = batch.num_rows
+        lead = (rows, steps) if self.spec.is_trajectory else (rows,)
+        out = {}
+        for i, (name, field) in enumerate(self.spec.fields.items()):
+            column = batch.column(i)
+            if column.null_count:
+                raise InvalidArgumentError(f"column {name!r} has null values")
+            _, offsets, data = column.buffers()
+            width = steps * self.step_bytes[i]
+            at = np.frombuffer(offsets, np.int64, count=rows + 1, offset=column.offset * 8)
+            if (np.diff(at) != width).any() or at[-1] > data.size or at[0] < 0:
+                raise InvalidArgumentError(
+                    f"column {name!r} does not hold {width} bytes per row ({steps} steps of "
+                    f"{self.step_bytes[i]} bytes)"
+                )
+            raw = np.frombuffer(data, np.uint8, count=rows * width, offset=int(at[0]))
+            if field.dtype == np.bool_ and (raw > 1).any():
+                raise InvalidArgumentError(f"column {name!r} holds bytes other than 0 and 1 for bools")
+            out[name] = raw.view(field.dtype).reshape(*lead, *field.shape)
+        return out
+
+
+class _Service(flight.FlightServerBase):
+    """The Flight service behind `Server`: `describe` (an action) and inserts (DoPut streams)."""
+
+    def __init__(self, owner: Server, location: str, **kwargs: Any):
+        super().__init__(location, **kwargs)
+        self._owner = owner
+
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        return [("describe", "the served tables' specs, casting policies and limits (JSON)")]
+
+    def do_action(self, context: Any, action: Any) -> Any:
+        if action.type != "describe":
+            raise flight.FlightServerError(f"gear_jax server: unknown action {action.type!r}; use describe")
+        return [pa.py_buffer(json.dumps(self._owner.describe()).encode())]
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        owner = self._owner
+        try:
+            command = json.loads(bytes(descriptor.command))
+            shard = command.get("shard")
+            protocol = command.get("protocol")
+        except (ValueError, TypeError, AttributeError):
+            raise flight.FlightServerError(
+                "gear_jax server: the stream's descriptor is not a gear_jax insert"
+            )
+        if protocol != PROTOCOL:
+            raise flight.FlightServerError(
+                f"gear_jax server: protocol {protocol!r} is not this server's ({PROTOCOL}); use the same "
+                "gear_jax version on both sides"
+            )
+        if shard not in owner.tables:
+            raise flight.FlightServerError(
+                f"gear_jax server: shard {shard!r} is not served here; it serves {owner.shard_list()}"
+            )
+        layout = owner.layouts[shard]
+        if not reader.schema.equals(layout.schema):
+            raise flight.FlightServerError(
+                "gear_jax server: the stream's schema is not the table's; write with gj.remote.Writer"
+            )
+        with owner.stream_opened():
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    return
+                if owner.closing:  # the writer sends the message again, to the next server
+                    raise flight.FlightUnavailableError("gear_jax server: shutting down")
+                ack = owner.insert_message(shard, layout, chunk)
+                writer.write(pa.py_buffer(ack))
+
+
+class Server:
+    """Serves a table, or this process's shards of a `ShardedTable`, to remote writers
+    (`gj.remote.Writer`). Made by `gj.serve`; a context manager; `close()` stops it (the table stays)."""
+
+    def __init__(
+        self,
+        table: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        tls: tuple[str, str] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        close_timeout_s: float = 10.0,
+    ):
+        self.tables = _tables_of(table)
+        if not isinstance(host, str) or not host:
+            raise InvalidArgumentError(f"serve: host={host!r} must be a host name or address")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise InvalidArgumentError(
+                f"serve: port={port!r} must be an int in [0, 65535] (0: any free port)"
+            )
+        if token is not None and (not isinstance(token, str) or len(token) < 16):
+            raise InvalidArgumentError(
+                "serve: token must be a string of at least 16 characters (e.g. secrets.token_hex(16))"
+            )
+        if token is None and not _is_loopback(host):
+            raise InvalidArgumentError(
+                f"serve: host={host!r} listens beyond the loopback; pass token=... (a shared secret every "
+                "writer must present, e.g. secrets.token_hex(16)), and tls=(cert_file, key_file) on an "
+                "untrusted network"
+            )
+        if (
+            isinstance(max_message_bytes, bool)
+            or not isinstance(max_message_bytes, int)
+            or max_message_bytes < 1
+        ):
+            raise InvalidArgumentError(
+                f"serve: max_message_bytes={max_message_bytes!r} must be a positive int"
+            )
+        kwargs: dict[str, Any] = {}
+        scheme = "grpc"
+        if tls is not None:
+            try:
+                cert_file, key_file = tls
+                with open(cert_file, "rb") as f:
+                    cert = f.read()
+                with open(key_file, "rb") as f:
+                    key = f.read()
+            except (TypeError, ValueError, OSError) as e:
+                raise InvalidArgumentError(
+                    f"serve: tls={tls!r} must be (certificate file, private key file), PEM and readable: {e}"
+                ) from None
+            kwargs["tls_certificates"] = [(cert, key)]
+            scheme = "grpc+tls"
+        if token is not None:
+            kwargs["middleware"] = {"token": _TokenCheck(token)}
+        self.layouts = {s: _Layout(t.spec) for s, t in self.tables.items()}
+        self.max_message_bytes = max_message_bytes
+        self.closing = False
+        self._close_timeout_s = close_timeout_s
+        self._lock = threading.Lock()
+        self._streams = 0
+        self.stats = {"messages": 0, "rows": 0, "refused": 0, "streams": 0}
+        self._host = host
+        try:
+            self._service = _Service(self, f"{scheme}://{host}:{port}", **kwargs)
+        except flight.FlightError as e:
+            raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e}") from None
+        except OSError as e:
+            raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e}") from None
+        self.port = int(self._service.port)
+        shown = f"[{host}]" if ":" in host else host
+        self.address = f"{scheme}://{shown}:{self.port}"
+        self._closed = False
+
+    def shard_list(self) -> list[int | None]:
+        return list(self.tables)
+
+    def describe(self) -> dict[str, Any]:
+        """What a writer needs before its first insert: each served table's spec and policies."""
+        return {
+            "protocol": PROTOCOL,
+            "max_message_bytes": self.max_message_bytes,
+            "tables": [
+                {
+                    "shard": s,
+                    "name": t.name,
+                    "spec": t.spec.to_json(),
+                    "casting": t.casting,
+                    "queue": bool(t.queue),
+                    "rate_limited": t.rate_limiter is not None,
+                }
+                for s, t in self.tables.items()
+            ],
+        }
+
+    class _Open:
+        def __init__(self, server: Server):
+            self.server = server
+
+        def __enter__(self) -> None:
+            with self.server._lock:
+                self.server._streams += 1
+                self.server.stats["streams"] += 1
+
+        def __exit__(self, *exc: object) -> None:
+            with self.server._lock:
+                self.server._streams -= 1
+
+    def stream_opened(self) -> Server._Open:
+        return Server._Open(self)
+
+    @property
+    def open_streams(self) -> int:
+        """Insert streams open now (writers connected)."""
+        return self._streams
+
+    def insert_message(self, shard: int | None, layout: _Layout, chunk: Any) -> bytes:
+        """Checks one message and inserts its rows; the answer to send back (row ids, or the error)."""
+        seq = None
+        try:
+            if chunk.app_metadata is None or chunk.data is None:
+                raise InvalidArgumentError("a message must carry rows and their metadata")
+            try:
+                meta = json.loads(bytes(chunk.app_metadata))
+                seq, steps, timeout = meta["seq"], meta["steps"], meta["timeout"]
+                given_lengths, max_priority = meta["lengths"], meta.get("max_priority", False)
+            except (ValueError, TypeError, KeyError) as e:
+                raise InvalidArgumentError(
+                    f"the message's metadata is not a gear_jax insert's ({e})"
+                ) from None
+            batch = chunk.data
+            table = self.tables[shard]
+            spec = table.spec
+            if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= spec.max_steps:
+                raise InvalidArgumentError(f"steps={steps!r} per row; the table holds 1 to {spec.max_steps}")
+            if not spec.is_trajectory and steps != 1:
+                raise InvalidArgumentError(f"steps={steps} per row in a transition table (one step per row)")
+            if batch.num_rows < 1:
+                raise InvalidArgumentError("a message must carry at least one row")
+            if batch.nbytes > self.max_message_bytes:
+                raise InvalidArgumentError(
+                    f"the message holds {batch.nbytes} bytes, more than the server's max_message_bytes="
+                    f"{self.max_message_bytes}; send fewer rows per insert"
+                )
+            if timeout is not None and not isinstance(timeout, (int, float)):
+                raise InvalidArgumentError(f"timeout={timeout!r} must be seconds or None")
+            timeout = check_timeout(timeout, "remote insert")
+            try:  # offsets within their buffers, buffers as long as the columns: O(rows)
+                batch.validate(full=True)
+            except pa.ArrowException as e:
+                raise InvalidArgumentError(f"the message's columns are malformed: {e}") from None
+            arrays = layout.arrays(batch, steps)
+            priorities = batch.column(len(layout.names)).to_numpy(zero_copy_only=False)
+            lengths = batch.column(len(layout.names) + 1).to_numpy(zero_copy_only=False)
+            if max_priority:
+                priorities = np.full_like(priorities, table.max_priority or 1.0)
+            rows = table.insert(
+                arrays, priorities=priorities, lengths=lengths if given_lengths else None, timeout=timeout
+            )
+        except Exception as e:  # noqa: BLE001 - whatever a message does, the server answers and goes on
+            with self._lock:
+                self.stats["refused"] += 1
+            error = type(e).__name__ if type(e).__name__ in _ERRORS else "RemoteError"
+            return json.dumps({"seq": seq, "ok": False, "error": error, "message": str(e)}).encode()
+        with self._lock:
+            self.stats["messages"] += 1
+            self.stats["rows"] += len(rows)
+        head = json.dumps({"seq": seq, "ok": True, "rows": len(rows)}).encode()
+        return head + b"\n" + np.asarray(rows, np.int32).tobytes()
+
+    def close(self) -> None:
+        """Stops serving: refuses new messages (writers see the server as gone and retry), and waits up to
+        `close_timeout_s` for open streams to end (an idle writer closes its stream within its
+        `idle_close_s`). The tables stay open."""
+        if self._closed:
+            return
+        self._closed = True
+        self.closing = True
+        done = threading.Thread(target=self._service.shutdown, name="gear_jax-serve-close", daemon=True)
+        done.start()
+        done.join(self._close_timeout_s)
+        if done.is_alive():
+            _log.warning(
+                "gear_jax server %s: %d streams still open after %.0f s; they end when their writers "
+                "disconnect",
+                self.address,
+                self._streams,
+                self._close_timeout_s,
+            )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Server(address={self.address!r}, shards={self.shard_list()}, closed={self._closed})"
+
+
+def serve(
+    table: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    tls: tuple[str, str] | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Server:
+    """Serves `table` to remote writers (`gj.remote.Writer`) until the returned `Server` is closed.
+
+    Args:
+      table: a `Table`, a `ShardedTable` (this process's shards: writers name one with `shard=`), or a
+        `{shard: Table}` mapping.
+      host: the address to listen on; the loopback by default. Any other address needs `token`.
+      port: the port; 0 picks a free one (`server.port`, `server.address`).
+      token: a shared secret (at least 16 characters) every call must carry; None only on the loopback.
+      tls: (certificate file, private key file), PEM: the connection is TLS (`grpc+tls://`).
+      max_message_bytes: the largest message (one insert) the server takes; larger ones are refused.
+
+    Returns:
+      The running `Server` (a context manager): `server.address` is what writers connect to.
+
+    Raises:
+      InvalidArgumentError: a bad argument, a non-loopback host without a token, a port in use.
+    """
+    return Server(table, host, port, token, tls, max_message_bytes)
+
+
+# -- the writers ---------------------------------------------------------------------------------------
+
+
+def _is_unavailable(error: BaseException) -> bool:
+    """Whether a Flight error means the server is gone or going (retry), not that it refused the call."""
+    if isinstance(error, (flight.FlightUnavailableError, flight.FlightTimedOutError, ConnectionError)):
+        return True
+    if isinstance(error, flight.FlightCancelledError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, (flight.FlightInternalError, OSError)) and any(
+        s in text for s in ("unavailable", "connection", "socket", "shutting down", "broken pipe", "eof")
+    )
+
+
+class _Idle:
+    """Closes the streams of writers idle for longer than their `idle_close_s` (one daemon thread)."""
+
+    _lock = threading.Lock()
+    _writers: weakref.WeakSet[Writer] = weakref.WeakSet()
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def watch(cls, writer: Writer) -> None:
+        with cls._lock:
+            cls._writers.add(writer)
+            if cls._thread is None or not cls._thread.is_alive():
+                cls._thread = threading.Thread(target=cls._run, name="gear_jax-remote-idle", daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            time.sleep(0.1)
+            for writer in list(cls._writers):
+                writer._close_if_idle()
+
+
+class Writer:
+    """Writes rows into a table served by `gj.serve`, from any machine: `insert`, `add` and
+    `episode_writer` as on a local table.
+
+    Args:
+      address: the server's address (`server.address`: "grpc://host:port" or "grpc+tls://host:port").
+      shard: which served shard to write (a `ShardedTable`'s index); None when the server serves one table.
+      token: the server's shared secret, if it has one.
+      tls_root_cert: for a TLS server, the PEM file of the certificate (or CA) that signed its certificate.
+      batch_rows: `add` sends its rows in messages of this many (and on `flush()` and `close()`).
+      retries: tries of a call that finds the server gone before `RemoteUnavailableError`.
+      retry_wait_s: the first wait between tries (doubling, at most 5 s).
+      idle_close_s: the writer closes its stream after this long without a call.
+      casting: the casting policy of inserts ("fit" or "strict"); None: the served table's.
+
+    Raises:
+      RemoteUnavailableError: the server cannot be reached after `retries` tries.
+      RemoteAuthenticationError: the server wants another token.
+      InvalidArgumentError: bad arguments, or a shard the server does not serve.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        shard: int | None = None,
+        token: str | None = None,
+        tls_root_cert: str | None = None,
+        batch_rows: int = 64,
+        retries: int = 5,
+        retry_wait_s: float = 0.2,
+        idle_close_s: float = 1.0,
+        casting: str | None = None,
+    ):
+        if not isinstance(address, str) or "://" not in address:
+            raise InvalidArgumentError(
+                f"Writer: address={address!r} must be a server's address such as 'grpc://127.0.0.1:5005' "
+                "(server.address)"
+            )
+        for name, value, low in (("batch_rows", batch_rows, 1), ("retries", retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgumentError(f"Writer: {name}={value!r} must be an int >= {low}")
+        for name, value in (("retry_wait_s", retry_wait_s), ("idle_close_s", idle_close_s)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise InvalidArgumentError(f"Writer: {name}={value!r} must be seconds >= 0")
+        self.address = address
+        self._retries = retries
+        self._retry_wait_s = float(retry_wait_s)
+        self._idle_close_s = float(idle_close_s)
+        self._batch_rows = batch_rows
+        headers = [(AUTH_HEADER.encode(), f"Bearer {token}".encode())] if token is not None else []
+        self._options = flight.FlightCallOptions(headers=headers)
+        kwargs: dict[str, Any] = {}
+        if tls_root_cert is not None:
+            try:
+                with open(tls_root_cert, "rb") as f:
+                    kwargs["tls_root_certs"] = f.read()
+            except (OSError, TypeError) as e:
+                raise InvalidArgumentError(
+                    f"Writer: tls_root_cert={tls_root_cert!r} cannot be read: {e}"
+                ) from None
+        self._lock = threading.RLock()
+        self._stream: tuple[Any, Any] | None = None
+        self._last_used = time.monotonic()
+        self._seq = 0
+        self._pending: list[tuple[list[np.ndarray], float]] = []
+        self._closed = False
+        try:
+            self._client = flight.FlightClient(address, **kwargs)
+        except (flight.FlightError, OSError, ValueError, TypeError) as e:
+            raise InvalidArgumentError(f"Writer: cannot connect to {address!r}: {e}") from None
+        described = self._retrying(self._describe, "describe")
+        tables = {t["shard"]: t for t in described["tables"]}
+        if shard is None and len(tables) == 1:
+            shard = next(iter(tables))
+        if shard not in tables:
+            raise InvalidArgumentError(
+                f"Writer: shard={shard!r} is not served at {address}; it serves shards "
+                f"{sorted(tables, key=str)}" + (" (name one with shard=)" if shard is None else "")
+            )
+        info = tables[shard]
+        self.shard = shard
+        self.table_name: str = info["name"]
+        self.spec = TableSpec.from_json(info["spec"])
+        self.queue = bool(info["queue"])
+        self.rate_limited = bool(info["rate_limited"])
+        self.max_message_bytes = int(described["max_message_bytes"])
+        self.casting = check_casting(casting if casting is not None else info["casting"])
+        self._layout = _Layout(self.spec)
+        self._batches = _rows.Batches(self.spec)
+        self._convert = StepConverter(self.spec.fields)
+        self._descriptor = flight.FlightDescriptor.for_command(
+            json.dumps({"protocol": PROTOCOL, "shard": shard}).encode()
+        )
+        _Idle.watch(self)
+
+    # -- connection ------------------------------------------------------------------------------------
+
+    def _describe(self) -> dict[str, Any]:
+        results = list(self._client.do_action(flight.Action("describe", b""), self._options))
+        described = json.loads(bytes(results[0].body))
+        if described.get("protocol") != PROTOCOL:
+            raise RemoteError(
+                f"the server at {self.address} speaks protocol {described.get('protocol')!r}, this writer "
+                f"{PROTOCOL}; use the same gear_jax version on both sides"
+            )
+        return described
+
+    def _retrying(self, call: Any, what: str) -> Any:
+        """`call()`, tried again while the server is unreachable, up to `retries` more times."""
+        wait = self._retry_wait_s
+        for attempt in range(self._retries + 1):
+            try:
+                return call()
+            except flight.FlightUnauthenticatedError:
+                raise RemoteAuthenticationError(
+                    f"the gear_jax server at {self.address} refused the token (pass the server's token=)"
+                ) from None
+            except (flight.FlightError, OSError) as e:
+                if not _is_unavailable(e):
+                    raise RemoteError(f"{what} at {self.address} failed: {e}") from None
+                self._drop_stream()
+                if attempt == self._retries:
+                    raise RemoteUnavailableError(
+                        f"the gear_jax server at {self.address} could not be reached ({what}, "
+                        f"{self._retries + 1} tries): {e}. Is it running (gj.serve or python -m "
+                        "gear_jax.serve)? Raise retries= to wait longer"
+                    ) from None
+                time.sleep(wait)
+                wait = min(2 * wait, 5.0)
+        raise AssertionError("unreachable")
+
+    def _open_stream(self) -> tuple[Any, Any]:
+        if self._stream is None:
+            self._stream = self._client.do_put(self._descriptor, self._layout.schema, self._options)
+        return self._stream
+
+    def _drop_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream[0].close()
+            except (flight.FlightError, OSError, pa.ArrowException):
+                pass
+
+    def _close_if_idle(self) -> None:
+        if self._stream is None or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._stream is not None and time.monotonic() - self._last_used > self._idle_close_s:
+                self._end_stream()
+        finally:
+            self._lock.release()
+
+    def _end_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream[0].done_writing()
+                stream[0].close()
+            except (flight.FlightError, OSError, pa.ArrowException):
+                pass
+
+    def _send(self, batch: Any, meta: dict[str, Any]) -> bytes:
+        """Sends one message and returns the server's answer, reconnecting (and resending) while the
+        server is unreachable."""
+
+        def once() -> bytes:
+            writer, answers = self._open_stream()
+            writer.write_with_metadata(batch, pa.py_buffer(json.dumps(meta).encode()))
+            answer = answers.read()
+            if answer is None:  # the server ended the stream: its status says why
+                self._stream = None
+                writer.close()  # raises the server's error
+                raise flight.FlightUnavailableError("the server ended the stream")
+            return answer.to_pybytes()
+
+        with self._lock:
+            self._live()
+            try:
+                return self._retrying(once, "insert")
+            finally:
+                self._last_used = time.monotonic()
+
+    def _live(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("this gj.remote.Writer is closed; make a new one")
+
+    # -- writing ---------------------------------------------------------------------------------------
+
+    def insert(
+        self,
+        batch: Mapping[str, Any],
+        priorities: Any = None,
+        lengths: Any = None,
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        """Inserts a batch of rows into the served table; returns their row ids, int32[B], once they are
+        in it. As `Table.insert`: the same arguments, casts and checks (done here first, and again by
+        the server), all rows or none.
+
+        Raises:
+          InvalidArgumentError: as `Table.insert`, or a batch larger than the server's max_message_bytes.
+          RateLimiterTimeout: the table's rate limiter (or a full queue) did not admit the rows in time.
+          TableClosedError: the served table was closed.
+          RemoteUnavailableError: the server could not be reached after `retries` tries.
+        """
+        if timeout is not None:
+            timeout = check_timeout(timeout, "Writer.insert")
+        max_priority = isinstance(priorities, str)
+        if max_priority and priorities != "max":
+            raise InvalidArgumentError(
+                f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
+            )
+        checked = self._batches.ready(batch, self.casting)
+        if checked is None or any(a.dtype != f.dtype for a, f in zip(checked[0], self.spec.fields.values())):
+            checked = self._batches.host(batch, self.casting)
+        arrays, rows, steps = checked
+        if rows == 0:
+            return np.zeros((0,), np.int32)
+        p = np.ones((rows,), np.float32) if max_priority else _rows.priorities(priorities, rows)
+        n = np.full((rows,), steps, np.int32) if lengths is None else _rows.lengths(lengths, rows, steps)
+        nbytes = sum(a.nbytes for a in arrays) + 8 * rows
+        if nbytes > self.max_message_bytes:
+            raise InvalidArgumentError(
+                f"Writer.insert: the batch holds {nbytes} bytes, more than the server's max_message_bytes="
+                f"{self.max_message_bytes}; insert fewer rows per call"
+            )
+        record = self._layout.record_batch(arrays, rows, p, n)
+        self._seq += 1
+        meta = {
+            "seq": self._seq,
+            "steps": steps,
+            "timeout": timeout,
+            "lengths": lengths is not None,
+            "max_priority": max_priority,
+        }
+        return self._answer(self._send(record, meta), rows)
+
+    def _answer(self, answer: bytes, rows: int) -> np.ndarray:
+        head, _, body = answer.partition(b"\n")
+        reply = json.loads(head)
+        if not reply.get("ok"):
+            cls = _ERRORS.get(reply.get("error"), RemoteError)
+            raise cls(f"gear_jax server {self.address}: {reply.get('message')}")
+        ids = np.frombuffer(body, np.int32).copy()
+        if ids.shape != (rows,):
+            raise RemoteError(f"the server at {self.address} answered {ids.size} row ids for {rows} rows")
+        return ids
+
+    def add(self, row: Mapping[str, Any], priority: float = 1.0) -> None:
+        """Adds one row (as `Table.add`: no batch axis; `[T, *shape]` for a trajectory table), checked and
+        cast now and sent with others in messages of `batch_rows` rows (`flush()` sends what is kept)."""
+        self._live()
+        if not isinstance(row, Mapping):
+            raise InvalidArgumentError(f"row must map field names to values, got {type(row).__name__}")
+        p = _rows.priority(priority)
+        if self.spec.is_trajectory:
+            batch = {n: to_numpy(v, f"row[{n!r}]")[None] for n, v in row.items()}
+            arrays, _, _ = self._batches.host(batch, self.casting)
+            values = [a[0] for a in arrays]
+        else:
+            if set(row) != set(self.spec.fields):
+                self._convert.refuse_keys(row, "row")
+            values = self._convert(row, self.casting, "row")
+        self._pending.append((values, p))
+        if len(self._pending) >= self._batch_rows:
+            self.flush()
+
+    def flush(self, timeout: float | None = None) -> np.ndarray:
+        """Sends the rows `add` kept; returns their row ids (int32, in the order added)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return np.zeros((0,), np.int32)
+        priorities = np.array([p for _, p in pending], np.float32)
+        if not self.spec.is_trajectory:
+            batch = {n: np.stack([v[i] for v, _ in pending]) for i, n in enumerate(self.spec.fields)}
+            return self.insert(batch, priorities, timeout=timeout)
+        lengths = np.array([v[0].shape[0] for v, _ in pending], np.int32)
+        steps = int(lengths.max())
+        batch = {}
+        for i, (name, field) in enumerate(self.spec.fields.items()):
+            out = np.zeros((len(pending), steps, *field.shape), field.dtype)
+            for j, (values, _) in enumerate(pending):
+                out[j, : lengths[j]] = values[i]
+            batch[name] = out
+        return self.insert(batch, priorities, lengths=lengths, timeout=timeout)
+
+    def episode_writer(self) -> RemoteEpisodeWriter:
+        """A step-by-step writer of episodes (as `Table.writer()`), kept here until `end_episode`."""
+        self._live()
+        return RemoteEpisodeWriter(self)
+
+    def close(self) -> None:
+        """Sends what `add` kept, then closes the stream. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._pending:
+                self.flush()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._end_stream()
+                self._client.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self._pending = []  # an error: what add kept is dropped, not sent on the way out
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Writer(address={self.address!r}, table={self.table_name!r}, shard={self.shard!r})"
+
+
+class RemoteEpisodeWriter:
+    """Writes episodes step by step into a served table (`Writer.episode_writer()`), as `EpisodeWriter`:
+    `append` checks and casts each step at once; `end_episode` sends the episode as one row and returns
+    its row id. Nothing reaches the server before `end_episode`, so an abandoned episode (`close()`, the
+    `with` block's end, a killed process) leaves nothing behind."""
+
+    def __init__(self, writer: Writer):
+        self._writer = writer
+        self._steps: list[list[np.ndarray]] = []
+
+    @property
+    def steps(self) -> int:
+        """Steps appended to the current episode."""
+        return len(self._steps)
+
+    def append(self, step: Mapping[str, Any]) -> None:
+        """Appends one step (a value of each field's shape), cast by the table's casting policy.
+
+        Raises:
+          InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes, or an episode that
+            would exceed `max_steps` (end it first).
+        """
+        writer = self._writer
+        writer._live()
+        spec = writer.spec
+        if not isinstance(step, Mapping) or set(step) != set(spec.fields):
+            writer._convert.refuse_keys(step, "step")
+        if len(self._steps) >= spec.max_steps:
+            raise InvalidArgumentError(
+                f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
+            )
+        self._steps.append(writer._convert(step, writer.casting))
+
+    def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
+        """Sends the episode (one row of its steps); returns its row id. Raises as `Writer.insert`; the
+        episode is kept when the insert fails (call end_episode again, or close() to drop it)."""
+        if not self._steps:
+            raise InvalidArgumentError("end_episode() needs at least one append() first")
+        p = _rows.priority(priority)
+        names = list(self._writer.spec.fields)
+        batch = {n: np.stack([s[i] for s in self._steps])[None] for i, n in enumerate(names)}
+        row = int(self._writer.insert(batch, [p], timeout=timeout)[0])
+        self._steps = []
+        return row
+
+    def close(self) -> None:
+        """Drops an unfinished episode (nothing of it was sent)."""
+        self._steps = []
+
+    def __enter__(self) -> RemoteEpisodeWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,534 @@
+"""Remote writers (gear_jax/remote.py): a served table written through `gj.remote.Writer` over 127.0.0.1,
+what the client and the server refuse (malformed, oversized, wrongly typed, unauthenticated messages write
+nothing), the rate limiter reaching remote writers, TLS, and reconnecting to a restarted server. Writers
+in other processes (killed mid-stream among them) are in tests/multiprocess/test_remote_processes.py."""
+
+import json
+import shutil
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gear_jax as gj
+
+pa = pytest.importorskip("pyarrow")
+flight = pytest.importorskip("pyarrow.flight")
+remote = gj.remote
+
+FIELDS = {"obs": gj.Field((3,), "float32"), "action": gj.Field((), "int32"), "done": gj.Field((), "bool")}
+TOKEN = "0123456789abcdef0123"
+
+
+def rows(n, start=0):
+    ids = np.arange(start, start + n)
+    return {
+        "obs": np.stack([ids, ids + 0.5, -ids], axis=1).astype(np.float32),
+        "action": ids.astype(np.int32),
+        "done": ids % 2 == 1,
+    }
+
+
+def snapshot(table):
+    """Everything a write could change: status and every column's bytes."""
+    return (table.row_status(), {n: c.copy() for n, c in table.columns.items()})
+
+
+def same(a, b):
+    status_a, cols_a = a
+    status_b, cols_b = b
+    return all(np.array_equal(status_a[k], status_b[k]) for k in status_a) and all(
+        np.array_equal(cols_a[n], cols_b[n]) for n in cols_a
+    )
+
+
+@pytest.fixture
+def served(make_table):
+    """A transition table, its server and a writer; everything closed at the end."""
+    table = make_table(fields=FIELDS, capacity=64)
+    server = gj.serve(table)
+    writer = remote.Writer(server.address, retries=1, retry_wait_s=0.01)
+    yield table, server, writer
+    writer.close()
+    server.close()
+
+
+def test_insert_add_and_flush_store_what_a_local_insert_stores(served):
+    table, server, writer = served
+    ids = writer.insert(rows(5), priorities=np.arange(1, 6))
+    assert ids.dtype == np.int32 and ids.tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(table.columns["obs"][ids, 0], rows(5)["obs"])
+    np.testing.assert_array_equal(table.columns["action"][ids, 0], np.arange(5))
+    np.testing.assert_array_equal(table.columns["done"][ids, 0], rows(5)["done"])
+    np.testing.assert_array_equal(table.row_status()["priority"][ids], np.arange(1, 6))
+    # Values the casting policy converts (float64, Python ints and bools) are cast on the client.
+    more = writer.insert({"obs": np.ones((2, 3)), "action": [7, 8], "done": [True, False]}, priorities=0.5)
+    assert table.columns["action"][more, 0].tolist() == [7, 8]
+    for i in range(3):
+        writer.add({"obs": [i, i, i], "action": 100 + i, "done": True}, priority=2.0)
+    assert table.size == 7  # kept by the writer until batch_rows or flush
+    flushed = writer.flush()
+    assert table.columns["action"][flushed, 0].tolist() == [100, 101, 102]
+    assert table.size == 10 and server.stats["rows"] == 10
+    writer.insert(rows(2), priorities="max")
+    assert table.row_status()["priority"][10:12].tolist() == [5.0, 5.0]
+
+
+def test_add_sends_full_batches_and_close_sends_the_rest(make_table):
+    table = make_table(fields=FIELDS, capacity=64)
+    with gj.serve(table) as server:
+        with remote.Writer(server.address, batch_rows=4) as writer:
+            for i in range(10):
+                writer.add({"obs": np.zeros(3), "action": i, "done": False})
+            assert table.size == 8 and server.stats["messages"] == 2
+        assert table.size == 10
+        assert sorted(table.columns["action"][:10, 0].tolist()) == list(range(10))
+
+
+def test_episodes_of_a_trajectory_table_and_a_step_ring(make_table):
+    for kwargs in ({"max_steps": 6}, {}):
+        if kwargs:
+            table = make_table(fields=FIELDS, capacity=8, **kwargs)
+        else:
+            spec = gj.TableSpec(FIELDS, capacity=8, step_capacity=64, max_steps=6)
+            table = gj.Table.create(spec)
+        try:
+            with gj.serve(table) as server, remote.Writer(server.address) as writer:
+                with writer.episode_writer() as episode:
+                    for t in range(4):
+                        episode.append({"obs": [t, t, t], "action": t, "done": t == 3})
+                    assert table.size == 0  # nothing reaches the server before end_episode
+                    row = episode.end_episode(priority=3.0)
+                    for t in range(6):
+                        episode.append({"obs": np.zeros(3), "action": 10 + t, "done": False})
+                    with pytest.raises(gj.InvalidArgumentError, match="max_steps=6"):
+                        episode.append({"obs": np.zeros(3), "action": 0, "done": False})
+                    episode.close()  # dropped: nothing was sent
+                assert table.size == 1
+                status = table.row_status()
+                assert status["length"][row] == 4 and status["priority"][row] == 3.0
+                got = gj.host.gather(table, gj.host.sample(table, np.random.default_rng(0), 1), window=4)
+                assert got["action"][0].tolist() == [0, 1, 2, 3]
+                # A batch of trajectories with lengths, and add() of rows of different lengths.
+                ids = writer.insert(
+                    {"obs": np.ones((2, 5, 3)), "action": np.ones((2, 5), np.int32), "done": np.ones((2, 5), bool)},
+                    lengths=[2, 5],
+                )
+                assert table.row_status()["length"][ids].tolist() == [2, 5]
+                writer.add({"obs": np.ones((3, 3)), "action": [1, 2, 3], "done": [False, False, True]})
+                writer.add({"obs": np.ones((1, 3)), "action": [9], "done": [True]})
+                added = writer.flush()
+                assert table.row_status()["length"][added].tolist() == [3, 1]
+        finally:
+            table.close()
+
+
+def test_the_client_refuses_bad_batches_before_sending(served):
+    table, server, writer = served
+    before = server.stats["messages"] + server.stats["refused"]
+    with pytest.raises(gj.InvalidArgumentError, match="missing fields"):
+        writer.insert({"obs": np.zeros((1, 3))})
+    with pytest.raises(gj.InvalidArgumentError, match="shape"):
+        writer.insert({**rows(2), "obs": np.zeros((2, 4), np.float32)})
+    with pytest.raises(gj.InvalidArgumentError, match="priorities"):
+        writer.insert(rows(2), priorities=[1.0, float("nan")])
+    with pytest.raises(gj.InvalidArgumentError, match="timeout"):
+        writer.insert(rows(2), timeout=-1)
+    with pytest.raises(gj.InvalidArgumentError, match="every field"):
+        writer.add({"obs": np.zeros(3), "action": 1, "done": False, "extra": 1})
+    assert server.stats["messages"] + server.stats["refused"] == before and table.size == 0
+
+
+def test_a_batch_beyond_the_servers_message_limit_is_refused_on_both_sides(make_table):
+    table = make_table(fields={"x": gj.Field((1024,), "uint8")}, capacity=64)
+    with gj.serve(table, max_message_bytes=10_000) as server:
+        writer = remote.Writer(server.address)
+        writer.insert({"x": np.zeros((4, 1024), np.uint8)})
+        with pytest.raises(gj.InvalidArgumentError, match="max_message_bytes=10000"):
+            writer.insert({"x": np.zeros((16, 1024), np.uint8)})
+        # A client that does not check: the server refuses the message, writes nothing, and goes on.
+        writer.max_message_bytes = 1 << 30
+        before = snapshot(table)
+        with pytest.raises(gj.InvalidArgumentError, match="max_message_bytes=10000"):
+            writer.insert({"x": np.zeros((16, 1024), np.uint8)})
+        assert same(before, snapshot(table))
+        writer.insert({"x": np.ones((2, 1024), np.uint8)})
+        assert table.size == 6
+        writer.close()
+
+
+def test_the_servers_checks_are_the_tables_own(served):
+    """What only the table can check (a queue's rules, a closed table) comes back as the table's error."""
+    table, server, writer = served
+    writer.insert(rows(1))
+    table.close()
+    with pytest.raises(gj.TableClosedError):
+        writer.insert(rows(1))
+
+
+# -- messages a client crafts by hand ------------------------------------------------------------------
+
+
+RAW_CLIENTS = []
+
+
+@pytest.fixture(autouse=True)
+def close_raw_clients():
+    """Closes the hand-made clients of a test, also when it fails (an open stream delays a server's close)."""
+    yield
+    while RAW_CLIENTS:
+        RAW_CLIENTS.pop().close()
+
+
+def raw_stream(server, shard=None, schema=None, token=None, command=None):
+    client = flight.FlightClient(server.address)
+    RAW_CLIENTS.append(client)
+    headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+    options = flight.FlightCallOptions(headers=headers)
+    layout = server.layouts[shard]
+    command = command if command is not None else json.dumps({"protocol": 1, "shard": shard}).encode()
+    writer, answers = client.do_put(
+        flight.FlightDescriptor.for_command(command), schema or layout.schema, options
+    )
+    return client, writer, answers
+
+
+def good_batch(server, n=2):
+    layout = server.layouts[None]
+    arrays = [np.ascontiguousarray(v) for v in rows(n).values()]
+    return layout.record_batch(arrays, n, np.ones(n, np.float32), np.ones(n, np.int32))
+
+
+def send(writer, answers, batch, meta):
+    """One message; the server's answer (a dict), or the error that ended the stream."""
+    raw = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
+    try:
+        writer.write_with_metadata(batch, pa.py_buffer(raw))
+        answer = answers.read()
+        if answer is None:
+            writer.close()
+            return {"ended": True}
+    except (flight.FlightError, OSError, pa.ArrowException) as e:
+        return {"ended": True, "error": str(e)}
+    head = answer.to_pybytes().partition(b"\n")[0]
+    return json.loads(head)
+
+
+META = {"seq": 1, "steps": 1, "timeout": None, "lengths": False}
+
+
+def with_column(batch, i, column):
+    columns = list(batch.columns)
+    columns[i] = column
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
+def binary_column(values, width, n):
+    return pa.Array.from_buffers(
+        pa.large_binary(),
+        n,
+        [None, pa.py_buffer(np.arange(0, (n + 1) * width, width, dtype=np.int64)), pa.py_buffer(values)],
+    )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s, b: (b, {**META, "steps": 2}), "steps=2"),
+        (lambda s, b: (b, {**META, "steps": 0}), "steps=0"),
+        (lambda s, b: (b, {"seq": 1}), "metadata"),
+        (lambda s, b: (b, b"not json"), "metadata"),
+        (lambda s, b: (b, {**META, "timeout": "soon"}), "timeout"),
+        (lambda s, b: (b, {**META, "timeout": -5}), "timeout"),
+        (lambda s, b: (b.slice(0, 0), META), "at least one row"),
+        (lambda s, b: (with_column(b, 0, binary_column(np.zeros(22, np.uint8), 11, 2)), META), "12 bytes"),
+        (lambda s, b: (with_column(b, 2, binary_column(np.array([0, 7], np.uint8), 1, 2)), META), "bools"),
+        (lambda s, b: (with_column(b, 3, pa.array([1.0, float("nan")], pa.float32())), META), "priorit"),
+        (lambda s, b: (with_column(b, 3, pa.array([1.0, None], pa.float32())), META), "priorit"),
+        (lambda s, b: (b, {**META, "lengths": True, "steps": 1}), None),  # lengths of 1: accepted
+    ],
+)
+def test_the_server_refuses_malformed_messages_and_writes_nothing(served, change, message):
+    table, server, writer = served
+    client, stream, answers = raw_stream(server)
+    before = snapshot(table)
+    batch, meta = change(server, good_batch(server))
+    answer = send(stream, answers, batch, meta)
+    if message is None:
+        assert answer["ok"] and table.size == 2
+        return
+    assert answer.get("ok") is False and message in answer["message"], answer
+    assert same(before, snapshot(table))
+    # The stream goes on: the next good message is written.
+    assert send(stream, answers, good_batch(server), META)["ok"]
+    assert table.size == 2
+    client.close()
+
+
+def test_the_server_ends_streams_of_another_schema_or_shard_or_protocol(served):
+    table, server, writer = served
+    wrong = pa.schema([pa.field("obs", pa.float64())])
+    for kwargs in (
+        {"schema": wrong},
+        {"command": b"{}"},
+        {"command": b"\xff garbage"},
+        {"command": json.dumps({"protocol": 99, "shard": None}).encode()},
+        {"command": json.dumps({"protocol": 1, "shard": 3}).encode()},
+    ):
+        before = snapshot(table)
+        client, stream, answers = raw_stream(server, **kwargs)
+        batch = pa.record_batch([pa.array([1.0])], schema=wrong) if "schema" in kwargs else good_batch(server)
+        answer = send(stream, answers, batch, META)
+        assert answer.get("ended"), answer
+        assert same(before, snapshot(table))
+        client.close()
+    writer.insert(rows(1))  # the server still serves
+    assert table.size == 1
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_metadata_writes_whole_messages_or_nothing(served, data):
+    """Random metadata on a good message: the server answers (or ends the stream), writes all of the
+    message or nothing, and keeps serving."""
+    table, server, writer = served
+    n = data.draw(st.integers(1, 4))
+    meta = dict(META)
+    if data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(sorted(META) + ["max_priority"]))
+        meta[key] = data.draw(
+            st.one_of(st.none(), st.integers(-3, 1 << 40), st.floats(), st.text(max_size=4), st.booleans())
+        )
+        raw = json.dumps(meta).encode()
+    else:
+        raw = data.draw(st.binary(max_size=40))
+    size = table.size
+    client, stream, answers = raw_stream(server)
+    answer = send(stream, answers, good_batch(server, n), raw)
+    client.close()
+    assert table.size == (min(size + n, table.capacity) if answer.get("ok") else size)
+    assert not (table.row_status()["generation"] % 2).any(), "a row was left held"
+    assert writer.insert(rows(1)).shape == (1,)  # the server still serves
+
+
+# Flight's wire format by hand (gRPC frames of FlightData protobufs), for messages no Arrow library would
+# build: truncated, with damaged headers, bodies or offsets.
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def proto_bytes(field, value):
+    return varint(field << 3 | 2) + varint(len(value)) + value
+
+
+def flight_data(header, body=b"", app_metadata=None, command=None):
+    out = b""
+    if command is not None:
+        out += proto_bytes(1, varint(1 << 3 | 0) + varint(2) + proto_bytes(2, command))
+    out += proto_bytes(2, header)
+    if app_metadata is not None:
+        out += proto_bytes(3, app_metadata)
+    return out + (proto_bytes(1000, body) if body else b"")
+
+
+def ipc_parts(serialized):
+    message = pa.ipc.read_message(serialized)
+    return message.metadata.to_pybytes(), message.body.to_pybytes() if message.body else b""
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_frames_write_whole_messages_or_nothing(served, data):
+    """Good messages damaged on the wire (bytes flipped, cut short, offsets moved), sent as raw gRPC
+    frames: the server answers or ends the stream, writes all of a message or nothing, never leaves a
+    row held, and keeps serving."""
+    grpc = pytest.importorskip("grpc")
+    table, server, writer = served
+    n = data.draw(st.integers(1, 4))
+    schema_header, _ = ipc_parts(server.layouts[None].schema.serialize())
+    header, body = ipc_parts(good_batch(server, n).serialize())
+    part = data.draw(st.sampled_from(["header", "body", "both"]))
+    damaged = []
+    for name, value in (("header", header), ("body", body)):
+        if part in (name, "both"):
+            value = bytearray(value)
+            for _ in range(data.draw(st.integers(1, 4))):
+                if value and data.draw(st.booleans()):
+                    value[data.draw(st.integers(0, len(value) - 1))] = data.draw(st.integers(0, 255))
+                else:
+                    value = value[: data.draw(st.integers(0, len(value)))]
+            value = bytes(value)
+        damaged.append(value)
+    command = json.dumps({"protocol": 1, "shard": None}).encode()
+    frames = [
+        flight_data(schema_header, command=command),
+        flight_data(damaged[0], damaged[1], json.dumps(META).encode()),
+    ]
+    size = table.size
+    channel = grpc.insecure_channel(server.address.removeprefix("grpc://"))
+    put = channel.stream_stream("/arrow.flight.protocol.FlightService/DoPut")
+    try:
+        answers = [bytes(a) for a in put(iter(frames), timeout=10)]
+    except grpc.RpcError as e:
+        assert e.code() != grpc.StatusCode.DEADLINE_EXCEEDED, "the server hung on a damaged message"
+        answers = []
+    finally:
+        channel.close()
+    ok = any(b'"ok": true' in a for a in answers)
+    assert table.size == (min(size + n, table.capacity) if ok else size)
+    assert not (table.row_status()["generation"] % 2).any(), "a row was left held"
+    assert writer.insert(rows(1)).shape == (1,)  # the server still serves
+
+
+# -- the rate limiter and queues -------------------------------------------------------------------
+
+
+def test_the_rate_limiter_makes_remote_writers_wait(make_table):
+    limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=4)
+    table = make_table(fields=FIELDS, capacity=64, rate_limiter=limiter)
+    with gj.serve(table) as server, remote.Writer(server.address) as writer:
+        inserted = 0
+        with pytest.raises(gj.RateLimiterTimeout):
+            for _ in range(20):
+                writer.insert(rows(1), timeout=0.05)
+                inserted += 1
+        assert 1 <= inserted < 20 and table.size == inserted  # the refused insert wrote nothing
+        table.await_samples(4)  # the learner declares samples: room for more inserts
+        writer.insert(rows(1), timeout=5)
+        assert table.size == inserted + 1
+
+
+def test_a_full_queue_makes_remote_writers_wait(make_table):
+    queue = make_table(fields=FIELDS, capacity=8, queue=True)
+    with gj.serve(queue) as server, remote.Writer(server.address) as writer:
+        writer.insert(rows(7))
+        with pytest.raises(gj.RateLimiterTimeout, match="queue"):
+            writer.insert(rows(2), timeout=0.05)
+        assert queue.unconsumed == 7
+        gj.host.dequeue(queue, 4)
+        writer.insert(rows(2), timeout=5)
+        assert queue.unconsumed == 5
+
+
+# -- security ------------------------------------------------------------------------------------------
+
+
+def test_a_token_is_required_for_every_call(make_table):
+    table = make_table(fields=FIELDS, capacity=16)
+    with gj.serve(table, token=TOKEN) as server:
+        for token in (None, "wrong-token-of-some-length"):
+            with pytest.raises(gj.RemoteAuthenticationError, match="token"):
+                remote.Writer(server.address, token=token)
+        client, stream, answers = raw_stream(server, token="x" * 20)  # a stream with a wrong token
+        assert send(stream, answers, good_batch(server), META).get("ended")
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(flight.FlightClient(server.address).do_action(flight.Action("describe", b"")))
+        assert table.size == 0 and server.stats["messages"] == 0
+        with remote.Writer(server.address, token=TOKEN) as writer:
+            writer.insert(rows(3))
+        assert table.size == 3
+
+
+def test_listening_beyond_the_loopback_needs_a_token(make_table):
+    table = make_table(fields=FIELDS, capacity=16)
+    with pytest.raises(gj.InvalidArgumentError, match="token"):
+        gj.serve(table, host="0.0.0.0")
+    with pytest.raises(gj.InvalidArgumentError, match="16 characters"):
+        gj.serve(table, token="short")
+    with gj.serve(table, host="0.0.0.0", token=TOKEN) as server:
+        with remote.Writer(f"grpc://127.0.0.1:{server.port}", token=TOKEN) as writer:
+            writer.insert(rows(1))
+    assert table.size == 1
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a certificate")
+def test_tls(make_table, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    table = make_table(fields=FIELDS, capacity=16)
+    with gj.serve(table, tls=(str(cert), str(key)), token=TOKEN) as server:
+        assert server.address.startswith("grpc+tls://")
+        with remote.Writer(server.address, token=TOKEN, tls_root_cert=str(cert)) as writer:
+            writer.insert(rows(2))
+        with pytest.raises((gj.RemoteUnavailableError, gj.RemoteError)):  # no certificate to check it with
+            remote.Writer(server.address, token=TOKEN, retries=0)
+        with pytest.raises(gj.RemoteUnavailableError):  # plain gRPC to a TLS port
+            remote.Writer(server.address.replace("grpc+tls", "grpc"), token=TOKEN, retries=0)
+    assert table.size == 2
+
+
+# -- servers that go away ----------------------------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_writer_reconnects_to_a_restarted_server_and_gives_up_on_a_gone_one(make_table):
+    table = make_table(fields=FIELDS, capacity=64)
+    port = free_port()
+    server = gj.serve(table, port=port)
+    writer = remote.Writer(server.address, retries=8, retry_wait_s=0.02, idle_close_s=0.2)
+    writer.insert(rows(2))
+    server.close()
+    with pytest.raises(gj.RemoteUnavailableError, match="could not be reached"):
+        writer.insert(rows(1))  # 9 tries over about 1 s, then a clear error
+    assert table.size == 2
+    server = gj.serve(table, port=port)
+    writer.insert(rows(3))  # the same writer, a new connection
+    assert table.size == 5
+    writer.close()
+    server.close()
+    with pytest.raises(gj.RemoteUnavailableError):
+        remote.Writer(f"grpc://127.0.0.1:{port}", retries=1, retry_wait_s=0.01)
+
+
+def test_serving_shards(make_table):
+    shards = {0: make_table(fields=FIELDS, capacity=8), 1: make_table(fields=FIELDS, capacity=8)}
+    with gj.serve(shards) as server:
+        with pytest.raises(gj.InvalidArgumentError, match="shard=None is not served.*name one"):
+            remote.Writer(server.address)
+        with pytest.raises(gj.InvalidArgumentError, match="shard=5"):
+            remote.Writer(server.address, shard=5)
+        with remote.Writer(server.address, shard=1) as one:
+            one.insert(rows(3))
+        assert shards[0].size == 0 and shards[1].size == 3
+
+
+def test_bad_arguments(make_table):
+    table = make_table(fields=FIELDS, capacity=8)
+    for kwargs, name in (({"port": -1}, "port"), ({"port": "80"}, "port"), ({"host": ""}, "host"),
+                         ({"tls": ("/nonexistent", "/nonexistent")}, "tls"),
+                         ({"max_message_bytes": 0}, "max_message_bytes")):  # fmt: skip
+        with pytest.raises(gj.InvalidArgumentError, match=name):
+            gj.serve(table, **kwargs)
+    with pytest.raises(gj.InvalidArgumentError, match="table"):
+        gj.serve(object())
+    with gj.serve(table) as server:
+        for kwargs, name in (({"batch_rows": 0}, "batch_rows"), ({"retries": -1}, "retries"),
+                             ({"retry_wait_s": float("nan")}, "retry_wait_s"),
+                             ({"tls_root_cert": "/nonexistent"}, "tls_root_cert")):  # fmt: skip
+            with pytest.raises(gj.InvalidArgumentError, match=name):
+                remote.Writer(server.address, **kwargs)
+        with pytest.raises(gj.InvalidArgumentError, match="address"):
+            remote.Writer("127.0.0.1:80")
+        writer = remote.Writer(server.address)
+        writer.close()
+        with pytest.raises(gj.InvalidArgumentError, match="closed"):
+            writer.insert(rows(1))
