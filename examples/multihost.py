@@ -8,6 +8,16 @@ What this shows:
     (`gj.ShardedTable.attach_shard(name, s)`) and insert CartPole transitions (gymnax) into them, acting
     epsilon-greedily with the learner's recent parameters, which the learner publishes in a small
     shared-memory array on each host;
+  * with `--actors=remote`, remote writers instead of attached shards: each process serves its shards
+    over the network (`server = gj.serve(table, host=..., token=...)`, a token drawn per process and
+    given to its own actors; the address is logged) and its actors write with `gj.remote.Writer(
+    server.address, shard=s, token=...)`, whose `insert` reads as a table's (the row ids come back once
+    the rows are in the shard). The experience path crosses the network (Arrow Flight over gRPC); the
+    parameter path is still local in this example: the actors read the learner's parameters from the
+    host's shared-memory array, so they run on the learner's host. An actor elsewhere needs only the
+    address and the token to write (and `--serve_host` an address it can reach; the loopback, the
+    default, only takes writers on this host), plus its own way of getting the parameters. The server
+    is closed once the actors have stopped, before the shards are;
   * one jitted learner step, a `jax.shard_map` over the mesh: a global prioritized sample
     (`gj.sharded.sample`, `mode="global"`: the law of one table holding every shard's rows, the rows
     moved to the devices that consume them), importance weights (`gj.sharded.importance_weights`), a
@@ -25,12 +35,15 @@ learner's state (parameters, target parameters, optimizer state) to DIR, then th
 replaces the previous one only once every process's are durable). A job killed at any moment (preempted,
 a process lost: the survivors' next collective fails and the launcher, or the cluster, ends them) and
 started again with the same command loads the newest checkpoint (`gj.ShardedTable.load`) and goes on from
-its update, with the replay's rows and priorities intact; its actors add to them.
+its update, with the replay's rows and priorities intact; its actors add to them (with `--actors=remote`,
+through a server of the loaded shards).
 
 Run:
 
     python examples/multihost.py --num_processes=2          # 2 processes on this machine, 1 CPU device each
     python examples/multihost.py --num_processes=2 --smoke  # 50 updates (a few seconds), for tests
+    python examples/multihost.py --num_processes=2 --actors=remote  # actors write over the network
+    python examples/multihost.py --num_processes=2 --actors=remote --serve_host=0.0.0.0  # every interface
 
 With --num_processes=N and no --process_id, the script is the launcher: it picks a free port on
 127.0.0.1 and re-executes itself N times with --process_id=i --coordinator_address=127.0.0.1:PORT,
@@ -112,6 +125,12 @@ flags.DEFINE_string("table_name", None,
 flags.DEFINE_integer("init_timeout", 300, "seconds jax.distributed.initialize waits for every process")
 # -- actors --
 flags.DEFINE_integer("actors_per_process", 1, "actor processes per process of the job")
+flags.DEFINE_enum("actors", "attach", ["attach", "remote"],
+                  "how actors write into their host's shards: attach them by shared-memory name, or write "
+                  "through a server of the shards (gj.serve) with gj.remote.Writer")
+flags.DEFINE_string("serve_host", "127.0.0.1",
+                    "--actors=remote: the address each process's server listens on (0.0.0.0: every "
+                    "interface; the server takes only writers with its process's token)")
 flags.DEFINE_integer("envs_per_actor", 4, "environments each actor steps in parallel")
 flags.DEFINE_integer("chunk", 8, "environment steps an actor runs per jitted call before inserting them")
 flags.DEFINE_integer("transitions_per_update", 4,
@@ -152,6 +171,8 @@ class Config:
     devices_per_process: int
     platform: str
     actors_per_process: int
+    actors: str
+    serve_host: str
     envs_per_actor: int
     chunk: int
     transitions_per_update: int
@@ -366,9 +387,10 @@ def make_rollout(env: Any, env_params: Any, network: QNetwork, num_envs: int, ch
 
 
 def run_actor(table_name: str, shards: dict[int, int], actor: int, local_actors: int, prefix: str,
-              config: Config, published: Published, parent: int) -> None:
+              config: Config, published: Published, parent: int, server: tuple[str, str] | None) -> None:
     """An actor process: attaches by name to its shards of the sharded table (`shards`: shard index ->
-    position among this host's shards) and inserts its chunks of transitions into them in turn, acting
+    position among this host's shards), or with `server` (address, token: --actors=remote) connects a
+    `gj.remote.Writer` to each of them, and inserts its chunks of transitions into them in turn, acting
     with the parameters the learner last published, until `published.stop` is set.
 
     Rate limit: it writes a chunk only while its transitions stay below its share of
@@ -392,10 +414,17 @@ def run_actor(table_name: str, shards: dict[int, int], actor: int, local_actors:
     )
     returns = jnp.zeros(config.envs_per_actor)
     per_chunk = config.chunk * config.envs_per_actor
-    tables = {s: gj.ShardedTable.attach_shard(table_name, s) for s in shards}  # gj.Table each
-    logging.info("attached to %s", ", ".join(gj.sharded.shard_name(table_name, s) for s in shards))
+    tables: dict[int, Any] = {}  # shard -> gj.Table, or gj.remote.Writer (the same insert)
     version, params, written, turn = -1.0, None, 0, 0
     try:
+        for s in shards:
+            tables[s] = (gj.ShardedTable.attach_shard(table_name, s) if server is None
+                         else gj.remote.Writer(server[0], shard=s, token=server[1]))
+        if server is None:
+            logging.info("attached to %s", ", ".join(gj.sharded.shard_name(table_name, s) for s in shards))
+        else:
+            logging.info("writing into shards %s of %s through the server at %s", sorted(shards), table_name,
+                         server[0])
         while not published.stop.is_set():
             if os.getppid() != parent:
                 raise RuntimeError("the learner process has exited")
@@ -428,9 +457,12 @@ def run_actor(table_name: str, shards: dict[int, int], actor: int, local_actors:
 
 
 class Actors:
-    """This process's actor processes ("spawn"), one shared `Published` block; `with Actors(...)`."""
+    """This process's actor processes ("spawn"), one shared `Published` block; `with Actors(...)`.
+    `server`: (address, token) of the server of this process's shards, for actors that write through it
+    (--actors=remote); None: they attach the shards."""
 
-    def __init__(self, table: gj.ShardedTable, config: Config, num_params: int, prefix: str):
+    def __init__(self, table: gj.ShardedTable, config: Config, num_params: int, prefix: str,
+                 server: tuple[str, str] | None = None):
         context = multiprocessing.get_context("spawn")
         self.config = config
         self.shards = sorted(table.local_shards)  # this host's shards
@@ -445,7 +477,7 @@ class Actors:
             context.Process(
                 target=run_actor, name=f"actor-{i}", daemon=True,
                 args=(table.name, self.shards_of[i], i, actors, prefix, config, self.published,
-                      os.getpid()),
+                      os.getpid(), server),
             )
             for i in range(actors)
         ]
@@ -483,6 +515,26 @@ class Actors:
         failed = [f"{p.name}: {p.exitcode}" for p in self.processes if p.exitcode != 0]
         if failed and exc[0] is None:
             raise RuntimeError(f"actors failed (exit codes): {', '.join(failed)}")
+
+
+@contextlib.contextmanager
+def serving(table: gj.ShardedTable, config: Config):
+    """With --actors=remote: serves this process's shards of `table` for the length of the block and
+    yields (address, token) for its actors (the token is drawn here: only this process's actors get it);
+    with --actors=attach: yields None. Closes the server on the way out, errors included."""
+    if config.actors != "remote":
+        yield None
+        return
+    token = secrets.token_hex(16)
+    server = gj.serve(table, host=config.serve_host, token=token)
+    logging.info("serving shards %s of %s at %s", server.shard_list(), table.name, server.address)
+    try:
+        yield server.address, token
+    finally:
+        server.close()
+        logging.info("server %s closed: it wrote %d rows from %d messages (%d refused) over %d streams",
+                     server.address, server.stats["rows"], server.stats["messages"], server.stats["refused"],
+                     server.stats["streams"])
 
 
 # -- the learner ------------------------------------------------------------------------------------------
@@ -651,7 +703,7 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
     evals: list[tuple[int, float]] = []  # (update, mean greedy return), on process 0
 
     # Every process creates its own shards (or loads them from the newest checkpoint); actors find them by
-    # the table's name.
+    # the table's name, or write through this process's server of them (--actors=remote).
     replay_dir = os.path.join(config.checkpoint_dir, "replay") if config.checkpoint_dir else None
     resumed, max_priority = 0, 1.0  # the update the job resumes after (0: a new job)
     if replay_dir is not None and replay_checkpoint_exists(replay_dir):
@@ -667,11 +719,12 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
         if config.checkpoint_dir:
             os.makedirs(config.checkpoint_dir, exist_ok=True)
         table = gj.ShardedTable.create(make_spec(config.capacity), mesh, axis=AXIS, name=table_name)
-    with table:
+    # The server (--actors=remote) closes after the actors have stopped and before the shards do.
+    with table, serving(table, config) as server:
         logging.info("%d devices, %d shards of %d rows; this process owns shards %s", jax.device_count(),
                      table.num_shards, config.capacity, sorted(table.local_shards))
         flat_params = np.asarray(ravel_pytree(params)[0])
-        with Actors(table, config, flat_params.size, prefix) as actors:
+        with Actors(table, config, flat_params.size, prefix, server) as actors:
             published = actors.published
             published.publish(flat_params, resumed, max_priority)
             logging.info("started %d actor processes writing into shards %s of %s", config.actors_per_process,

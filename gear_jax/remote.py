@@ -159,8 +159,8 @@ class _Layout:
             columns.append(
                 pa.Array.from_buffers(pa.large_binary(), rows, [None, pa.py_buffer(offsets), data])
             )
-        columns.append(pa.array(priorities, pa.float32()))
-        columns.append(pa.array(lengths, pa.int32()))
+        columns.append(pa.Array.from_buffers(pa.float32(), rows, [None, pa.py_buffer(priorities)]))
+        columns.append(pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(lengths)]))
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def arrays(self, batch: Any, steps: int) -> dict[str, np.ndarray]:
@@ -176,12 +176,14 @@ class _Layout:
             _, offsets, data = column.buffers()
             width = steps * self.step_bytes[i]
             at = np.frombuffer(offsets, np.int64, count=rows + 1, offset=column.offset * 8)
-            if (np.diff(at) != width).any() or at[-1] > data.size or at[0] < 0:
+            first, last = int(at[0]), int(at[-1])
+            regular = last - first == rows * width and (rows == 1 or bool((np.diff(at) == width).all()))
+            if not regular or first < 0 or last > data.size:
                 raise InvalidArgumentError(
                     f"column {name!r} does not hold {width} bytes per row ({steps} steps of "
                     f"{self.step_bytes[i]} bytes)"
                 )
-            raw = np.frombuffer(data, np.uint8, count=rows * width, offset=int(at[0]))
+            raw = np.frombuffer(data, np.uint8, count=rows * width, offset=first)
             if field.dtype == np.bool_ and (raw > 1).any():
                 raise InvalidArgumentError(f"column {name!r} holds bytes other than 0 and 1 for bools")
             out[name] = raw.view(field.dtype).reshape(*lead, *field.shape)
@@ -365,7 +367,8 @@ class Server:
             try:
                 meta = json.loads(bytes(chunk.app_metadata))
                 seq, steps, timeout = meta["seq"], meta["steps"], meta["timeout"]
-                given_lengths, max_priority = meta["lengths"], meta.get("max_priority", False)
+                given_lengths, given_priorities = meta["lengths"], meta.get("priorities", True)
+                max_priority = meta.get("max_priority", False)
             except (ValueError, TypeError, KeyError) as e:
                 raise InvalidArgumentError(
                     f"the message's metadata is not a gear_jax insert's ({e})"
@@ -387,18 +390,19 @@ class Server:
             if timeout is not None and not isinstance(timeout, (int, float)):
                 raise InvalidArgumentError(f"timeout={timeout!r} must be seconds or None")
             timeout = check_timeout(timeout, "remote insert")
-            try:  # offsets within their buffers, buffers as long as the columns: O(rows)
-                batch.validate(full=True)
+            try:  # buffers as long as the columns say (`arrays` checks the offsets)
+                batch.validate()
             except pa.ArrowException as e:
                 raise InvalidArgumentError(f"the message's columns are malformed: {e}") from None
             arrays = layout.arrays(batch, steps)
-            priorities = batch.column(len(layout.names)).to_numpy(zero_copy_only=False)
-            lengths = batch.column(len(layout.names) + 1).to_numpy(zero_copy_only=False)
+            priorities = lengths = None  # None: 1 each, T each
             if max_priority:
-                priorities = np.full_like(priorities, table.max_priority or 1.0)
-            rows = table.insert(
-                arrays, priorities=priorities, lengths=lengths if given_lengths else None, timeout=timeout
-            )
+                priorities = np.full((batch.num_rows,), table.max_priority or 1.0, np.float32)
+            elif given_priorities:
+                priorities = batch.column(len(layout.names)).to_numpy(zero_copy_only=False)
+            if given_lengths:
+                lengths = batch.column(len(layout.names) + 1).to_numpy(zero_copy_only=False)
+            rows = table.insert(arrays, priorities=priorities, lengths=lengths, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - whatever a message does, the server answers and goes on
             with self._lock:
                 self.stats["refused"] += 1
@@ -744,6 +748,7 @@ class Writer:
             "steps": steps,
             "timeout": timeout,
             "lengths": lengths is not None,
+            "priorities": priorities is not None,
             "max_priority": max_priority,
         }
         return self._answer(self._send(record, meta), rows)
