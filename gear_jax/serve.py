@@ -1,7 +1,7 @@
 """Serves a table of this host to remote writers (`gj.remote.Writer`) from a process of its own.
 
     python -m gear_jax.serve --table=NAME [--port=5005] [--host=127.0.0.1]
-    python -m gear_jax.serve --table=NAME --shards=0,1      # shards NAME.shard0, NAME.shard1 of a ShardedTable
+    python -m gear_jax.serve --table=NAME --shards=0,1    # shards NAME.shard0, NAME.shard1 (ShardedTable)
     GEAR_JAX_SERVE_TOKEN=... python -m gear_jax.serve --table=NAME --host=0.0.0.0 [--tls_cert=C --tls_key=K]
 
 The table is created by another process (the learner: `gj.Table.create(spec, name=NAME)`, or a
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
         try:
             shards = [int(s) for s in FLAGS.shards]
         except ValueError:
-            raise app.UsageError(f"--shards={','.join(FLAGS.shards)} must be shard indices (0,1,...)") from None
+            raise app.UsageError(f"--shards={','.join(FLAGS.shards)} must be shard indices") from None
         tables = {s: gj.ShardedTable.attach_shard(FLAGS.table, s) for s in shards}
     else:
         tables = {None: gj.Table.attach(FLAGS.table)}

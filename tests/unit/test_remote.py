@@ -113,10 +113,8 @@ def test_episodes_of_a_trajectory_table_and_a_step_ring(make_table):
                 got = gj.host.gather(table, gj.host.sample(table, np.random.default_rng(0), 1), window=4)
                 assert got["action"][0].tolist() == [0, 1, 2, 3]
                 # A batch of trajectories with lengths, and add() of rows of different lengths.
-                ids = writer.insert(
-                    {"obs": np.ones((2, 5, 3)), "action": np.ones((2, 5), np.int32), "done": np.ones((2, 5), bool)},
-                    lengths=[2, 5],
-                )
+                batch = {"obs": np.ones((2, 5, 3)), "action": np.ones((2, 5), np.int32)}
+                ids = writer.insert({**batch, "done": np.ones((2, 5), bool)}, lengths=[2, 5])
                 assert table.row_status()["length"][ids].tolist() == [2, 5]
                 writer.add({"obs": np.ones((3, 3)), "action": [1, 2, 3], "done": [False, False, True]})
                 writer.add({"obs": np.ones((1, 3)), "action": [9], "done": [True]})
