@@ -76,6 +76,7 @@ PROTOCOL = 1
 PRIORITY_COLUMN = "__priority"
 LENGTH_COLUMN = "__length"
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+WAIT_SLICE_S = 0.25  # a server's waits for the rate limiter, between checks of whether it is closing
 AUTH_HEADER = "authorization"
 _log = logging.getLogger("gear_jax.remote")
 # What the server raises by name, so that the writer raises the same class (anything else: RemoteError).
@@ -190,6 +191,10 @@ class _Layout:
         return out
 
 
+class _Closing(Exception):
+    """A server that is closing gave up a wait for the rate limiter."""
+
+
 class _Service(flight.FlightServerBase):
     """The Flight service behind `Server`: `describe` (an action) and inserts (DoPut streams)."""
 
@@ -237,7 +242,10 @@ class _Service(flight.FlightServerBase):
                     return
                 if owner.closing:  # the writer sends the message again, to the next server
                     raise flight.FlightUnavailableError("gear_jax server: shutting down")
-                ack = owner.insert_message(shard, layout, chunk)
+                try:
+                    ack = owner.insert_message(shard, layout, chunk)
+                except _Closing:
+                    raise flight.FlightUnavailableError("gear_jax server: shutting down") from None
                 writer.write(pa.py_buffer(ack))
 
 
@@ -306,13 +314,13 @@ class Server:
         self.stats = {"messages": 0, "rows": 0, "refused": 0, "streams": 0}
         self._host = host
         try:
-            self._service = _Service(self, f"{scheme}://{host}:{port}", **kwargs)
+            shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+            self._service = _Service(self, f"{scheme}://{shown}:{port}", **kwargs)
         except flight.FlightError as e:
             raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e}") from None
         except OSError as e:
             raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e}") from None
         self.port = int(self._service.port)
-        shown = f"[{host}]" if ":" in host else host
         self.address = f"{scheme}://{shown}:{self.port}"
         self._closed = False
 
@@ -402,7 +410,9 @@ class Server:
                 priorities = batch.column(len(layout.names)).to_numpy(zero_copy_only=False)
             if given_lengths:
                 lengths = batch.column(len(layout.names) + 1).to_numpy(zero_copy_only=False)
-            rows = table.insert(arrays, priorities=priorities, lengths=lengths, timeout=timeout)
+            rows = self._insert_waiting(table, arrays, priorities, lengths, timeout)
+        except _Closing:
+            raise
         except Exception as e:  # noqa: BLE001 - whatever a message does, the server answers and goes on
             with self._lock:
                 self.stats["refused"] += 1
@@ -413,6 +423,24 @@ class Server:
             self.stats["rows"] += len(rows)
         head = json.dumps({"seq": seq, "ok": True, "rows": len(rows)}).encode()
         return head + b"\n" + np.asarray(rows, np.int32).tobytes()
+
+    def _insert_waiting(
+        self, table: Any, arrays: dict[str, np.ndarray], priorities: Any, lengths: Any, timeout: float | None
+    ) -> np.ndarray:
+        """`table.insert`, waiting for the rate limiter (or a queue's room) in slices of WAIT_SLICE_S: a
+        server that is closing stops waiting (the writer sends the rows again to the next server)
+        instead of holding its close until the learner makes room. A refused wait writes nothing."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S)
+            try:
+                return table.insert(arrays, priorities=priorities, lengths=lengths, timeout=wait)
+            except RateLimiterTimeout:
+                if left is not None and left <= wait:
+                    raise
+                if self.closing:
+                    raise _Closing() from None
 
     def close(self) -> None:
         """Stops serving: refuses new messages (writers see the server as gone and retry), and waits up to

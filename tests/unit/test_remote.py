@@ -7,6 +7,8 @@ import json
 import shutil
 import socket
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -404,6 +406,34 @@ def test_the_rate_limiter_makes_remote_writers_wait(make_table):
         table.await_samples(4)  # the learner declares samples: room for more inserts
         writer.insert(rows(1), timeout=5)
         assert table.size == inserted + 1
+
+
+def test_closing_a_server_ends_a_wait_for_the_rate_limiter(make_table):
+    """A writer waiting without a timeout does not hold the server's close: the wait ends, nothing of it
+    is written, and the writer finds the server gone."""
+    limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=4)
+    table = make_table(fields=FIELDS, capacity=64, rate_limiter=limiter)
+    server = gj.serve(table)
+    writer = remote.Writer(server.address, retries=2, retry_wait_s=0.01)
+    writer.insert(rows(5))  # the limiter's room is used up: the next insert waits for samples
+    outcome = []
+
+    def wait_forever():
+        try:
+            writer.insert(rows(1))
+        except Exception as e:  # noqa: BLE001 - what the writer raised is the outcome
+            outcome.append(e)
+
+    waiting = threading.Thread(target=wait_forever)
+    waiting.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    server.close()
+    waiting.join(10)
+    assert time.monotonic() - started < 3 and not waiting.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], gj.RemoteUnavailableError), outcome
+    assert table.size == 5
+    writer.close()
 
 
 def test_a_full_queue_makes_remote_writers_wait(make_table):
