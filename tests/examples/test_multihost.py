@@ -1,9 +1,10 @@
 """examples/multihost.py: a jax.distributed job of 2 processes on this machine, each owning one shard of a
-sharded table that its own actor process fills, and a data-parallel DQN learner over both.
+sharded table that its own actor process fills (attached to the shard, or through the process's server of
+it with --actors=remote), and a data-parallel DQN learner over both.
 
-Both runs go through the example's launcher (`--num_processes=2`), which bounds every process by
+The runs go through the example's launcher (`--num_processes=2`), which bounds every process by
 `--timeout` and kills them all when one fails. They share a JAX compilation cache (a fresh directory
-per test session), so the second run skips most of the first one's compilation.
+per test session), so later runs skip most of the first one's compilation.
 """
 
 import os
@@ -28,6 +29,11 @@ def compilation_cache(tmp_path_factory):
 def run_example(cache: pathlib.Path, *args: str, timeout: int) -> dict:
     """Runs the example with `args`; returns its summary line's fields (numbers as floats, the per-shard
     lists as lists of ints)."""
+    return run_job(cache, *args, timeout=timeout)[0]
+
+
+def run_job(cache: pathlib.Path, *args: str, timeout: int) -> tuple[dict, str]:
+    """`run_example`, and the job's log (its stderr)."""
     env = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     fields, done = examples.run_example(
         "multihost.py", "--num_processes=2", f"--timeout={timeout - 20}", *args, timeout=timeout, env=env
@@ -41,11 +47,11 @@ def run_example(cache: pathlib.Path, *args: str, timeout: int) -> dict:
     name = re.search(r"\[launcher\] starting 2 processes, .*, table (\S+)", done.stderr).group(1)
     if os.path.isdir("/dev/shm"):
         assert not [f for f in os.listdir("/dev/shm") if f.startswith(name + ".shard")]
-    return summary
+    return summary, done.stderr
 
 
-def test_smoke_every_shard_receives_transitions_and_the_learner_takes_its_steps(compilation_cache):
-    s = run_example(compilation_cache, "--smoke", timeout=240)
+def check_smoke_summary(s: dict) -> None:
+    """What a --smoke run of 2 processes must end with."""
     assert s["processes"] == 2 and s["shards"] == 2 and s["actors"] == 2
     assert s["steps"] == 50 and s["global_batch"] == 128  # steps: the updates Adam applied
     assert len(s["shard_sizes"]) == len(s["shard_inserts"]) == len(s["shard_priority_updates"]) == 2
@@ -61,6 +67,27 @@ def test_smoke_every_shard_receives_transitions_and_the_learner_takes_its_steps(
     assert 50 * 128 / 2 <= sum(s["shard_priority_updates"]) <= 50 * 128
     assert s["eval_episodes"] == 4 and s["eval_return"] >= 1 and s["initial_eval_return"] >= 1
     assert s["final_loss"] >= 0 and s["steps_per_s"] > 0 and 0 < s["wall_s"] <= s["process_s"]
+
+
+def test_smoke_every_shard_receives_transitions_and_the_learner_takes_its_steps(compilation_cache):
+    check_smoke_summary(run_example(compilation_cache, "--smoke", timeout=240))
+
+
+def test_smoke_remote_actors_write_through_their_process_server(compilation_cache):
+    s, log = run_job(compilation_cache, "--smoke", "--actors=remote", timeout=240)
+    check_smoke_summary(s)
+    # Each process served its shard on the loopback, its actor wrote through that address (it attached
+    # nothing), and the server, closed after the actor stopped, wrote every transition the actor counted.
+    for i in range(2):
+        served = re.search(rf"\[process {i}/2\] serving shards \[{i}\] of \S+ at (grpc://127\.0\.0\.1:\d+)\n",
+                           log)
+        assert served, log[-6000:]
+        address = re.escape(served.group(1))
+        assert re.search(rf"\[process {i}/2\] actor 0: writing into shards \[{i}\] of \S+ through the server "
+                         rf"at {address}\n", log)
+        closed = re.search(rf"\[process {i}/2\] server {address} closed: it wrote (\d+) rows", log)
+        assert closed and int(closed.group(1)) == s["shard_inserts"][i]
+    assert "attached to" not in log
 
 
 @pytest.mark.multiprocess
