@@ -16,23 +16,30 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+import types
+from typing import Any
 
 from absl import app, flags, logging
 
 TOKEN_VARIABLE = "GEAR_JAX_SERVE_TOKEN"
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("table", None, "name of the table to serve (of the ShardedTable, with --shards)")
-flags.DEFINE_list("shards", None, "serve these shards of the ShardedTable --table (e.g. 0,1)")
-flags.DEFINE_string("host", "127.0.0.1", "address to listen on; beyond the loopback a token is required")
-flags.DEFINE_integer("port", 0, "port to listen on; 0 picks a free one (see --address_file)")
-flags.DEFINE_string("token_file", None, f"file holding the shared secret (default: ${TOKEN_VARIABLE})")
-flags.DEFINE_string("tls_cert", None, "PEM certificate file: serve over TLS (with --tls_key)")
-flags.DEFINE_string("tls_key", None, "PEM private key file of --tls_cert")
-flags.DEFINE_integer("max_message_bytes", 256 << 20, "the largest insert message the server takes")
-flags.DEFINE_string("address_file", None, "write the server's address to this file once it listens")
-flags.mark_flag_as_required("table")
+
+
+def define_flags() -> None:
+    """The command's flags, defined only when it runs (importing this module defines none)."""
+    flags.DEFINE_string("table", None, "name of the table to serve (of the ShardedTable, with --shards)")
+    flags.DEFINE_list("shards", None, "serve these shards of the ShardedTable --table (e.g. 0,1)")
+    flags.DEFINE_string("host", "127.0.0.1", "address to listen on; beyond the loopback a token is required")
+    flags.DEFINE_integer("port", 0, "port to listen on; 0 picks a free one (see --address_file)")
+    flags.DEFINE_string("token_file", None, f"file holding the shared secret (default: ${TOKEN_VARIABLE})")
+    flags.DEFINE_string("tls_cert", None, "PEM certificate file: serve over TLS (with --tls_key)")
+    flags.DEFINE_string("tls_key", None, "PEM private key file of --tls_cert")
+    flags.DEFINE_integer("max_message_bytes", 256 << 20, "the largest insert message the server takes")
+    flags.DEFINE_string("address_file", None, "write the server's address to this file once it listens")
+    flags.mark_flag_as_required("table")
 
 
 def _token() -> str | None:
@@ -77,5 +84,18 @@ def main(argv: list[str]) -> None:
             table.close()
 
 
+class _CallableModule(types.ModuleType):
+    """`gj.serve` is the function `gear_jax.remote.serve`; a program that imports this module (which
+    makes `gear_jax.serve` the module) can still call it."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from gear_jax.remote import serve
+
+        return serve(*args, **kwargs)
+
+
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
+else:
+    sys.modules[__name__].__class__ = _CallableModule

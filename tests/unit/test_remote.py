@@ -560,3 +560,12 @@ def test_bad_arguments(make_table):
         writer.close()
         with pytest.raises(gj.InvalidArgumentError, match="closed"):
             writer.insert(rows(1))
+
+
+def test_gj_serve_stays_callable_when_the_command_module_is_imported(make_table):
+    import gear_jax.serve  # noqa: F401 - makes gj.serve the module `python -m gear_jax.serve` runs
+
+    table = make_table(fields=FIELDS, capacity=8)
+    with gj.serve(table) as server, remote.Writer(server.address) as writer:
+        writer.insert(rows(2))
+    assert table.size == 2
