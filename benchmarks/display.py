@@ -16,6 +16,9 @@ from gear_jax.bench.common import GEAR, GEAR_HOST, PERCENTILES
 TABLE_WIDTH = 200
 FRACTION = "bandwidth_fraction_vs_"
 ACHIEVED_RATIO = "achieved_samples_per_insert"  # actor_learner with a rate limiter
+# The system shown (and plotted) as gear_jax in a suite that has none named `gear_jax`: the first of these
+# that ran (the remote suite's gear_jax_remote).
+HIGHLIGHT_FALLBACKS = ("gear_jax_remote",)
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else TABLE_WIDTH)
 
@@ -60,13 +63,24 @@ def format_rate(value: float, unit: str) -> str:
     return f"{value:.1f} {unit}"
 
 
+def highlighted_system(records: Sequence[dict[str, Any]]) -> str:
+    """The system the table compares the others with (its "speedup" column) and the plot draws bold:
+    `gear_jax`, or in a suite without it the first of HIGHLIGHT_FALLBACKS among the records."""
+    systems = {r["system"] for r in records}
+    if GEAR in systems:
+        return GEAR
+    return next((s for s in HIGHLIGHT_FALLBACKS if s in systems), GEAR)
+
+
 def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list[str], list[list[str]]]:
     """Header and one row of strings per record: the point, system, op, latency percentiles,
-    throughput, and for a baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50).
+    throughput, and for a baseline the gear_jax speedup at the same point (its p50 / gear_jax's p50; the
+    `highlighted_system`'s, named in the column's header, where a suite has no system named gear_jax).
     Where a reference system ran, two more columns give, in gear_jax's rows, its GB/s as a fraction of
     the reference's and its p50 over the reference's. Records of a rate-limited run add the achieved
     samples per insert."""
     keys = list(records[0]["point"]) if records else []
+    gear = highlighted_system(records)
     refs = sorted({k.removeprefix(FRACTION) for r in records for k in r if k.startswith(FRACTION)})
     header = [
         *keys,
@@ -75,7 +89,7 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
         *(f"p{p}" for p in PERCENTILES),
         f"{item_unit}/s",
         "GB/s",
-        "gear_jax speedup",
+        f"{gear} speedup",
     ]
     hosted = any(r["system"] == GEAR_HOST for r in records)
     if hosted:
@@ -87,7 +101,7 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
         header.append("samples/insert")
     by_system = {
         g: {(json.dumps(r["point"], sort_keys=True), r["op"]): r for r in records if r["system"] == g}
-        for g in (GEAR, GEAR_HOST)
+        for g in (gear, GEAR_HOST)
     }
 
     def speedup_cell(g: str, r: dict[str, Any]) -> str:
@@ -105,7 +119,7 @@ def table_cells(records: Sequence[dict[str, Any]], item_unit: str) -> tuple[list
                 *(format_seconds(r["latency_s"][f"p{p}"]) for p in PERCENTILES),
                 format_rate(r["throughput"]["items_per_s"], ""),
                 f"{r['throughput']['bytes_per_s'] / 1e9:.3f}",
-                speedup_cell(GEAR, r),
+                speedup_cell(gear, r),
                 *([speedup_cell(GEAR_HOST, r)] if hosted else []),
                 *(cell for ref in refs for cell in _reference_cells(r, ref)),
                 *([f"{r[ACHIEVED_RATIO]:.3f}" if ACHIEVED_RATIO in r else ""] if ratios else []),

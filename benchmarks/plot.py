@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gear_jax.bench.common import GEAR  # noqa: E402
+from gear_jax.bench.display import highlighted_system  # noqa: E402
 
 MAX_PANELS = 16
 
@@ -43,6 +43,7 @@ def plot_report(report: dict[str, Any], path: str) -> bool:
     cols = min(len(groups), 2)
     rows = (len(groups) + cols - 1) // cols
     colors: dict[str, str] = {}
+    gear = highlighted_system(records)  # drawn bold
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
     for ax, fixed in itertools.zip_longest(axes.flat, groups):
         if fixed is None:
@@ -58,7 +59,7 @@ def plot_report(report: dict[str, Any], path: str) -> bool:
                 xs,
                 ys,
                 marker="o",
-                linewidth=2.5 if system == GEAR else 1.2,
+                linewidth=2.5 if system == gear else 1.2,
                 label=system,
                 color=colors.setdefault(system, f"C{len(colors)}"),
             )

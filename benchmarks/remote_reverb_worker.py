@@ -7,13 +7,14 @@ It starts a `reverb.Server` on 127.0.0.1 with one table per item size (uniform s
 table once (so that every timed insert also removes the oldest item, as a full ring overwrites its
 oldest row), spawns `actors` processes (multiprocessing, spawn), each with a `reverb.Client`, and runs
 the suite's loop (`remote_sweep.py`, loaded by path: the actors time calls, this process coordinates and
-counts the rows each table received through its `insert_stats.completed`). See WRITER for what one call
-of B rows is. It prints JSON to stdout:
+counts the rows each table received through its `insert_stats.completed`). See WRITER (BUFFERED_WRITER
+at a point marked buffered) for what one call of B rows is. It prints JSON to stdout:
 
-    {"versions": {...}, "writer": WRITER, "points": [remote_sweep.coordinate's summary per point, its
-     latencies as a list]}
+    {"versions": {...}, "writer": WRITER, "buffered_writer": BUFFERED_WRITER, "points":
+     [remote_sweep.coordinate's summary per point, its latencies as a list]}
 
-Config keys: actors, points ([{"insert_batch", "item_bytes"}]), seconds, capacity. This file imports
+Config keys: actors, points ([{"insert_batch", "item_bytes", "buffered" (optional, 0: the suite's
+`reverb`, 1: its `reverb_buffered`)}]), seconds, capacity. This file imports
 only the standard library, numpy, tensorflow, reverb, and `data.py` and `remote_sweep.py` beside it.
 """
 
@@ -40,6 +41,21 @@ WRITER = (
     "items; client.trajectory_writer(num_keep_alive_refs=1) opened per point, so that each row's chunk "
     "goes out as its item is made (num_keep_alive_refs=B, chunks of up to B steps, was slower)"
 )
+BUFFERED_WRITER = (
+    "one call of B rows: B x (trajectory_writer.append of one step, create_item of that step), no flush: "
+    "the writer's background worker streams the items, and the call's latency does not include the "
+    "server's acknowledgement; one flush() per point, after the actor's last call and inside the timed "
+    "window (the point's throughput counts it); client.trajectory_writer(num_keep_alive_refs=1) opened "
+    "per point"
+)
+# Buffered, tried on this VM (the server and one writer in one process, 1 s, num_keep_alive_refs=1, rows/s
+# at B = 1 / 32 / 256): 1 KiB rows 38.9k / 52.4k / 49.1k; 64 KiB rows 13.4k / 11.7k / 12.9k, the writer
+# running ahead of the server (the final flush took 0.3-0.5 s, and Reverb logs "The number of pending
+# items is alarmingly high, did you forget to call Flush?"). Bounding the run-ahead with
+# flush(block_until_num_items=64) after each call (create_item's docstring: "To prevent unwanted
+# runahead, `flush` must be called"): 1 KiB 26.6k / 40.5k / 41.7k, 64 KiB 21.3k / 21.2k / 18.2k.
+# num_keep_alive_refs=B: about the same at B = 32, 31.1k / 14.6k at B = 256. BUFFERED_WRITER is the plain
+# stream asked for (no flush but the point's last).
 # Ways tried on this VM (1 actor, 1 s, rows/s at B = 1 / 32 / 256), 1 KiB rows: trajectory_writer with
 # num_keep_alive_refs=B 6.6k / 30.9k / 33.1k, =1 6.6k / 33.4k / 43.2k; the deprecated client.writer
 # (max_sequence_length=1, chunk_length=1) 8.0k / 35.0k / 40.7k, with chunk_length=B 8.2k / 28.9k / 9.1k.
@@ -78,14 +94,15 @@ def make_table(item_bytes: int, capacity: int) -> reverb.Table:
     )
 
 
-def insert_call(writer: Any, table: str, rows: np.ndarray) -> Callable[[], None]:
-    """One call of `len(rows)` rows through `writer` (see WRITER)."""
+def insert_call(writer: Any, table: str, rows: np.ndarray, flush: bool = True) -> Callable[[], None]:
+    """One call of `len(rows)` rows through `writer` (see WRITER; BUFFERED_WRITER without `flush`)."""
 
     def call() -> None:
         for row in rows:
             writer.append({"x": row})
             writer.create_item(table, 1.0, {"x": writer.history["x"][-1]})
-        writer.flush()
+        if flush:
+            writer.flush()
 
     return call
 
@@ -95,11 +112,13 @@ def actor_main(address: str, actor: int, config: dict[str, Any], barrier: Any, r
     client = reverb.Client(address)
 
     @contextlib.contextmanager
-    def open_point(point: dict[str, int]) -> Iterator[Callable[[], None]]:
+    def open_point(point: dict[str, int]) -> Iterator[Any]:
         batch, item_bytes = point["insert_batch"], point["item_bytes"]
+        buffered = bool(point.get("buffered", 0))
         rows = Dataset(batch, 1, item_bytes, actor).as_array()[:, 0]
         with client.trajectory_writer(num_keep_alive_refs=KEEP_ALIVE_REFS) as writer:
-            yield insert_call(writer, table_name(item_bytes), rows)
+            call = insert_call(writer, table_name(item_bytes), rows, flush=not buffered)
+            yield sweep_loop.Buffered(call, writer.flush) if buffered else call
 
     sweep_loop.run_actor(actor, open_point, config["points"], config["seconds"], barrier, results)
 
@@ -148,7 +167,8 @@ def main() -> None:
         p.join(sweep_loop.BARRIER_TIMEOUT_S)
         if p.exitcode != 0:
             raise RuntimeError(f"actor process {p.pid} exited with code {p.exitcode}")
-    json.dump({"versions": _versions(), "writer": WRITER, "points": summaries}, sys.stdout)
+    writers = {"writer": WRITER, "buffered_writer": BUFFERED_WRITER}
+    json.dump({"versions": _versions(), **writers, "points": summaries}, sys.stdout)
     sys.stdout.flush()
     server.stop()
 

@@ -5,11 +5,18 @@ A system's actor processes start once and run every point (insert batch x item s
 
   1. the coordinator reads the server's count of rows received, then every party meets at the barrier;
   2. each actor opens the point (`open_point(point)`: a context manager yielding the call, which inserts
-     the point's `insert_batch` rows of `item_bytes` and returns once the server holds them), makes
-     `WARMUP_CALLS` untimed calls, and meets the others at the barrier again: the release;
+     the point's `insert_batch` rows of `item_bytes` and returns once the server holds them, or a
+     `Buffered` call, see below), makes `WARMUP_CALLS` untimed calls (a `Buffered` system then flushes,
+     untimed), and meets the others at the barrier again: the release;
   3. each actor times calls back to back until `seconds` have passed since its release (at least one),
-     then puts an `ActorReport` on the results queue;
+     (a `Buffered` system then flushes once, timed: its last call's return is the flush's), then puts an
+     `ActorReport` on the results queue;
   4. the coordinator collects the reports and reads the server's count again.
+
+A `Buffered` system's call keeps or streams its rows without waiting for the server's acknowledgement;
+its `flush` returns once the server holds every row of the calls before it. Its latencies are those of
+the calls alone (the acknowledgement is waited for once per point, in the flush, which counts in the
+point's wall time and so in its throughput, not in any call's latency).
 
 Times come from `time.perf_counter`, one clock for every process on Linux, so the point's wall time is
 the last call's return (any actor) minus the first release. This file imports only the standard library
@@ -47,6 +54,15 @@ class ActorReport:
     finished: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Buffered:
+    """What `open_point` yields for a system whose call returns before the server acknowledges its rows:
+    the call, and `flush`, which returns once the server holds the rows of every call before it."""
+
+    call: Callable[[], Any]
+    flush: Callable[[], Any]
+
+
 def points(insert_batches: list[int], item_bytes: list[int]) -> list[Point]:
     """Every (item size, insert batch), item size outermost: the order every system runs them in."""
     return [{"insert_batch": b, "item_bytes": d} for d in item_bytes for b in insert_batches]
@@ -54,7 +70,7 @@ def points(insert_batches: list[int], item_bytes: list[int]) -> list[Point]:
 
 def run_actor(
     actor: int,
-    open_point: Callable[[Point], ContextManager[Callable[[], Any]]],
+    open_point: Callable[[Point], ContextManager[Callable[[], Any] | Buffered]],
     sweep: list[Point],
     seconds: float,
     barrier: Any,
@@ -63,9 +79,12 @@ def run_actor(
     """The measuring part of an actor process: every point of `sweep` in turn (see the module docstring)."""
     for index, point in enumerate(sweep):
         barrier.wait(BARRIER_TIMEOUT_S)
-        with open_point(point) as call:
+        with open_point(point) as opened:
+            call, flush = (opened.call, opened.flush) if isinstance(opened, Buffered) else (opened, None)
             for _ in range(WARMUP_CALLS):
                 call()
+            if flush is not None:
+                flush()  # the warmup's rows reach the server before the release
             barrier.wait(BARRIER_TIMEOUT_S)
             latencies: list[float] = []
             released = now = time.perf_counter()
@@ -75,6 +94,9 @@ def run_actor(
                 call()
                 now = time.perf_counter()
                 latencies.append(now - start)
+            if flush is not None:
+                flush()  # inside the timed window: the point ends once the server holds every row
+                now = time.perf_counter()
         rows_sent = point["insert_batch"] * (WARMUP_CALLS + len(latencies))
         results.put(ActorReport(actor, index, np.asarray(latencies), rows_sent, released, now))
 
