@@ -313,36 +313,53 @@ class Published:
     """What the learner and its host's actors share, in shared memory (one lock for all).
 
     `params`: the learner's flat parameters; `control`: [their version, learner updates so far, priority
-    for new rows]. The actors count what they wrote: `transitions` per actor (the rate limiter's
-    measure), `shard_inserts` per local shard, and their finished episodes in `episodes` (count, sum of
-    returns).
+    for new rows, the update the job resumed after]. The actors count what they wrote: `transitions` per
+    actor (the rate limiter's measure), `shard_inserts` per local shard, and their finished episodes in
+    `episodes` (count, sum of returns).
+
+    The lock is taken with a timeout (`locked`): a process SIGKILLed while it held it (an actor killed
+    mid-update) would otherwise stop the learner for good; the learner raises instead, and the job,
+    started again, resumes from its last checkpoint.
     """
 
-    def __init__(self, context: Any, num_params: int, num_actors: int, num_shards: int):
+    def __init__(self, context: Any, num_params: int, num_actors: int, num_shards: int, resumed: int = 0):
         self.params = context.Array("f", num_params)
         lock = self.params.get_lock()
-        self.control = context.Array("d", 3, lock=lock)
+        self.control = context.Array("d", 4, lock=lock)
+        self.control[3] = resumed
         self.transitions = context.Array("q", num_actors, lock=lock)
         self.shard_inserts = context.Array("q", num_shards, lock=lock)
         self.episodes = context.Array("d", 2, lock=lock)
         self.stop = context.Event()
 
+    @contextlib.contextmanager
+    def locked(self, timeout: float = 60.0) -> Any:
+        lock = self.params.get_lock()
+        if not lock.acquire(timeout=timeout):
+            raise RuntimeError(f"the block shared with the actors stayed locked for {timeout:.0f} s: a "
+                               "process that held its lock died (an actor killed mid-update?)")
+        try:
+            yield
+        finally:
+            lock.release()
+
     def publish(self, flat_params: np.ndarray | None, updates: int, max_priority: float) -> None:
-        with self.params.get_lock():
+        with self.locked():
             if flat_params is not None:
                 np.frombuffer(self.params.get_obj(), np.float32)[:] = flat_params
                 self.control[0] += 1
             self.control[1] = updates
             self.control[2] = max_priority
 
-    def read(self, version: float) -> tuple[np.ndarray | None, float, int, float]:
-        """(parameters if newer than `version`, else None; their version; updates; max priority)."""
-        with self.params.get_lock():
-            current, updates, priority = self.control[:]
+    def read(self, version: float) -> tuple[np.ndarray | None, float, int, float, int]:
+        """(parameters if newer than `version`, else None; their version; updates; max priority; the update
+        the job resumed after)."""
+        with self.locked():
+            current, updates, priority, resumed = self.control[:]
             flat = None
             if current != version:
                 flat = np.frombuffer(self.params.get_obj(), np.float32).copy()
-        return flat, current, int(updates), priority
+        return flat, current, int(updates), priority, int(resumed)
 
     def total_transitions(self) -> int:
         return int(sum(self.transitions[:]))
@@ -394,7 +411,8 @@ def run_actor(table_name: str, shards: dict[int, int], actor: int, local_actors:
     with the parameters the learner last published, until `published.stop` is set.
 
     Rate limit: it writes a chunk only while its transitions stay below its share of
-    `learning_starts + updates * transitions_per_update` plus one chunk.
+    `learning_starts + updates * transitions_per_update` plus one chunk (after a resume: of
+    `(updates - resumed) * transitions_per_update`, what the learner waits for).
     """
     die_with_parent(parent)
     jax.config.update("jax_platforms", "cpu")  # the actors never take the learner's accelerator
@@ -428,10 +446,13 @@ def run_actor(table_name: str, shards: dict[int, int], actor: int, local_actors:
         while not published.stop.is_set():
             if os.getppid() != parent:
                 raise RuntimeError("the learner process has exited")
-            flat, version_now, updates, priority = published.read(version)
+            flat, version_now, updates, priority, resumed = published.read(version)
             if flat is not None:
                 params, version = unravel(jnp.asarray(flat)), version_now
-            allowed = (config.learning_starts + updates * config.transitions_per_update) / local_actors
+            # What the learner waits for: a resumed job's replay holds its transitions already, and its
+            # actors write only those of the updates since the resume (no burst of the earlier ones).
+            starts = 0 if resumed else config.learning_starts
+            allowed = (starts + (updates - resumed) * config.transitions_per_update) / local_actors
             if params is None or written >= allowed + per_chunk:
                 published.stop.wait(0.002)
                 continue
@@ -446,7 +467,7 @@ def run_actor(table_name: str, shards: dict[int, int], actor: int, local_actors:
             tables[shard].insert(rows, priorities=priority)  # new rows: the largest priority so far
             written += per_chunk
             done = finished[~np.isnan(finished)]
-            with published.params.get_lock():
+            with published.locked():
                 published.transitions.get_obj()[actor] = written
                 published.shard_inserts.get_obj()[shards[shard]] += per_chunk
                 published.episodes.get_obj()[0] += done.size
@@ -462,12 +483,12 @@ class Actors:
     (--actors=remote); None: they attach the shards."""
 
     def __init__(self, table: gj.ShardedTable, config: Config, num_params: int, prefix: str,
-                 server: tuple[str, str] | None = None):
+                 server: tuple[str, str] | None = None, resumed: int = 0):
         context = multiprocessing.get_context("spawn")
         self.config = config
         self.shards = sorted(table.local_shards)  # this host's shards
         actors = config.actors_per_process
-        self.published = Published(context, num_params, actors, len(self.shards))
+        self.published = Published(context, num_params, actors, len(self.shards), resumed)
         # Every local shard gets an actor: with fewer actors than shards, actor i writes into shards
         # i, i + actors, ... in turn; with more, actors i, i + shards, ... share shard i.
         n = len(self.shards)
@@ -724,7 +745,7 @@ def train(config: Config, prefix: str, table_name: str | None, started: float) -
         logging.info("%d devices, %d shards of %d rows; this process owns shards %s", jax.device_count(),
                      table.num_shards, config.capacity, sorted(table.local_shards))
         flat_params = np.asarray(ravel_pytree(params)[0])
-        with Actors(table, config, flat_params.size, prefix, server) as actors:
+        with Actors(table, config, flat_params.size, prefix, server, resumed) as actors:
             published = actors.published
             published.publish(flat_params, resumed, max_priority)
             logging.info("started %d actor processes writing into shards %s of %s", config.actors_per_process,
