@@ -23,7 +23,14 @@ What crosses the network, and what is checked where:
   * a server that goes away (restarted, say) is reconnected to: a writer retries a failed call up to
     `retries` times (waits doubling from `retry_wait_s`), then raises `RemoteUnavailableError`. A batch
     whose answer was lost with the connection is sent again: delivery is at least once (a batch the
-    server wrote just before it died is written twice);
+    server wrote just before it died is written twice). A writer's stream names the spec it was made
+    for, and a server restarted with a table of another spec refuses it (`RemoteError`). A server that
+    stops answering without closing the connection (a stopped process, a network path that drops
+    packets) holds the writer's call until it answers: neither side has a deadline on an open stream;
+  * a wait for the rate limiter is a series of waits of at most a second (`WRITER_WAIT_SLICE_S`), the
+    rows sent again for each: a writer closed by another thread stops waiting, and the server stops a
+    wait whose writer is gone (a killed actor's rows are never written after it died), or when it is
+    closing;
   * the server listens on 127.0.0.1 unless told otherwise, and beyond the loopback only with a
     shared-secret `token`, which every call must carry (`authorization: Bearer <token>`); a call without
     it gets nothing and writes nothing. With `tls=(cert_file, key_file)` the connection is TLS
@@ -77,6 +84,7 @@ PRIORITY_COLUMN = "__priority"
 LENGTH_COLUMN = "__length"
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
 WAIT_SLICE_S = 0.25  # a server's waits for the rate limiter, between checks of whether it is closing
+WRITER_WAIT_SLICE_S = 1.0  # a writer's: the longest wait one message asks the server for
 AUTH_HEADER = "authorization"
 _log = logging.getLogger("gear_jax.remote")
 # What the server raises by name, so that the writer raises the same class (anything else: RemoteError).
@@ -214,8 +222,7 @@ class _Service(flight.FlightServerBase):
         owner = self._owner
         try:
             command = json.loads(bytes(descriptor.command))
-            shard = command.get("shard")
-            protocol = command.get("protocol")
+            shard, protocol, spec_hash = command.get("shard"), command.get("protocol"), command.get("spec")
         except (ValueError, TypeError, AttributeError):
             raise flight.FlightServerError(
                 "gear_jax server: the stream's descriptor is not a gear_jax insert"
@@ -225,9 +232,14 @@ class _Service(flight.FlightServerBase):
                 f"gear_jax server: protocol {protocol!r} is not this server's ({PROTOCOL}); use the same "
                 "gear_jax version on both sides"
             )
-        if shard not in owner.tables:
+        if not (shard is None or type(shard) is int) or shard not in owner.tables:
             raise flight.FlightServerError(
                 f"gear_jax server: shard {shard!r} is not served here; it serves {owner.shard_list()}"
+            )
+        if spec_hash != owner.tables[shard].spec.spec_hash:  # another table since the writer described it
+            raise flight.FlightServerError(
+                "gear_jax server: the served table's spec is not the one this writer was made for (the "
+                "server was restarted with another table?); make a new gj.remote.Writer"
             )
         layout = owner.layouts[shard]
         if not reader.schema.equals(layout.schema):
@@ -243,7 +255,7 @@ class _Service(flight.FlightServerBase):
                 if owner.closing:  # the writer sends the message again, to the next server
                     raise flight.FlightUnavailableError("gear_jax server: shutting down")
                 try:
-                    ack = owner.insert_message(shard, layout, chunk)
+                    ack = owner.insert_message(shard, layout, chunk, context.is_cancelled)
                 except _Closing:
                     raise flight.FlightUnavailableError("gear_jax server: shutting down") from None
                 writer.write(pa.py_buffer(ack))
@@ -366,8 +378,11 @@ class Server:
         """Insert streams open now (writers connected)."""
         return self._streams
 
-    def insert_message(self, shard: int | None, layout: _Layout, chunk: Any) -> bytes:
-        """Checks one message and inserts its rows; the answer to send back (row ids, or the error)."""
+    def insert_message(
+        self, shard: int | None, layout: _Layout, chunk: Any, cancelled: Any = lambda: False
+    ) -> bytes:
+        """Checks one message and inserts its rows; the answer to send back (row ids, or the error).
+        `cancelled()` tells whether the writer is gone (a wait for the rate limiter stops then)."""
         seq = None
         try:
             if chunk.app_metadata is None or chunk.data is None:
@@ -388,20 +403,21 @@ class Server:
                 raise InvalidArgumentError(f"steps={steps!r} per row; the table holds 1 to {spec.max_steps}")
             if not spec.is_trajectory and steps != 1:
                 raise InvalidArgumentError(f"steps={steps} per row in a transition table (one step per row)")
+            try:  # buffers as long as the columns say, before anything reads them (`arrays`: the offsets)
+                batch.validate()
+            except pa.ArrowException as e:
+                raise InvalidArgumentError(f"the message's columns are malformed: {e}") from None
             if batch.num_rows < 1:
                 raise InvalidArgumentError("a message must carry at least one row")
-            if batch.nbytes > self.max_message_bytes:
+            size = batch.get_total_buffer_size()  # every buffer received, referenced or not
+            if size > self.max_message_bytes:
                 raise InvalidArgumentError(
-                    f"the message holds {batch.nbytes} bytes, more than the server's max_message_bytes="
+                    f"the message holds {size} bytes, more than the server's max_message_bytes="
                     f"{self.max_message_bytes}; send fewer rows per insert"
                 )
             if timeout is not None and not isinstance(timeout, (int, float)):
                 raise InvalidArgumentError(f"timeout={timeout!r} must be seconds or None")
             timeout = check_timeout(timeout, "remote insert")
-            try:  # buffers as long as the columns say (`arrays` checks the offsets)
-                batch.validate()
-            except pa.ArrowException as e:
-                raise InvalidArgumentError(f"the message's columns are malformed: {e}") from None
             arrays = layout.arrays(batch, steps)
             priorities = lengths = None  # None: 1 each, T each
             if max_priority:
@@ -410,7 +426,7 @@ class Server:
                 priorities = batch.column(len(layout.names)).to_numpy(zero_copy_only=False)
             if given_lengths:
                 lengths = batch.column(len(layout.names) + 1).to_numpy(zero_copy_only=False)
-            rows = self._insert_waiting(table, arrays, priorities, lengths, timeout)
+            rows = self._insert_waiting(table, arrays, priorities, lengths, timeout, cancelled)
         except _Closing:
             raise
         except Exception as e:  # noqa: BLE001 - whatever a message does, the server answers and goes on
@@ -425,11 +441,18 @@ class Server:
         return head + b"\n" + np.asarray(rows, np.int32).tobytes()
 
     def _insert_waiting(
-        self, table: Any, arrays: dict[str, np.ndarray], priorities: Any, lengths: Any, timeout: float | None
+        self,
+        table: Any,
+        arrays: dict[str, np.ndarray],
+        priorities: Any,
+        lengths: Any,
+        timeout: float | None,
+        cancelled: Any,
     ) -> np.ndarray:
         """`table.insert`, waiting for the rate limiter (or a queue's room) in slices of WAIT_SLICE_S: a
         server that is closing stops waiting (the writer sends the rows again to the next server)
-        instead of holding its close until the learner makes room. A refused wait writes nothing."""
+        instead of holding its close until the learner makes room, and the rows of a writer that is gone
+        (killed while it waited) are dropped. A refused wait writes nothing."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -439,7 +462,7 @@ class Server:
             except RateLimiterTimeout:
                 if left is not None and left <= wait:
                     raise
-                if self.closing:
+                if self.closing or cancelled():
                     raise _Closing() from None
 
     def close(self) -> None:
@@ -493,7 +516,9 @@ def serve(
       port: the port; 0 picks a free one (`server.port`, `server.address`).
       token: a shared secret (at least 16 characters) every call must carry; None only on the loopback.
       tls: (certificate file, private key file), PEM: the connection is TLS (`grpc+tls://`).
-      max_message_bytes: the largest message (one insert) the server takes; larger ones are refused.
+      max_message_bytes: the largest message (one insert, every buffer it carries) the server takes;
+        larger ones are refused, writing nothing. gRPC has received such a message by then: the limit
+        does not bound the memory of one message.
 
     Returns:
       The running `Server` (a context manager): `server.address` is what writers connect to.
@@ -517,6 +542,15 @@ def _is_unavailable(error: BaseException) -> bool:
     return isinstance(error, (flight.FlightInternalError, OSError)) and any(
         s in text for s in ("unavailable", "connection", "socket", "shutting down", "broken pipe", "eof")
     )
+
+
+def _end(stream: tuple[Any, Any]) -> None:
+    """Ends a writer's stream (its server's answer to the end included), whatever the server's state."""
+    try:
+        stream[0].done_writing()
+        stream[0].close()
+    except (flight.FlightError, OSError, pa.ArrowException):
+        pass
 
 
 class _Idle:
@@ -633,7 +667,7 @@ class Writer:
         self._batches = _rows.Batches(self.spec)
         self._convert = StepConverter(self.spec.fields)
         self._descriptor = flight.FlightDescriptor.for_command(
-            json.dumps({"protocol": PROTOCOL, "shard": shard}).encode()
+            json.dumps({"protocol": PROTOCOL, "shard": shard, "spec": self.spec.spec_hash}).encode()
         )
         _Idle.watch(self)
 
@@ -653,6 +687,8 @@ class Writer:
         """`call()`, tried again while the server is unreachable, up to `retries` more times."""
         wait = self._retry_wait_s
         for attempt in range(self._retries + 1):
+            if self._closed:
+                raise InvalidArgumentError("this gj.remote.Writer was closed (while the call went on)")
             try:
                 return call()
             except flight.FlightUnauthenticatedError:
@@ -690,19 +726,18 @@ class Writer:
         if self._stream is None or not self._lock.acquire(blocking=False):
             return
         try:
+            stream = None
             if self._stream is not None and time.monotonic() - self._last_used > self._idle_close_s:
-                self._end_stream()
+                stream, self._stream = self._stream, None
         finally:
             self._lock.release()
+        if stream is not None:  # ended in a thread of its own: a server that stopped answering stalls it
+            threading.Thread(target=_end, args=(stream,), name="gear_jax-remote-end", daemon=True).start()
 
     def _end_stream(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            try:
-                stream[0].done_writing()
-                stream[0].close()
-            except (flight.FlightError, OSError, pa.ArrowException):
-                pass
+            _end(stream)
 
     def _send(self, batch: Any, meta: dict[str, Any]) -> bytes:
         """Sends one message and returns the server's answer, reconnecting (and resending) while the
@@ -770,16 +805,31 @@ class Writer:
                 f"{self.max_message_bytes}; insert fewer rows per call"
             )
         record = self._layout.record_batch(arrays, rows, p, n)
-        self._seq += 1
-        meta = {
-            "seq": self._seq,
-            "steps": steps,
-            "timeout": timeout,
-            "lengths": lengths is not None,
-            "priorities": priorities is not None,
-            "max_priority": max_priority,
-        }
-        return self._answer(self._send(record, meta), rows)
+        # A long wait for the rate limiter is a series of waits of at most WRITER_WAIT_SLICE_S, the rows
+        # sent again for each: a writer closed meanwhile (by another thread) stops after the current one.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = WRITER_WAIT_SLICE_S if left is None else min(left, WRITER_WAIT_SLICE_S)
+            self._seq += 1
+            meta = {
+                "seq": self._seq,
+                "steps": steps,
+                "timeout": wait,
+                "lengths": lengths is not None,
+                "priorities": priorities is not None,
+                "max_priority": max_priority,
+            }
+            try:
+                return self._answer(self._send(record, meta), rows)
+            except RateLimiterTimeout as e:
+                if self._closed:
+                    raise InvalidArgumentError(
+                        "this gj.remote.Writer was closed while the insert waited for the rate limiter; "
+                        "nothing of it was written"
+                    ) from None
+                if left is not None and left <= wait:
+                    raise RateLimiterTimeout(f"(after {timeout:.3g} s in all) {e}") from None
 
     def _answer(self, answer: bytes, rows: int) -> np.ndarray:
         head, _, body = answer.partition(b"\n")
@@ -807,28 +857,34 @@ class Writer:
             if set(row) != set(self.spec.fields):
                 self._convert.refuse_keys(row, "row")
             values = self._convert(row, self.casting, "row")
-        self._pending.append((values, p))
-        if len(self._pending) >= self._batch_rows:
-            self.flush()
+        with self._lock:
+            self._pending.append((values, p))
+            if len(self._pending) >= self._batch_rows:
+                self.flush()
 
     def flush(self, timeout: float | None = None) -> np.ndarray:
-        """Sends the rows `add` kept; returns their row ids (int32, in the order added)."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return np.zeros((0,), np.int32)
-        priorities = np.array([p for _, p in pending], np.float32)
-        if not self.spec.is_trajectory:
-            batch = {n: np.stack([v[i] for v, _ in pending]) for i, n in enumerate(self.spec.fields)}
-            return self.insert(batch, priorities, timeout=timeout)
-        lengths = np.array([v[0].shape[0] for v, _ in pending], np.int32)
-        steps = int(lengths.max())
-        batch = {}
-        for i, (name, field) in enumerate(self.spec.fields.items()):
-            out = np.zeros((len(pending), steps, *field.shape), field.dtype)
-            for j, (values, _) in enumerate(pending):
-                out[j, : lengths[j]] = values[i]
-            batch[name] = out
-        return self.insert(batch, priorities, lengths=lengths, timeout=timeout)
+        """Sends the rows `add` kept; returns their row ids (int32, in the order added). A flush that
+        raises keeps the rows (the next `add` or `flush` sends them again)."""
+        with self._lock:
+            pending = self._pending
+            if not pending:
+                return np.zeros((0,), np.int32)
+            priorities = np.array([p for _, p in pending], np.float32)
+            lengths = None
+            if not self.spec.is_trajectory:
+                batch = {n: np.stack([v[i] for v, _ in pending]) for i, n in enumerate(self.spec.fields)}
+            else:
+                lengths = np.array([v[0].shape[0] for v, _ in pending], np.int32)
+                steps = int(lengths.max())
+                batch = {}
+                for i, (name, field) in enumerate(self.spec.fields.items()):
+                    out = np.zeros((len(pending), steps, *field.shape), field.dtype)
+                    for j, (values, _) in enumerate(pending):
+                        out[j, : lengths[j]] = values[i]
+                    batch[name] = out
+            ids = self.insert(batch, priorities, lengths=lengths, timeout=timeout)
+            self._pending = []
+            return ids
 
     def episode_writer(self) -> RemoteEpisodeWriter:
         """A step-by-step writer of episodes (as `Table.writer()`), kept here until `end_episode`."""
@@ -836,17 +892,24 @@ class Writer:
         return RemoteEpisodeWriter(self)
 
     def close(self) -> None:
-        """Sends what `add` kept, then closes the stream. Idempotent."""
+        """Sends what `add` kept, then closes the stream. Idempotent. A call of another thread that is
+        waiting for the rate limiter stops within WRITER_WAIT_SLICE_S and raises."""
         if self._closed:
             return
         try:
-            if self._pending:
-                self.flush()
+            if self._pending and self._lock.acquire(timeout=0):  # not while another thread sends
+                try:
+                    self.flush()
+                finally:
+                    self._lock.release()
         finally:
-            with self._lock:
-                self._closed = True
+            self._closed = True
+            self._lock.acquire()  # another thread's wait ends within WRITER_WAIT_SLICE_S
+            try:
                 self._end_stream()
                 self._client.close()
+            finally:
+                self._lock.release()
 
     @property
     def closed(self) -> bool:

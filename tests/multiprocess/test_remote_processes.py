@@ -143,3 +143,49 @@ def test_a_writer_goes_on_through_a_killed_and_restarted_server_process(make_tab
     ids = check_whole(table, may_hold=8)
     assert set(ids.tolist()) == set(range(3000)), "a row was lost across the restart"
     assert len(ids) - 3000 <= 8, "more than the batch in flight was written twice"
+
+
+def test_a_writer_killed_while_it_waits_for_the_rate_limiter_writes_nothing_later(make_table):
+    limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=4)
+    table = make_table(
+        fields={"id": gj.Field((), "int64"), "payload": gj.Field((16,), "uint8")},
+        capacity=64, rate_limiter=limiter,
+    )  # fmt: skip
+    with gj.serve(table) as server:
+        writer = start_writer(server.address, 0, 100, 1)  # waits after the limiter's room of 5 rows
+        try:
+            assert writer.stdout.readline() == "ready\n", writer.stderr.read()
+            deadline = time.monotonic() + 60
+            while table.size < 5 or not server.open_streams:
+                assert time.monotonic() < deadline and writer.poll() is None, writer.stderr.read()
+                time.sleep(0.01)
+            time.sleep(0.3)  # the sixth insert waits in the server
+        finally:
+            writer.send_signal(signal.SIGKILL)
+            writer.communicate(timeout=TIMEOUT)
+        deadline = time.monotonic() + 10
+        while server.open_streams and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.open_streams == 0, "the server still waits for a dead writer"
+        table.await_samples(8)  # room again: a wait still going on would write now
+        time.sleep(0.5)
+        assert table.size == 5
+
+
+def test_the_serve_command_exits_on_sigterm_while_a_stream_is_held_open(make_table, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    flight = pytest.importorskip("pyarrow.flight")
+    table = table_of(make_table, 16, capacity=8)
+    server = start_server(table, free_port(), str(tmp_path / "address"))
+    address = open(tmp_path / "address").read().strip()
+    client = flight.FlightClient(address)
+    try:
+        # A stream opened and never written to: pyarrow's server would wait for it forever.
+        descriptor = flight.FlightDescriptor.for_command(b'{"protocol": 1, "shard": null}')
+        client.do_put(descriptor, pa.schema([pa.field("x", pa.int8())]))
+        time.sleep(0.5)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0
+    finally:
+        server.kill()
+        client.close()

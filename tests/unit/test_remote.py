@@ -25,6 +25,10 @@ FIELDS = {"obs": gj.Field((3,), "float32"), "action": gj.Field((), "int32"), "do
 TOKEN = "0123456789abcdef0123"
 
 
+def FIELDS_SPEC_HASH():  # noqa: N802 - a constant, computed when asked
+    return gj.TableSpec(FIELDS, capacity=64).spec_hash
+
+
 def rows(n, start=0):
     ids = np.arange(start, start + n)
     return {
@@ -189,7 +193,8 @@ def raw_stream(server, shard=None, schema=None, token=None, command=None):
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
     options = flight.FlightCallOptions(headers=headers)
     layout = server.layouts[shard]
-    command = command if command is not None else json.dumps({"protocol": 1, "shard": shard}).encode()
+    if command is None:
+        command = json.dumps({"protocol": 1, "shard": shard, "spec": layout.spec.spec_hash}).encode()
     writer, answers = client.do_put(
         flight.FlightDescriptor.for_command(command), schema or layout.schema, options
     )
@@ -277,6 +282,9 @@ def test_the_server_ends_streams_of_another_schema_or_shard_or_protocol(served):
         {"command": b"\xff garbage"},
         {"command": json.dumps({"protocol": 99, "shard": None}).encode()},
         {"command": json.dumps({"protocol": 1, "shard": 3}).encode()},
+        {"command": json.dumps({"protocol": 1, "shard": [], "spec": FIELDS_SPEC_HASH()}).encode()},
+        {"command": json.dumps({"protocol": 1, "shard": None, "spec": 12345}).encode()},
+        {"command": json.dumps({"protocol": 1, "shard": None}).encode()},
     ):
         before = snapshot(table)
         client, stream, answers = raw_stream(server, **kwargs)
@@ -369,7 +377,7 @@ def test_fuzzed_frames_write_whole_messages_or_nothing(served, data):
                     value = value[: data.draw(st.integers(0, len(value)))]
             value = bytes(value)
         damaged.append(value)
-    command = json.dumps({"protocol": 1, "shard": None}).encode()
+    command = json.dumps({"protocol": 1, "shard": None, "spec": table.spec.spec_hash}).encode()
     frames = [
         flight_data(schema_header, command=command),
         flight_data(damaged[0], damaged[1], json.dumps(META).encode()),
@@ -569,3 +577,119 @@ def test_gj_serve_stays_callable_when_the_command_module_is_imported(make_table)
     with gj.serve(table) as server, remote.Writer(server.address) as writer:
         writer.insert(rows(2))
     assert table.size == 2
+
+
+def send_frames(server, frames):
+    """Raw gRPC DoPut frames; the answers (bytes), or [] when the server ended the stream."""
+    grpc = pytest.importorskip("grpc")
+    channel = grpc.insecure_channel(server.address.removeprefix("grpc://"))
+    put = channel.stream_stream("/arrow.flight.protocol.FlightService/DoPut")
+    try:
+        return [bytes(a) for a in put(iter(frames), timeout=10)]
+    except grpc.RpcError as e:
+        assert e.code() != grpc.StatusCode.DEADLINE_EXCEEDED, "the server hung on a damaged message"
+        return []
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize("claimed_rows", [3, 1_000_000])
+def test_a_message_claiming_more_rows_than_its_buffers_hold_is_refused(served, claimed_rows):
+    """The IPC header says more rows than the buffers of 2 hold (every length of 2 in it changed): the
+    server validates the buffers before it reads any offset (it used to crash reading past them)."""
+    table, server, writer = served
+    schema_header, _ = ipc_parts(server.layouts[None].schema.serialize())
+    header, body = ipc_parts(good_batch(server, 2).serialize())
+    header = bytearray(header)
+    for at in range(0, len(header) - 7, 8):
+        if int.from_bytes(header[at : at + 8], "little") == 2:
+            header[at : at + 8] = claimed_rows.to_bytes(8, "little")
+    command = json.dumps({"protocol": 1, "shard": None, "spec": table.spec.spec_hash}).encode()
+    meta = json.dumps({**META, "lengths": True}).encode()
+    answers = send_frames(
+        server, [flight_data(schema_header, command=command), flight_data(bytes(header), body, meta)]
+    )
+    assert not any(b'"ok": true' in a for a in answers)
+    assert table.size == 0
+    assert writer.insert(rows(1)).shape == (1,)
+
+
+def test_padding_the_message_does_not_pass_the_size_limit(make_table):
+    """The last buffer of a message declared 1 MiB longer than its column uses: the limit counts every
+    byte received, not only those the columns reference."""
+    table = make_table(fields=FIELDS, capacity=16)
+    with gj.serve(table, max_message_bytes=10_000) as server:
+        schema_header, _ = ipc_parts(server.layouts[None].schema.serialize())
+        header, body = ipc_parts(good_batch(server, 2).serialize())
+        header, pad = bytearray(header), 1 << 20
+        last = (len(body) - 8).to_bytes(8, "little") + (8).to_bytes(8, "little")  # the lengths' 2 int32
+        at = bytes(header).rfind(last)
+        assert at >= 0
+        header[at + 8 : at + 16] = (8 + pad).to_bytes(8, "little")
+        command = json.dumps({"protocol": 1, "shard": None, "spec": table.spec.spec_hash}).encode()
+        frames = [
+            flight_data(schema_header, command=command),
+            flight_data(bytes(header), body + bytes(pad), json.dumps(META).encode()),
+        ]
+        answers = send_frames(server, frames)
+        assert answers and b"max_message_bytes" in answers[0]
+        assert table.size == 0
+
+
+def test_a_writer_refuses_a_restarted_server_of_another_spec(make_table):
+    first = make_table(fields={"obs": gj.Field((3,), "float32")}, capacity=8)
+    second = make_table(fields={"obs": gj.Field((3,), "int32")}, capacity=8)  # as many bytes per row
+    port = free_port()
+    server = gj.serve(first, port=port)
+    writer = remote.Writer(server.address, retries=3, retry_wait_s=0.02, idle_close_s=0.1)
+    writer.insert({"obs": np.ones((1, 3), np.float32)})
+    server.close()
+    with gj.serve(second, port=port):
+        with pytest.raises(gj.RemoteError, match="make a new gj.remote.Writer"):
+            writer.insert({"obs": np.full((1, 3), 1.5, np.float32)})
+    assert second.size == 0
+    writer.close()
+
+
+def test_a_failed_flush_keeps_the_rows_added(make_table):
+    limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=4)
+    table = make_table(fields=FIELDS, capacity=64, rate_limiter=limiter)
+    with gj.serve(table) as server, remote.Writer(server.address) as writer:
+        writer.insert(rows(5))  # the limiter's room is used up
+        for i in range(3):
+            writer.add({"obs": np.zeros(3), "action": 100 + i, "done": False})
+        with pytest.raises(gj.RateLimiterTimeout):
+            writer.flush(timeout=0.05)
+        table.await_samples(8)
+        ids = writer.flush(timeout=5)
+        assert table.columns["action"][ids, 0].tolist() == [100, 101, 102] and table.size == 8
+
+
+def test_closing_a_writer_cancels_another_threads_wait(make_table):
+    limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=4)
+    table = make_table(fields=FIELDS, capacity=64, rate_limiter=limiter)
+    with gj.serve(table) as server:
+        writer = remote.Writer(server.address, retries=1, retry_wait_s=0.01)
+        writer.insert(rows(5))
+        outcome = []
+
+        def wait_forever():
+            try:
+                writer.insert(rows(1))
+            except Exception as e:  # noqa: BLE001 - what the writer raised is the outcome
+                outcome.append(e)
+
+        waiting = threading.Thread(target=wait_forever)
+        waiting.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        writer.close()
+        waiting.join(10)
+        assert time.monotonic() - started < 5 and not waiting.is_alive() and len(outcome) == 1
+        deadline = time.monotonic() + 5
+        while server.open_streams and time.monotonic() < deadline:  # the server drops the wait too
+            time.sleep(0.05)
+        assert server.open_streams == 0
+        table.await_samples(8)
+        time.sleep(0.3)
+        assert table.size == 5  # the cancelled insert was not written later
