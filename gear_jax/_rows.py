@@ -70,6 +70,20 @@ def priority(value: Any, what: str = "priority") -> float:
     return p
 
 
+def names_max_priority(value: Any, op: str = "", rows: str = "an array of one per row") -> bool:
+    """Whether `priorities` is the name "max" (the largest priority so far); False for values, and
+    InvalidArgumentError for any other string. `rows` says what an array of priorities is."""
+    if not isinstance(value, str):
+        return False
+    if value != "max":
+        prefix = f"{op}: " if op else ""
+        raise InvalidArgumentError(
+            f'{prefix}priorities={value!r}; pass None, a number, {rows}, or "max" (the largest priority '
+            "so far)"
+        )
+    return True
+
+
 def _priority_dtype_ok(dtype: Any) -> bool:
     return bool(jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer))
 

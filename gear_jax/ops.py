@@ -410,12 +410,7 @@ def insert(
         )
     time_major = check_flag(time_major, "time_major", "insert")
     arrays, b, steps = _rows.Batches(table.spec).traced(batch, table.casting, time_major, "insert")
-    if isinstance(priorities, str):
-        if priorities != "max":
-            raise InvalidArgumentError(
-                f"insert: priorities={priorities!r}; pass None, a number, a float array of shape ({b},) "
-                'or "max" (the largest priority so far)'
-            )
+    if _rows.names_max_priority(priorities, "insert", f"a float array of shape ({b},)"):
         mode, priority_array = INSERT_PRIORITY_MODES["max"], jnp.zeros((0,), jnp.float32)
     else:
         mode = INSERT_PRIORITY_MODES["given"]

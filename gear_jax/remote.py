@@ -68,6 +68,7 @@ from gear_jax.errors import (
 )
 from gear_jax.rate_limiter import check_timeout
 from gear_jax.spec import TableSpec
+from gear_jax.writers import check_room_for_a_step
 
 try:
     import pyarrow as pa
@@ -197,6 +198,16 @@ class _Layout:
                 raise InvalidArgumentError(f"column {name!r} holds bytes other than 0 and 1 for bools")
             out[name] = raw.view(field.dtype).reshape(*lead, *field.shape)
         return out
+
+
+def _wait_slices(timeout: float | None, slice_s: float) -> Any:
+    """The waits, of at most `slice_s` each, that make up a wait of `timeout` seconds (None: for good):
+    (seconds, whether it is the last), the time left measured as each begins."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        wait = slice_s if left is None else min(left, slice_s)
+        yield wait, left is not None and left <= wait
 
 
 class _Closing(Exception):
@@ -421,7 +432,7 @@ class Server:
             arrays = layout.arrays(batch, steps)
             priorities = lengths = None  # None: 1 each, T each
             if max_priority:
-                priorities = np.full((batch.num_rows,), table.max_priority or 1.0, np.float32)
+                priorities = "max"  # the table's own rule
             elif given_priorities:
                 priorities = batch.column(len(layout.names)).to_numpy(zero_copy_only=False)
             if given_lengths:
@@ -453,17 +464,15 @@ class Server:
         server that is closing stops waiting (the writer sends the rows again to the next server)
         instead of holding its close until the learner makes room, and the rows of a writer that is gone
         (killed while it waited) are dropped. A refused wait writes nothing."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            wait = WAIT_SLICE_S if left is None else min(left, WAIT_SLICE_S)
+        for wait, last in _wait_slices(timeout, WAIT_SLICE_S):
             try:
                 return table.insert(arrays, priorities=priorities, lengths=lengths, timeout=wait)
             except RateLimiterTimeout:
-                if left is not None and left <= wait:
+                if last:
                     raise
                 if self.closing or cancelled():
                     raise _Closing() from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         """Stops serving: refuses new messages (writers see the server as gone and retry), and waits up to
@@ -785,11 +794,7 @@ class Writer:
         """
         if timeout is not None:
             timeout = check_timeout(timeout, "Writer.insert")
-        max_priority = isinstance(priorities, str)
-        if max_priority and priorities != "max":
-            raise InvalidArgumentError(
-                f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
-            )
+        max_priority = _rows.names_max_priority(priorities, "Writer.insert")
         checked = self._batches.ready(batch, self.casting)
         if checked is None or any(a.dtype != f.dtype for a, f in zip(checked[0], self.spec.fields.values())):
             checked = self._batches.host(batch, self.casting)
@@ -807,10 +812,7 @@ class Writer:
         record = self._layout.record_batch(arrays, rows, p, n)
         # A long wait for the rate limiter is a series of waits of at most WRITER_WAIT_SLICE_S, the rows
         # sent again for each: a writer closed meanwhile (by another thread) stops after the current one.
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            wait = WRITER_WAIT_SLICE_S if left is None else min(left, WRITER_WAIT_SLICE_S)
+        for wait, last in _wait_slices(timeout, WRITER_WAIT_SLICE_S):
             self._seq += 1
             meta = {
                 "seq": self._seq,
@@ -828,8 +830,9 @@ class Writer:
                         "this gj.remote.Writer was closed while the insert waited for the rate limiter; "
                         "nothing of it was written"
                     ) from None
-                if left is not None and left <= wait:
+                if last:
                     raise RateLimiterTimeout(f"(after {timeout:.3g} s in all) {e}") from None
+        raise AssertionError("unreachable")
 
     def _answer(self, answer: bytes, rows: int) -> np.ndarray:
         head, _, body = answer.partition(b"\n")
@@ -954,10 +957,7 @@ class RemoteEpisodeWriter:
         spec = writer.spec
         if not isinstance(step, Mapping) or set(step) != set(spec.fields):
             writer._convert.refuse_keys(step, "step")
-        if len(self._steps) >= spec.max_steps:
-            raise InvalidArgumentError(
-                f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
-            )
+        check_room_for_a_step(len(self._steps), spec)
         self._steps.append(writer._convert(step, writer.casting))
 
     def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:

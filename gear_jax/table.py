@@ -565,11 +565,7 @@ class Table:
         """
         if timeout is not None:
             timeout = check_timeout(timeout, "Table.insert")
-        if isinstance(priorities, str):
-            if priorities != "max":
-                raise InvalidArgumentError(
-                    f'priorities={priorities!r}; pass None, a number, an array of one per row, or "max"'
-                )
+        if _rows.names_max_priority(priorities):
             priorities = self.max_priority or 1.0
         writer = self._row_writer
         if (

@@ -40,6 +40,14 @@ def _live(table: Table) -> Any:
     return table.native
 
 
+def check_room_for_a_step(steps: int, spec: TableSpec) -> None:
+    """Refuses a step beyond `max_steps` of an episode that has `steps` (every episode writer's rule)."""
+    if steps >= spec.max_steps:
+        raise InvalidArgumentError(
+            f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
+        )
+
+
 class EpisodeWriter:
     """Writes episodes step by step, in place, into the row it holds.
 
@@ -112,10 +120,7 @@ class EpisodeWriter:
         spec = table.spec
         if not isinstance(step, Mapping) or set(step) != set(spec.fields):
             self._convert.refuse_keys(step, "step")
-        if self._steps >= spec.max_steps:
-            raise InvalidArgumentError(
-                f"the episode already has max_steps={spec.max_steps} steps; call end_episode() first"
-            )
+        check_room_for_a_step(self._steps, spec)
         if spec.step_ring:
             return self._stage(step)
         if type(step) is dict:  # the short path: checked and copied in one native call each

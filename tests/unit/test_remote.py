@@ -416,14 +416,9 @@ def test_the_rate_limiter_makes_remote_writers_wait(make_table):
         assert table.size == inserted + 1
 
 
-def test_closing_a_server_ends_a_wait_for_the_rate_limiter(make_table):
-    """A writer waiting without a timeout does not hold the server's close: the wait ends, nothing of it
-    is written, and the writer finds the server gone."""
-    limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=4)
-    table = make_table(fields=FIELDS, capacity=64, rate_limiter=limiter)
-    server = gj.serve(table)
-    writer = remote.Writer(server.address, retries=2, retry_wait_s=0.01)
-    writer.insert(rows(5))  # the limiter's room is used up: the next insert waits for samples
+def insert_without_timeout(writer):
+    """Starts a thread whose insert of one row waits (the limiter has no room), and lets it start
+    waiting; (the thread, the list that gets what its insert raised)."""
     outcome = []
 
     def wait_forever():
@@ -435,6 +430,18 @@ def test_closing_a_server_ends_a_wait_for_the_rate_limiter(make_table):
     waiting = threading.Thread(target=wait_forever)
     waiting.start()
     time.sleep(0.3)
+    return waiting, outcome
+
+
+def test_closing_a_server_ends_a_wait_for_the_rate_limiter(make_table):
+    """A writer waiting without a timeout does not hold the server's close: the wait ends, nothing of it
+    is written, and the writer finds the server gone."""
+    limiter = gj.RateLimiter(min_size_to_sample=1, samples_per_insert=1.0, error_buffer=4)
+    table = make_table(fields=FIELDS, capacity=64, rate_limiter=limiter)
+    server = gj.serve(table)
+    writer = remote.Writer(server.address, retries=2, retry_wait_s=0.01)
+    writer.insert(rows(5))  # the limiter's room is used up: the next insert waits for samples
+    waiting, outcome = insert_without_timeout(writer)
     started = time.monotonic()
     server.close()
     waiting.join(10)
@@ -671,17 +678,7 @@ def test_closing_a_writer_cancels_another_threads_wait(make_table):
     with gj.serve(table) as server:
         writer = remote.Writer(server.address, retries=1, retry_wait_s=0.01)
         writer.insert(rows(5))
-        outcome = []
-
-        def wait_forever():
-            try:
-                writer.insert(rows(1))
-            except Exception as e:  # noqa: BLE001 - what the writer raised is the outcome
-                outcome.append(e)
-
-        waiting = threading.Thread(target=wait_forever)
-        waiting.start()
-        time.sleep(0.3)
+        waiting, outcome = insert_without_timeout(writer)
         started = time.monotonic()
         writer.close()
         waiting.join(10)
