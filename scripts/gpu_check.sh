@@ -18,7 +18,9 @@
 # "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
 # More stages, not in the default list: torch (the torch suite), fixed_cost (scripts/gpu_fixed_cost.py: where the time of a small
 # call goes), ncu (the same programs' kernels timed by Nsight Compute), episodes (the episodes suite on the GPU: step rings, padded rows, flashbax in HBM),
-# multihost and anakin (the examples with --platform=cuda; anakin needs gymnax and flashbax in .whl/).
+# multihost and anakin (the examples with --platform=cuda; anakin needs gymnax and flashbax in .whl/;
+# GPU_CHECK_MULTIHOST_ACTORS=remote has the multihost example's actors write through gj.remote), extra
+# (GPU_CHECK_EXTRA_TESTS: unmarked tests run there, their programs on the GPU).
 # GPU_CHECK_PRIORITY_ROWS (default 1000000,10000000,100000000) sets the priorities suite's table sizes.
 # GPU_CHECK_GATHER_ITEM_BYTES, GPU_CHECK_GATHER_BATCH and GPU_CHECK_GATHER_SYSTEMS narrow the gather
 # suite's grid and systems.
@@ -87,6 +89,19 @@ if want tests; then
   status=$?
   tail -n 25 "$OUT/tests.log"
   [ "$status" -eq 0 ] || echo "gpu_check: the GPU tests failed with status $status (log: $OUT/tests.log)"
+fi
+
+# extra: tests that are not marked gpu but whose programs run on the GPU there (jax's default device) and
+# whose tables are pinned and mapped, e.g. GPU_CHECK_EXTRA_TESTS="tests/unit/test_remote.py".
+if want extra && [ -n "${GPU_CHECK_EXTRA_TESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  stage extra 180 30 "$OUT/tests.log" python -m pytest -q -rs $GPU_CHECK_EXTRA_TESTS
+  rc=$?
+  tail -n 8 "$OUT/tests.log"
+  if [ "$rc" -ne 0 ]; then
+    echo "gpu_check: the extra tests failed with status $rc (log: $OUT/tests.log)"
+    [ "$status" -eq 0 ] && status=$rc
+  fi
 fi
 
 if want memcheck; then
@@ -162,7 +177,8 @@ fi
 # anakin example (gj.insert inside jit on the GPU) against flashbax in HBM. Both need gymnax's wheels.
 if want multihost; then
   stage multihost 180 60 "$OUT/multihost.log" python examples/multihost.py --num_processes=1 \
-    --platform=cuda --steps="${GPU_CHECK_MULTIHOST_STEPS:-3000}" --timeout=170
+    --platform=cuda --steps="${GPU_CHECK_MULTIHOST_STEPS:-3000}" --timeout=170 \
+    --actors="${GPU_CHECK_MULTIHOST_ACTORS:-attach}"
   grep -E "^summary|Error" "$OUT/multihost.log" | tail -n 3
 fi
 if want anakin; then
