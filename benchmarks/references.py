@@ -9,6 +9,12 @@ pinned where CUDA is present) and times one contiguous transfer out of it:
   a gather is measured against. Elsewhere: `np.copyto` of B consecutive rows into a preallocated
   buffer (host to host), starting at a different row each iteration so the rows come from memory
   rather than cache.
+- `pinned_copy_jit` (gather suite): the same bytes, one contiguous span of B consecutive rows, copied
+  by XLA inside one jitted call: the rows are a JAX array of memory kind "pinned_host", and the call is
+  `jax.device_put(lax.dynamic_slice(rows, start, B rows), device memory)`, which XLA turns into one DMA.
+  It is timed as every jitted system is (from the call to `block_until_ready`), so it carries JAX's
+  dispatch cost as gear_jax's figures do: the copy a jitted program can have. It needs a device with
+  pinned_host memory (a GPU); elsewhere it is unavailable.
 - `priority_read` (priorities suite): the state column, 8 bytes per row, where the priorities live.
   On a CUDA GPU: `cudaMemcpyAsync` of the column to the GPU, timed the same way. Elsewhere:
   `np.add.reduce` over the column as uint64[N], one read of it.
@@ -24,11 +30,12 @@ from collections.abc import Callable
 
 import jax
 import numpy as np
+from jax import lax
 
 from gear_jax import _native
-from gear_jax.bench.common import PINNED_COPY, PRIORITY_READ, Unavailable
+from gear_jax.bench.common import PINNED_COPY, PINNED_COPY_JIT, PRIORITY_READ, Unavailable
 from gear_jax.bench.cuda_copy import CudaCopyError, time_host_to_device_copies
-from gear_jax.bench.systems import Step, System, Workload, make_table
+from gear_jax.bench.systems import Step, System, Workload, make_table, memory_kinds, where
 
 STATE_BYTES = 8  # the state column: uint64 per row (priority bits, generation)
 
@@ -166,7 +173,52 @@ class PriorityReadSystem(Reference):
         return lambda i: np.add.reduce(state)
 
 
-REFERENCE_SYSTEMS: dict[str, type[Reference]] = {
+class PinnedCopyJitSystem(System):
+    """`pinned_copy`'s bytes (B consecutive rows; windows: B x window steps), moved by XLA in one jitted
+    call from a JAX array in pinned_host memory (see the module docstring)."""
+
+    name = PINNED_COPY_JIT
+    measured_as = "one jitted call: jax.device_put of a dynamic slice of a pinned_host array (one DMA)"
+
+    def __init__(self, work: Workload):
+        if not work.collect:
+            raise Unavailable(f"{self.name} is the reference of gathers; this workload only selects")
+        super().__init__(work)
+        device = jax.devices()[0]
+        kinds = memory_kinds(device)
+        if "pinned_host" not in kinds:
+            raise Unavailable(f"{device} has no pinned_host memory (its memory kinds: {sorted(kinds)})")
+        self.device_memory = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+        host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+        data = work.data
+        rows = data.as_array().reshape(data.rows * data.steps, data.item_bytes)
+        self.flat = jax.block_until_ready(jax.device_put(rows, host))
+        del rows
+
+    def make_step(self, batch_size: int) -> Step:
+        steps = batch_size * self.work.steps_out
+        total = self.flat.shape[0]
+        if steps > total:
+            raise Unavailable(f"a batch of {batch_size} is more than the table's {self.work.data.rows} rows")
+        starts = total - steps + 1
+        to_device = self.device_memory
+
+        def run(first: jax.Array, flat: jax.Array) -> jax.Array:
+            return jax.device_put(lax.dynamic_slice_in_dim(flat, first, steps, axis=0), to_device)
+
+        compiled = jax.jit(run).lower(np.int32(0), self.flat).compile()
+        # A different span each iteration (as pinned_copy), so the bytes come from memory, not a cache.
+        return lambda i: jax.block_until_ready(compiled(np.int32(i * steps % starts), self.flat))
+
+    def describe(self) -> str:
+        return f"{self.name} holds its rows on {where(self.flat)}; {self.measured_as}"
+
+    def close(self) -> None:
+        self.flat.delete()
+
+
+REFERENCE_SYSTEMS: dict[str, type[System]] = {
     PINNED_COPY: PinnedCopySystem,
+    PINNED_COPY_JIT: PinnedCopyJitSystem,
     PRIORITY_READ: PriorityReadSystem,
 }

@@ -11,14 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from gear_jax.bench.common import GEAR_SYSTEMS, PINNED_COPY, Unavailable, make_record
+from gear_jax.bench.common import GEAR_SYSTEMS, PINNED_COPY, PINNED_COPY_JIT, Unavailable, make_record
 from gear_jax.bench.display import progress
 from gear_jax.bench.references import REFERENCE_SYSTEMS
 from gear_jax.bench.reverb_baseline import ReverbSystem
 from gear_jax.bench.systems import GATHER_ONLY, IN_PROCESS, Step, System, Workload
 
-SYSTEMS = (*IN_PROCESS, PINNED_COPY, "reverb")  # the gather suite's
-SELECT_SYSTEMS = tuple(s for s in SYSTEMS if s not in (*GATHER_ONLY, PINNED_COPY))  # the sample suite's
+SYSTEMS = (*IN_PROCESS, PINNED_COPY, PINNED_COPY_JIT, "reverb")  # the gather suite's
+SELECT_SYSTEMS = tuple(
+    s for s in SYSTEMS if s not in (*GATHER_ONLY, PINNED_COPY, PINNED_COPY_JIT)
+)  # the sample suite's
 NOTE_CHARS = 600
 
 

@@ -199,7 +199,7 @@ if want gather; then
   stage gather 300 60 "$OUT/bench.log" python -m gear_jax.bench gather --table_rows=1000000 \
     --item_bytes="${GPU_CHECK_GATHER_ITEM_BYTES:-512,4096,65536,1048576}" \
     --batch_size="${GPU_CHECK_GATHER_BATCH:-32,64,128,256,512,1024}" \
-    --systems="${GPU_CHECK_GATHER_SYSTEMS:-gear_jax,jnp_take,pinned_host_loop,pure_callback,pinned_copy}" \
+    --systems="${GPU_CHECK_GATHER_SYSTEMS:-gear_jax,jnp_take,pinned_host_loop,pure_callback,pinned_copy,pinned_copy_jit}" \
     --iters=20 --warmup=5 \
     --mem_budget_gib="$(budget 2)" --json "$OUT/gather_gpu.json" --plot "$OUT/gather_gpu.png" ||
     echo "gpu_check: the gather benchmark did not complete (log: $OUT/bench.log)"
@@ -209,7 +209,7 @@ fi
 if want windows; then
   stage windows 150 30 "$OUT/bench.log" python -m gear_jax.bench gather --table_rows=16384 --window=16 \
     --max_steps=64 --item_bytes=512,4096 --batch_size=32,128,512 \
-    --systems=gear_jax,jnp_take,pinned_host_loop,pinned_copy --iters=20 --warmup=5 \
+    --systems=gear_jax,jnp_take,pinned_host_loop,pinned_copy,pinned_copy_jit --iters=20 --warmup=5 \
     --mem_budget_gib="$(budget 8)" --json "$OUT/windows_gpu.json" ||
     echo "gpu_check: the windows benchmark did not complete (log: $OUT/bench.log)"
 fi

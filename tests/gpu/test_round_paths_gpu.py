@@ -38,6 +38,7 @@ def rows(ids):
 def test_a_gpu_epoch_gives_every_selectable_row_once_and_retire_ends_them(gpu, make_table, drop_last):
     table = make_table(fields=IDS, capacity=64)
     table.insert(rows(np.arange(20)))  # 20 rows, minibatches of 8
+
     def epoch_and_rows(key):
         picks = gj.epoch(table, key, 8, num_rows=20, drop_last=drop_last)
         batch = gj.gather(table, jax.tree_util.tree_map(jnp.ravel, picks))  # every minibatch at once

@@ -271,6 +271,34 @@ def test_reference_spans_lie_inside_the_table() -> None:
         system.close()
 
 
+@pytest.mark.parametrize("window", [0, 3])
+def test_pinned_copy_jit_copies_consecutive_rows_of_a_new_span_each_call(window: int) -> None:
+    data = Dataset(rows=40, steps=4 if window else 1, item_bytes=64)
+    system = references.PinnedCopyJitSystem(Workload(data, window=window))
+    try:
+        step = system.make_step(5)
+        flat = data.as_array().reshape(-1, 64)
+        spans = set()
+        for i in range(6):
+            out = np.asarray(step(i))
+            steps = 5 * (window or 1)
+            assert out.shape == (steps, 64)
+            first = int(np.flatnonzero((flat == out[0]).all(axis=1))[0])
+            np.testing.assert_array_equal(out, flat[first : first + steps])
+            spans.add(first)
+        assert len(spans) == 6  # each call copies another span
+        with pytest.raises(common.Unavailable, match="more than the table"):
+            system.make_step(1000)
+    finally:
+        system.close()
+
+
+def test_pinned_copy_jit_without_pinned_host_memory_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(references, "memory_kinds", lambda device: {"device"})
+    with pytest.raises(common.Unavailable, match="no pinned_host memory"):
+        references.PinnedCopyJitSystem(Workload(Dataset(rows=8, steps=1, item_bytes=64)))
+
+
 @pytest.mark.gpu
 def test_cuda_copy_times_copies_of_a_pinned_table() -> None:
     try:
