@@ -106,8 +106,13 @@ fi
 
 if want memcheck; then
   if command -v compute-sanitizer >/dev/null; then
+    # --target-processes application-only: the sanitizer follows the test process alone, not its
+    # children (XLA starts ptxas processes to compile, for one). Following every process (the default),
+    # compute-sanitizer itself crashed (SIGSEGV) or hung in the sharded exchange's GPU tests on an H200
+    # (2026-11-27), at a different test each time, while the same tests pass without it and memcheck
+    # found 0 errors in them with this option. Which child process it failed on was not found.
     stage memcheck 300 60 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
-      --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/gpu -x -q \
+      --target-processes application-only --tool memcheck --error-exitcode 3 python -m pytest -m gpu tests/gpu -x -q \
       ${GPU_CHECK_SANITIZE_K:+-k "$GPU_CHECK_SANITIZE_K"}
     memcheck=$?
     tail -n 20 "$OUT/tests.log"
@@ -128,7 +133,7 @@ fi
 for tool in racecheck synccheck; do
   if want "$tool" && command -v compute-sanitizer >/dev/null; then
     stage "$tool" 300 30 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false compute-sanitizer \
-      --tool "$tool" --error-exitcode 3 python -m pytest -m gpu tests/gpu -x -q \
+      --target-processes application-only --tool "$tool" --error-exitcode 3 python -m pytest -m gpu tests/gpu -x -q \
       -k "selection or windows or prioritized or gather"
     rc=$?
     tail -n 8 "$OUT/tests.log"
