@@ -60,56 +60,78 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
   const double length_total = by_length ? TreeTotal(*tree) : 0.0;
   // The longest row bounds every row's count of windows (a view without the word: max_steps does).
   const int32_t longest = t.longest != nullptr ? LoadRelaxed(t.longest) : t.max_steps;
-  // Draw `attempt` of pick `pick`: a target in the index over lengths, or a uniform candidate.
+  // Draw `attempt` of pick `pick`: a target in the index over lengths (its fraction of the total), or
+  // a uniform candidate.
   auto uniform = [&](uint32_t pick, int attempt) {
     return UniformDouble(r.seed0, r.seed1, pick, static_cast<uint32_t>(attempt), Draw::kSelect);
   };
   auto candidate = [&](uint32_t pick, int attempt) -> int64_t {
-    const double u = uniform(pick, attempt);
-    if (by_length) return DescendTree(*tree, u * length_total);  // -1: no row of positive weight
-    return std::min<int64_t>(static_cast<int64_t>(u * claimed), claimed - 1);
+    return std::min<int64_t>(static_cast<int64_t>(uniform(pick, attempt) * claimed), claimed - 1);
   };
-  // Rejection, range by range: the first candidate of every pick of the range fetched ahead so that
-  // the picks' cache misses overlap. A pick whose every attempt was rejected is left at row -1.
+  // Whether `attempt` of pick `i`, at candidate row `c` (-1: none), is kept, and then recorded.
+  auto keep = [&](int64_t i, int attempt, int64_t c) -> bool {
+    if (c < 0) return false;
+    const uint64_t s = LoadAcquire(&t.state[c]);
+    if (!StateSelectable(s) || !LengthUsable(t, c)) return false;
+    if (!windowed) return Record(t, r, out, i, c, s, 0.0f);
+    if (by_length && s != tree->seen[c]) return false;  // changed since the index weighed it
+    const int32_t length = LoadRelaxed(&t.length[c]);
+    int32_t start = 0;
+    return KeepWindow(length, r.window, r.skip_short, r.uniform_starts, by_length ? length : longest, r.seed0,
+                      r.seed1, static_cast<uint32_t>(i), static_cast<uint32_t>(attempt), &start) &&
+           Record(t, r, out, i, c, s, 0.0f, start);
+  };
+  auto prefetch_row = [&](int64_t c) {
+    __builtin_prefetch(&t.times_sampled[c]);
+    if (r.prefetch_rows != nullptr && t.step_capacity == 0)
+      __builtin_prefetch(r.prefetch_rows->data + c * r.prefetch_rows->row_stride);
+  };
+  // Rejection, range by range. A pick whose every attempt was rejected is left at row -1 (or at the
+  // failed pick where its last recording failed).
   parallel.Run(r.batch_size, kUniformGrain, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> first(static_cast<size_t>(end - begin));
-    if (by_length) {  // the first draws walk the index together (their misses overlap)
+    for (int64_t i = begin; i < end; ++i) out.indices[i] = -1;
+    if (by_length) {
+      // Attempt by attempt, the picks still open walk the index together, kTreeLanes at a time (their
+      // cache misses overlap), and each pick keeps its first kept attempt: the picks are those of one
+      // pick after another, attempt after attempt.
+      std::vector<int64_t> open(static_cast<size_t>(end - begin));
+      for (int64_t i = begin; i < end; ++i) open[static_cast<size_t>(i - begin)] = i;
+      std::vector<int64_t> still_open;
       double target[kTreeLanes];
-      for (int64_t base = begin; base < end; base += kTreeLanes) {
-        const int lanes = static_cast<int>(std::min<int64_t>(kTreeLanes, end - base));
-        for (int j = 0; j < lanes; ++j)
-          target[j] = uniform(static_cast<uint32_t>(base + j), 0) * length_total;
-        DescendTreeLanes(t, *tree, true, lanes, target, &first[base - begin]);
+      int64_t node[kTreeLanes];
+      for (int attempt = 0; attempt < kUniformAttempts && !open.empty(); ++attempt) {
+        still_open.clear();
+        for (size_t base = 0; base < open.size(); base += kTreeLanes) {
+          const int lanes = static_cast<int>(std::min<size_t>(kTreeLanes, open.size() - base));
+          for (int j = 0; j < lanes; ++j)
+            target[j] = uniform(static_cast<uint32_t>(open[base + j]), attempt) * length_total;
+          DescendTreeLanes(t, *tree, true, lanes, target, node);
+          for (int j = 0; j < lanes; ++j) {
+            if (node[j] >= 0) prefetch_row(node[j]);
+          }
+          for (int j = 0; j < lanes; ++j) {
+            if (!keep(open[base + j], attempt, node[j])) still_open.push_back(open[base + j]);
+          }
+        }
+        open.swap(still_open);
       }
+      return;
     }
+    // Uniform candidates: the first of every pick of the range fetched ahead so that the picks' cache
+    // misses overlap.
+    std::vector<int64_t> first(static_cast<size_t>(end - begin));
     for (int64_t i = begin; i < end; ++i) {
-      if (!by_length) first[i - begin] = candidate(static_cast<uint32_t>(i), 0);
-      const int64_t c = first[i - begin];
+      const int64_t c = candidate(static_cast<uint32_t>(i), 0);
+      first[i - begin] = c;
       if (c < 0) continue;
       __builtin_prefetch(&t.state[c]);
       __builtin_prefetch(&t.length[c]);
-      __builtin_prefetch(&t.times_sampled[c]);
-      if (r.prefetch_rows != nullptr && t.step_capacity == 0)
-        __builtin_prefetch(r.prefetch_rows->data + c * r.prefetch_rows->row_stride);
+      prefetch_row(c);
     }
     for (int64_t i = begin; i < end; ++i) {
-      out.indices[i] = -1;
       for (int attempt = 0; attempt < kUniformAttempts; ++attempt) {
-        const int64_t c = attempt == 0 ? first[i - begin] : candidate(static_cast<uint32_t>(i), attempt);
-        if (c < 0) continue;
-        const uint64_t s = LoadAcquire(&t.state[c]);
-        if (!StateSelectable(s) || !LengthUsable(t, c)) continue;
-        if (!windowed) {
-          if (Record(t, r, out, i, c, s, 0.0f)) break;
-          continue;
-        }
-        if (by_length && s != tree->seen[c]) continue;  // changed since the index weighed it
-        const int32_t length = LoadRelaxed(&t.length[c]);
-        int32_t start = 0;
-        if (KeepWindow(length, r.window, r.skip_short, r.uniform_starts, by_length ? length : longest,
-                       r.seed0, r.seed1, static_cast<uint32_t>(i), static_cast<uint32_t>(attempt), &start)) {
-          if (Record(t, r, out, i, c, s, 0.0f, start)) break;
-        }
+        if (keep(i, attempt, attempt == 0 ? first[i - begin] : candidate(static_cast<uint32_t>(i), attempt)))
+          break;
       }
     }
   });
