@@ -27,10 +27,12 @@ before it used the batch) has taken the rows with it: they are lost, as with any
 Nothing else is lost: every committed row is either consumed by exactly one `dequeue` or still in the
 queue.
 
-On a GPU: samples of a `max_times_sampled` table run on devices with native host atomics only (the
-handler refuses others, naming the CPU path: a retirement is a compare-and-swap of a row's state word,
-which must be atomic against the writers' claims). `dequeue`'s consumption runs on the host in the
-stream's order (a host callback, as `update_priorities` does over PCIe), after the gather's copies.
+On a GPU: a sample of a `max_times_sampled` table takes each row's samples and retires it by
+compare-and-swaps that must be atomic against other processes' samples and the writers' claims. A GPU
+with native host atomics makes them in its kernels; on every other GPU the sample runs on the host in the
+stream's order (a host callback running the CPU kernels: the picks a CPU program makes for the same key),
+its picks are copied to the device, and the gather runs on the GPU. `dequeue`'s consumption runs on the
+host in the stream's order too (as `update_priorities` does over PCIe), after the gather's copies.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ KernelCode KernelStatus::code() const {
     case ErrorSite::kSampleAtWeightOverflow:
     case ErrorSite::kInsertPriority:
     case ErrorSite::kInsertLength:
-    case ErrorSite::kInsertFailed: break;
+    case ErrorSite::kInsertFailed:
+    case ErrorSite::kHostDrawMemory: break;
   }
   return KernelCode::kInvalidArgument;
 }
@@ -88,6 +89,10 @@ std::string KernelStatus::message() const {
     case ErrorSite::kInsertFailed:
       return "the host could not write the rows of an insert (out of host memory, or a row was taken from "
              "this writer before it was published); the call returned row ids -1";
+    case ErrorSite::kHostDrawMemory:
+      return "the host found no memory for the priority index of a sample it made for a GPU program (a "
+             "table with max_times_sampled, sampled on a GPU without native host atomics: about 17 bytes "
+             "per row); the call returned failed picks";
   }
   return "unknown error site " + std::to_string(static_cast<int32_t>(site));
 }

@@ -28,6 +28,7 @@ enum class ErrorSite : int32_t {
   kInsertLength = 12,            // insert: element = row of the batch, value = length, limit = steps
   kInsertFailed = 13,  // insert on the host for a GPU (out of memory, or a row taken from the writer)
   kSampleWeightUnderflow = 14,  // prioritized: rows are selectable, but every p^a is 0; value = their count
+  kHostDrawMemory = 15,  // a GPU's sample made on the host: no host memory for the CPU's priority index
 };
 
 // The kind of an error, which the FFI layer maps to a status code.

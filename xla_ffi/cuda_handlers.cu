@@ -62,6 +62,7 @@
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/cuda_runtime.h"
 #include "xla_ffi/handler_checks.h"
+#include "xla_ffi/host_draw.h"
 #include "xla_ffi/host_staging.h"
 #include "xla_ffi/registry.h"
 
@@ -158,18 +159,20 @@ ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* o
   return TakeEarlierError(out->side->error_host, device);
 }
 
-// Samples of a table with max_times_sampled retire rows by a compare-and-swap of their state words, which
-// is atomic against the writers' claims only with native host atomics (see "Where update_priorities
-// runs" above): without them such a sample is refused, naming the way that works.
-ffi::Error RefuseSampleBudgetWithoutHostAtomics(const CudaTable& t, int32_t device, const char* op) {
-  if (t.view.max_times_sampled == 0 || t.view.read_modify_write_atomics) return ffi::Error::Success();
-  return OpError(ffi::ErrorCode::kFailedPrecondition, op,
-                 "table '" + t.table->name() +
-                     "' has max_times_sampled=" + std::to_string(t.view.max_times_sampled) +
-                     ", whose samples retire rows by atomics that CUDA device " + std::to_string(device) +
-                     " cannot make on host memory (no native host atomics: a PCIe GPU); sample it on the CPU "
-                     "(jax.jit(..., device=jax.devices('cpu')[0]) or gear_jax.host)");
+// Samples of a table with max_times_sampled take each pick's sample by a compare-and-swap of the row's
+// count, and retire the row at its last; atomic against other processes' samples and the writers' claims
+// only as the CPU makes them, or a GPU with native host atomics (see "Where update_priorities runs"
+// above). On every other GPU such a sample runs on the host (EnqueueHostDraw, below).
+bool DrawsOnHost(const CudaTable& t) {
+  return t.view.max_times_sampled > 0 && !t.view.read_modify_write_atomics;
 }
+
+// The picks of `request` (or of `at_request`, sample_at's, with its `targets`) made on the host in the
+// order of `stream` and copied into `out` (device memory), `picks` of them (defined below).
+ffi::Error EnqueueHostDraw(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
+                           const SampleRequest* request, const SampleAtRequest* at_request,
+                           const uint32_t* seed, const float* targets, const SampleResult& out, int64_t picks,
+                           const char* op);
 
 // Device scratch memory for this call (nullptr for 0 bytes), aligned to ScratchCarver::kAlign. XLA's
 // allocator refuses alignments above 16 bytes ("Unsupported alignment"), so the block is asked for with
@@ -250,8 +253,6 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
     return CudaFailure("sample", "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, "sample", &t); error.failure()) return error;
-  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, "sample"); error.failure())
-    return error;
   SampleRequest request;
   if (ffi::Error error = PrepareSample(seed.element_count(), method, priority_exponent, window,
                                        indices->element_count(), &request);
@@ -268,6 +269,10 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                    nullptr,
                    selectable->typed_data(),
                    lengths->typed_data()};
+  if (DrawsOnHost(t)) {
+    return EnqueueHostDraw(stream, device, t, handle, &request, nullptr, seed.typed_data(), nullptr, out,
+                           static_cast<int64_t>(indices->element_count()), "sample");
+  }
   return EnqueueSample(stream, scratch, t, handle, request, priority_exponent, seed.typed_data(), out,
                        "sample");
 }
@@ -283,7 +288,6 @@ ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::Scrat
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
-  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, kOp); error.failure()) return error;
   SampleRequest request;
   if (ffi::Error error =
           PrepareOrderedCandidates(seed.element_count(), method, window, indices->element_count(),
@@ -299,6 +303,10 @@ ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::Scrat
   }
   SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
                    starts->typed_data(), reinterpret_cast<uint64_t*>(order_keys->typed_data())};
+  if (DrawsOnHost(t)) {
+    return EnqueueHostDraw(stream, device, t, handle, &request, nullptr, seed.typed_data(), nullptr, out,
+                           static_cast<int64_t>(indices->element_count()), kOp);
+  }
   return Launched(
       SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device, stream),
       kOp);
@@ -342,7 +350,6 @@ ffi::Error SampleGatherImpl(cudaStream_t stream, int32_t device, ffi::ScratchAll
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
-  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, kOp); error.failure()) return error;
   SampleRequest request;
   if (ffi::Error error = PrepareSample(seed.element_count(), method, priority_exponent, window,
                                        indices->element_count(), &request);
@@ -369,8 +376,11 @@ ffi::Error SampleGatherImpl(cudaStream_t stream, int32_t device, ffi::ScratchAll
                       nullptr,
                       selectable->typed_data(),
                       lengths->typed_data()};
-  if (ffi::Error error = EnqueueSample(stream, scratch, t, handle, request, priority_exponent,
-                                       seed.typed_data(), result, kOp);
+  if (ffi::Error error =
+          DrawsOnHost(t) ? EnqueueHostDraw(stream, device, t, handle, &request, nullptr, seed.typed_data(),
+                                           nullptr, result, static_cast<int64_t>(picks), kOp)
+                         : EnqueueSample(stream, scratch, t, handle, request, priority_exponent,
+                                         seed.typed_data(), result, kOp);
       error.failure()) {
     return error;
   }
@@ -532,7 +542,7 @@ ffi::Error EnqueueHostScatter(cudaStream_t stream, int32_t device, const CudaTab
   ScratchCarver carver(chunk->data);
   auto call = std::unique_ptr<HostScatter>(
       new HostScatter{t.table, handle, t.side->error_host, ScatterStaging(carver, n), n});
-  const ScatterStaging& s = call->staging;
+  const ScatterStaging s = call->staging;  // a copy: the callback may free `call` before the last copy
   const char* what = "cannot copy the update to the host";
   cudaError_t status =
       cudaMemcpyAsync(s.indices, indices, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
@@ -620,7 +630,7 @@ ffi::Error ConsumeImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32
   ScratchCarver carver(chunk->data);
   auto call = std::unique_ptr<HostConsume>(
       new HostConsume{t.table, handle, t.side->error_host, ConsumeStaging(carver, n), n});
-  const ConsumeStaging& s = call->staging;
+  const ConsumeStaging s = call->staging;  // a copy: the callback may free `call` before the last copy
   const char* what = "cannot copy the picks to the host";
   cudaError_t status =
       cudaMemcpyAsync(s.indices, indices.typed_data(), n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
@@ -643,6 +653,124 @@ ffi::Error ConsumeImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32
         cudaMemcpyAsync(consumed->typed_data(), s.consumed, n * sizeof(bool), cudaMemcpyHostToDevice, stream);
   }
   return FinishStagedCall(pool, chunk, stream, status, kOp, what);
+}
+
+// Where the arrays of a sample made on the host lie in its staging chunk: the key (and sample_at's
+// targets) copied in, the picks copied out (the optional ones where the call has them).
+struct DrawStaging {
+  uint32_t* seed;
+  float* targets;
+  int32_t* indices;
+  uint32_t* generations;
+  float* probabilities;
+  int32_t* starts;
+  uint64_t* order_keys;
+  int32_t* selectable;
+  int32_t* lengths;
+
+  DrawStaging(ScratchCarver& carver, int64_t n, bool with_targets, const SampleResult& out)
+      : seed(carver.Take<uint32_t>(2)),
+        targets(with_targets ? carver.Take<float>(n) : nullptr),
+        indices(carver.Take<int32_t>(n)),
+        generations(carver.Take<uint32_t>(n)),
+        probabilities(carver.Take<float>(n)),
+        starts(carver.Take<int32_t>(n)),
+        order_keys(out.order_keys != nullptr ? carver.Take<uint64_t>(n) : nullptr),
+        selectable(out.selectable != nullptr ? carver.Take<int32_t>(1) : nullptr),
+        lengths(out.lengths != nullptr ? carver.Take<int32_t>(n) : nullptr) {}
+
+  SampleResult picks() const {
+    return {indices, generations, probabilities, starts, order_keys, selectable, lengths};
+  }
+};
+
+// One sample on the host in flight, owned by its host callback.
+struct HostDraw {
+  std::shared_ptr<SharedTable> table;  // keeps the mapping and its host view until the callback ran
+  int64_t handle;
+  DeviceError* error;
+  DrawStaging staging;
+  int64_t n;
+  bool at;                     // sample_at's picks, of `at_request`; else `request`'s
+  SampleRequest request;       // without its seed words: the callback reads them from the staging
+  SampleAtRequest at_request;  // likewise
+};
+
+// The host callback of a sample made on the host: the CPU kernels on the table's host view (host_draw.h:
+// the picks a CPU program makes for the key, with the CPU's atomics), between the copies of the key in
+// and of the picks out. On an error, every pick is a failed one and the error is recorded for the next
+// call, as the kernels do. Makes no CUDA call.
+void RunHostDraw(void* arg) {
+  std::unique_ptr<HostDraw> call(static_cast<HostDraw*>(arg));
+  const DrawStaging& s = call->staging;
+  const SampleResult picks = s.picks();
+  KernelStatus status;
+  try {
+    if (call->at) {
+      SampleAtRequest request = call->at_request;
+      request.seed0 = s.seed[0];
+      request.seed1 = s.seed[1];
+      status = DrawAtOnHost(*call->table, request, s.targets, picks);
+    } else {
+      SampleRequest request = call->request;
+      request.seed0 = s.seed[0];
+      request.seed1 = s.seed[1];
+      status = DrawOnHost(*call->table, request, picks, nullptr, GatherOutputs{}, SerialFor());
+    }
+  } catch (const std::bad_alloc&) {
+    status = KernelError(ErrorSite::kHostDrawMemory);
+  }
+  if (!status.ok()) {
+    for (int64_t i = 0; i < call->n; ++i) RecordFailed(picks, i);
+    ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
+  }
+  if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
+}
+
+ffi::Error EnqueueHostDraw(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
+                           const SampleRequest* request, const SampleAtRequest* at_request,
+                           const uint32_t* seed, const float* targets, const SampleResult& out, int64_t picks,
+                           const char* op) {
+  if (picks == 0) return ffi::Error::Success();
+  HostStaging* pool = HostStaging::ForDevice(device);  // Open checked the device is one a table supports
+  ScratchCarver sizer(nullptr);
+  const DrawStaging layout(sizer, picks, targets != nullptr, out);
+  HostStaging::Chunk* chunk;
+  if (cudaError_t status = pool->Acquire(sizer.bytes(), &chunk); status != cudaSuccess) {
+    return CudaFailure(op, "cannot allocate pinned host staging memory", status);
+  }
+  ScratchCarver carver(chunk->data);
+  auto call = std::unique_ptr<HostDraw>(
+      new HostDraw{t.table, handle, t.side->error_host, DrawStaging(carver, picks, targets != nullptr, out),
+                   picks, at_request != nullptr, request ? *request : SampleRequest{},
+                   at_request ? *at_request : SampleAtRequest{}});
+  const DrawStaging s = call->staging;  // a copy: the callback may free `call` before the last copy
+  const char* what = "cannot copy the key to the host";
+  cudaError_t status = cudaMemcpyAsync(s.seed, seed, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
+  if (status == cudaSuccess && s.targets != nullptr) {
+    what = "cannot copy the targets to the host";
+    status = cudaMemcpyAsync(s.targets, targets, picks * sizeof(float), cudaMemcpyDeviceToHost, stream);
+  }
+  if (status == cudaSuccess) {
+    what = "cannot enqueue the sample on the host";
+    status = cudaLaunchHostFunc(stream, RunHostDraw, call.get());
+    if (status == cudaSuccess) call.release();  // the callback owns it now
+  }
+  // The picks, out: each array the call has.
+  if (status == cudaSuccess) what = "cannot copy the picks to the device";
+  auto copy_out = [&](void* to, const void* from, size_t bytes) {
+    if (status == cudaSuccess && to != nullptr) {
+      status = cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, stream);
+    }
+  };
+  copy_out(out.indices, s.indices, picks * sizeof(int32_t));
+  copy_out(out.generations, s.generations, picks * sizeof(uint32_t));
+  copy_out(out.probabilities, s.probabilities, picks * sizeof(float));
+  copy_out(out.starts, s.starts, picks * sizeof(int32_t));
+  copy_out(out.order_keys, s.order_keys, picks * sizeof(uint64_t));
+  copy_out(out.selectable, s.selectable, sizeof(int32_t));
+  copy_out(out.lengths, s.lengths, picks * sizeof(int32_t));
+  return FinishStagedCall(pool, chunk, stream, status, op, what);
 }
 
 // A counter window that stays open while a priority kernel may run: opened by the handler before the
@@ -784,6 +912,7 @@ ffi::Error InsertImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::F32>
   auto call = std::unique_ptr<HostInsert>(
       new HostInsert{t.table, handle, t.side->error_host, InsertStaging(carver, request), request});
   const InsertStaging& s = call->staging;
+  int32_t* const staged_rows = s.rows;  // read after the launch, when the callback may have freed `call`
   const char* what = "cannot copy the batch to the host";
   const size_t row_bytes = static_cast<size_t>(request.batch) * sizeof(int32_t);
   cudaError_t status = cudaSuccess;
@@ -805,7 +934,7 @@ ffi::Error InsertImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::F32>
   }
   if (status == cudaSuccess) {
     what = "cannot copy the row ids to the device";
-    status = cudaMemcpyAsync(rows->typed_data(), s.rows, row_bytes, cudaMemcpyHostToDevice, stream);
+    status = cudaMemcpyAsync(rows->typed_data(), staged_rows, row_bytes, cudaMemcpyHostToDevice, stream);
   }
   return FinishStagedCall(pool, chunk, stream, status, kOp, what);
 }
@@ -861,7 +990,6 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
   if (scope.status() != cudaSuccess) return CudaFailure(kOp, "cannot select the CUDA device", scope.status());
   CudaTable t;
   if (ffi::Error error = Open(handle, spec_hash, device, kOp, &t); error.failure()) return error;
-  if (ffi::Error error = RefuseSampleBudgetWithoutHostAtomics(t, device, kOp); error.failure()) return error;
   SampleAtRequest request;
   if (ffi::Error error = PrepareSampleAt(seed.element_count(), targets.element_count(), priority_exponent,
                                          window, indices->element_count(), generations->element_count(),
@@ -871,6 +999,10 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
   }
   SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
                    starts->typed_data()};
+  if (DrawsOnHost(t)) {
+    return EnqueueHostDraw(stream, device, t, handle, nullptr, &request, seed.typed_data(),
+                           targets.typed_data(), out, request.batch_size, kOp);
+  }
   if (request.batch_size > 0) {
     std::shared_ptr<IndexSlot> slot;
     if (ffi::Error error = EnqueueIndexRefresh(stream, t, handle, priority_exponent, kOp, &slot);

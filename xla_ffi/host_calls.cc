@@ -21,6 +21,7 @@
 #include "kernels/priority_index.h"
 #include "kernels/sample.h"
 #include "xla_ffi/handler_checks.h"
+#include "xla_ffi/host_draw.h"
 #include "xla_ffi/priority_indexes.h"
 #include "xla_ffi/rate_limiter.h"
 #include "xla_ffi/shared_table.h"
@@ -182,22 +183,11 @@ SampleRequest CheckedSelection(const TableView& view, int64_t batch_size, int32_
   return request;
 }
 
-// A checked draw, run as a custom call runs it (called without the GIL): the repair of counters a dead
-// writer left off, the priority index for prioritized picks, then the kernels over the host threads;
-// with `gather` the picks are gathered into `out` too.
+// A checked draw, run as a custom call runs it (called without the GIL, over the host threads; a first
+// use of the priority index that finds no memory raises MemoryError).
 KernelStatus RunDraw(SharedTable& table, const SampleRequest& request, const SampleResult& picks,
                      const GatherRequest* gather, const GatherOutputs& out) {
-  const TableView& view = table.view();
-  table.CheckCounts(/*force=*/false);
-  PriorityIndexes::Held index;
-  const PriorityTreeView* tree = nullptr;
-  if (const float exponent = IndexExponent(request); !std::isnan(exponent)) {
-    index = table.priority_indexes().ForCpu(view, exponent);  // bad_alloc: MemoryError
-    tree = &index.view();
-  }
-  const ParallelFor& threads = HostThreads::Get();
-  return gather == nullptr ? SampleRowsCpu(view, request, picks, tree, threads)
-                           : SampleGatherCpu(view, request, picks, *gather, out, tree, threads);
+  return DrawOnHost(table, request, picks, gather, out, HostThreads::Get());
 }
 
 }  // namespace

@@ -3,9 +3,10 @@
     python queue_worker.py ROLE TABLE_NAME [ARGS...]
 
 Roles:
-  learner DONE_FILE: prints "ready" once its step is compiled, waits for a line on stdin, then samples
-    uniform batches of 16 (jitted sample + gather) until DONE_FILE exists (the writers are done) and the
-    table has no selectable row left; prints the id of every valid pick, one per line, at the end.
+  learner DONE_FILE [PLATFORM]: prints "ready" once its step is compiled, waits for a line on stdin, then
+    samples uniform batches of 16 (jitted sample + gather, on jax's first PLATFORM device: "cpu" or
+    "gpu"; default jax's default device) until DONE_FILE exists (the writers are done) and the table
+    has no selectable row left; prints the id of every valid pick, one per line, at the end.
   writer FIRST COUNT BATCH [PAUSE]: inserts ids FIRST .. FIRST + COUNT - 1 in batches of BATCH (PAUSE
     seconds apart), waiting while a queue is full; prints how many batches had to wait.
   consumer DONE_FILE BATCH [PAUSE]: dequeues batches of BATCH (jitted, PAUSE seconds apart) until
@@ -24,8 +25,9 @@ import numpy as np
 import gear_jax as gj
 
 
-def learner(table: gj.Table, done_file: str) -> None:
-    step = jax.jit(lambda k: (lambda s: gj.gather(table, s))(gj.sample(table, k, 16)))
+def learner(table: gj.Table, done_file: str, platform: str = "") -> None:
+    device = jax.devices(platform)[0] if platform else jax.devices()[0]
+    step = jax.jit(lambda k: (lambda s: gj.gather(table, s))(gj.sample(table, k, 16)), device=device)
     step = step.lower(jax.random.key(0)).compile()
     print("ready", flush=True)
     sys.stdin.readline()  # "go": every learner is ready
@@ -75,7 +77,7 @@ def main() -> None:
     role, name, *args = sys.argv[1:]
     table = gj.Table.attach(name)
     if role == "learner":
-        learner(table, args[0])
+        learner(table, *args)
     elif role == "writer":
         writer(table, int(args[0]), int(args[1]), int(args[2]), *map(float, args[3:]))
     elif role == "consumer":
