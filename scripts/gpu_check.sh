@@ -92,10 +92,12 @@ if want tests; then
 fi
 
 # extra: tests that are not marked gpu but whose programs run on the GPU there (jax's default device) and
-# whose tables are pinned and mapped, e.g. GPU_CHECK_EXTRA_TESTS="tests/unit/test_remote.py".
+# whose tables are pinned and mapped, e.g. GPU_CHECK_EXTRA_TESTS="tests/unit/test_remote.py" (without
+# preallocation: the multiprocess tests start several JAX processes on the one GPU).
 if want extra && [ -n "${GPU_CHECK_EXTRA_TESTS:-}" ]; then
   # shellcheck disable=SC2086
-  stage extra 180 30 "$OUT/tests.log" python -m pytest -q -rs $GPU_CHECK_EXTRA_TESTS
+  stage extra 180 30 "$OUT/tests.log" env XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    python -m pytest -q -rs $GPU_CHECK_EXTRA_TESTS
   rc=$?
   tail -n 8 "$OUT/tests.log"
   if [ "$rc" -ne 0 ]; then
