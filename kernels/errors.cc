@@ -20,8 +20,9 @@ KernelCode KernelStatus::code() const {
     case ErrorSite::kSampleAtWeightOverflow:
     case ErrorSite::kInsertPriority:
     case ErrorSite::kInsertLength:
-    case ErrorSite::kInsertFailed:
-    case ErrorSite::kHostDrawMemory: break;
+    case ErrorSite::kInsertFailed: break;
+    case ErrorSite::kHostSampleMemory: return KernelCode::kResourceExhausted;
+    case ErrorSite::kHostSampleFailed: return KernelCode::kInternal;
   }
   return KernelCode::kInvalidArgument;
 }
@@ -89,10 +90,13 @@ std::string KernelStatus::message() const {
     case ErrorSite::kInsertFailed:
       return "the host could not write the rows of an insert (out of host memory, or a row was taken from "
              "this writer before it was published); the call returned row ids -1";
-    case ErrorSite::kHostDrawMemory:
-      return "the host found no memory for the priority index of a sample it made for a GPU program (a "
-             "table with max_times_sampled, sampled on a GPU without native host atomics: about 17 bytes "
-             "per row); the call returned failed picks";
+    case ErrorSite::kHostSampleMemory:
+      return "the host found no memory for a sample it made for a GPU program (a table with "
+             "max_times_sampled, sampled on a GPU without native host atomics; its priority index takes "
+             "about 17 bytes per row); the call returned failed picks";
+    case ErrorSite::kHostSampleFailed:
+      return "a sample the host made for a GPU program (a table with max_times_sampled, sampled on a GPU "
+             "without native host atomics) failed unexpectedly; the call returned failed picks";
   }
   return "unknown error site " + std::to_string(static_cast<int32_t>(site));
 }

@@ -28,11 +28,20 @@ enum class ErrorSite : int32_t {
   kInsertLength = 12,            // insert: element = row of the batch, value = length, limit = steps
   kInsertFailed = 13,  // insert on the host for a GPU (out of memory, or a row taken from the writer)
   kSampleWeightUnderflow = 14,  // prioritized: rows are selectable, but every p^a is 0; value = their count
-  kHostDrawMemory = 15,  // a GPU's sample made on the host: no host memory for the CPU's priority index
+  kHostSampleMemory = 15,       // a GPU's sample made on the host (cuda_handlers.cu) found no host memory
+  kHostSampleFailed = 16,       // a GPU's sample made on the host failed otherwise (an unexpected exception)
 };
 
 // The kind of an error, which the FFI layer maps to a status code.
-enum class KernelCode : int32_t { kOk = 0, kEmpty = 1, kOutOfRange = 2, kInvalidArgument = 3, kTooFew = 4 };
+enum class KernelCode : int32_t {
+  kOk = 0,
+  kEmpty = 1,
+  kOutOfRange = 2,
+  kInvalidArgument = 3,
+  kTooFew = 4,
+  kResourceExhausted = 5,
+  kInternal = 6,
+};
 
 // The result of a kernel: success, or the site and numbers of the first error found.
 struct KernelStatus {

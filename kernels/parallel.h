@@ -3,7 +3,8 @@
 // The kernels are plain C++: they do not know where threads come from. A runtime that has a pool (XLA's
 // intra-op pool on the CPU, xla_ffi/xla_parallel.h) passes a ParallelFor; without one a kernel runs its
 // ranges one after another on the calling thread (SerialFor). Every range of one call writes its own
-// part of the outputs, so the result does not depend on how the ranges were shared out.
+// part of the outputs, so the result does not depend on how the ranges were shared out (but for a
+// limited table's picks, whose ranges race for a row's last sample: kernels/atomics.h, TakeSample).
 #pragma once
 
 #include <cstdint>

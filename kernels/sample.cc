@@ -93,7 +93,8 @@ KernelStatus SampleUniform(const TableView& t, const SampleRequest& r, SampleRes
     if (by_length) {
       // Attempt by attempt, the picks still open walk the index together, kTreeLanes at a time (their
       // cache misses overlap), and each pick keeps its first kept attempt: the picks are those of one
-      // pick after another, attempt after attempt.
+      // pick after another, attempt after attempt, except in a limited table (max_times_sampled), where
+      // a pick's first attempt now takes a row's last sample before an earlier pick's later attempt.
       std::vector<int64_t> open(static_cast<size_t>(end - begin));
       for (int64_t i = begin; i < end; ++i) open[static_cast<size_t>(i - begin)] = i;
       std::vector<int64_t> still_open;

@@ -162,17 +162,17 @@ ffi::Error Open(int64_t handle, int64_t spec_hash, int32_t device, const char* o
 // Samples of a table with max_times_sampled take each pick's sample by a compare-and-swap of the row's
 // count, and retire the row at its last; atomic against other processes' samples and the writers' claims
 // only as the CPU makes them, or a GPU with native host atomics (see "Where update_priorities runs"
-// above). On every other GPU such a sample runs on the host (EnqueueHostDraw, below).
-bool DrawsOnHost(const CudaTable& t) {
+// above). On every other GPU such a sample runs on the host (EnqueueHostSample, below).
+bool SamplesOnHost(const CudaTable& t) {
   return t.view.max_times_sampled > 0 && !t.view.read_modify_write_atomics;
 }
 
 // The picks of `request` (or of `at_request`, sample_at's, with its `targets`) made on the host in the
 // order of `stream` and copied into `out` (device memory), `picks` of them (defined below).
-ffi::Error EnqueueHostDraw(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
-                           const SampleRequest* request, const SampleAtRequest* at_request,
-                           const uint32_t* seed, const float* targets, const SampleResult& out, int64_t picks,
-                           const char* op);
+ffi::Error EnqueueHostSample(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
+                             const SampleRequest* request, const SampleAtRequest* at_request,
+                             const uint32_t* seed, const float* targets, const SampleResult& out,
+                             int64_t picks, const char* op);
 
 // Device scratch memory for this call (nullptr for 0 bytes), aligned to ScratchCarver::kAlign. XLA's
 // allocator refuses alignments above 16 bytes ("Unsupported alignment"), so the block is asked for with
@@ -269,9 +269,9 @@ ffi::Error SampleImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocator
                    nullptr,
                    selectable->typed_data(),
                    lengths->typed_data()};
-  if (DrawsOnHost(t)) {
-    return EnqueueHostDraw(stream, device, t, handle, &request, nullptr, seed.typed_data(), nullptr, out,
-                           static_cast<int64_t>(indices->element_count()), "sample");
+  if (SamplesOnHost(t)) {
+    return EnqueueHostSample(stream, device, t, handle, &request, nullptr, seed.typed_data(), nullptr, out,
+                             static_cast<int64_t>(indices->element_count()), "sample");
   }
   return EnqueueSample(stream, scratch, t, handle, request, priority_exponent, seed.typed_data(), out,
                        "sample");
@@ -295,17 +295,17 @@ ffi::Error OrderedCandidatesImpl(cudaStream_t stream, int32_t device, ffi::Scrat
       error.failure()) {
     return error;
   }
+  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
+                   starts->typed_data(), reinterpret_cast<uint64_t*>(order_keys->typed_data())};
+  if (SamplesOnHost(t)) {  // before the scratch, which only the kernels use
+    return EnqueueHostSample(stream, device, t, handle, &request, nullptr, seed.typed_data(), nullptr, out,
+                             static_cast<int64_t>(indices->element_count()), kOp);
+  }
   const int64_t rows = t.table->view().capacity;  // the kernels read the claimed rows (claimed_rows.cuh)
   void* memory;
   if (ffi::Error error = AllocateScratch(scratch, SampleScratchBytes(request, rows), kOp, &memory);
       error.failure()) {
     return error;
-  }
-  SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
-                   starts->typed_data(), reinterpret_cast<uint64_t*>(order_keys->typed_data())};
-  if (DrawsOnHost(t)) {
-    return EnqueueHostDraw(stream, device, t, handle, &request, nullptr, seed.typed_data(), nullptr, out,
-                           static_cast<int64_t>(indices->element_count()), kOp);
   }
   return Launched(
       SampleRowsCuda(t.view, request, rows, seed.typed_data(), memory, out, t.side->error_device, stream),
@@ -376,11 +376,11 @@ ffi::Error SampleGatherImpl(cudaStream_t stream, int32_t device, ffi::ScratchAll
                       nullptr,
                       selectable->typed_data(),
                       lengths->typed_data()};
-  if (ffi::Error error =
-          DrawsOnHost(t) ? EnqueueHostDraw(stream, device, t, handle, &request, nullptr, seed.typed_data(),
-                                           nullptr, result, static_cast<int64_t>(picks), kOp)
-                         : EnqueueSample(stream, scratch, t, handle, request, priority_exponent,
-                                         seed.typed_data(), result, kOp);
+  if (ffi::Error error = SamplesOnHost(t) ? EnqueueHostSample(stream, device, t, handle, &request, nullptr,
+                                                              seed.typed_data(), nullptr, result,
+                                                              static_cast<int64_t>(picks), kOp)
+                                          : EnqueueSample(stream, scratch, t, handle, request,
+                                                          priority_exponent, seed.typed_data(), result, kOp);
       error.failure()) {
     return error;
   }
@@ -657,7 +657,7 @@ ffi::Error ConsumeImpl(cudaStream_t stream, int32_t device, ffi::Buffer<ffi::S32
 
 // Where the arrays of a sample made on the host lie in its staging chunk: the key (and sample_at's
 // targets) copied in, the picks copied out (the optional ones where the call has them).
-struct DrawStaging {
+struct SampleStaging {
   uint32_t* seed;
   float* targets;
   int32_t* indices;
@@ -668,7 +668,7 @@ struct DrawStaging {
   int32_t* selectable;
   int32_t* lengths;
 
-  DrawStaging(ScratchCarver& carver, int64_t n, bool with_targets, const SampleResult& out)
+  SampleStaging(ScratchCarver& carver, int64_t n, bool with_targets, const SampleResult& out)
       : seed(carver.Take<uint32_t>(2)),
         targets(with_targets ? carver.Take<float>(n) : nullptr),
         indices(carver.Take<int32_t>(n)),
@@ -685,11 +685,11 @@ struct DrawStaging {
 };
 
 // One sample on the host in flight, owned by its host callback.
-struct HostDraw {
+struct HostSample {
   std::shared_ptr<SharedTable> table;  // keeps the mapping and its host view until the callback ran
   int64_t handle;
   DeviceError* error;
-  DrawStaging staging;
+  SampleStaging staging;
   int64_t n;
   bool at;                     // sample_at's picks, of `at_request`; else `request`'s
   SampleRequest request;       // without its seed words: the callback reads them from the staging
@@ -700,9 +700,9 @@ struct HostDraw {
 // the picks a CPU program makes for the key, with the CPU's atomics), between the copies of the key in
 // and of the picks out. On an error, every pick is a failed one and the error is recorded for the next
 // call, as the kernels do. Makes no CUDA call.
-void RunHostDraw(void* arg) {
-  std::unique_ptr<HostDraw> call(static_cast<HostDraw*>(arg));
-  const DrawStaging& s = call->staging;
+void RunHostSample(void* arg) {
+  std::unique_ptr<HostSample> call(static_cast<HostSample*>(arg));
+  const SampleStaging& s = call->staging;
   const SampleResult picks = s.picks();
   KernelStatus status;
   try {
@@ -718,33 +718,39 @@ void RunHostDraw(void* arg) {
       status = DrawOnHost(*call->table, request, picks, nullptr, GatherOutputs{}, SerialFor());
     }
   } catch (const std::bad_alloc&) {
-    status = KernelError(ErrorSite::kHostDrawMemory);
+    status = KernelError(ErrorSite::kHostSampleMemory);
+  } catch (const std::exception&) {  // none may leave a host callback
+    status = KernelError(ErrorSite::kHostSampleFailed);
   }
-  if (!status.ok()) {
-    for (int64_t i = 0; i < call->n; ++i) RecordFailed(picks, i);
+  if (!status.ok()) {  // what the kernels leave on an error
+    for (int64_t i = 0; i < call->n; ++i) {
+      RecordFailed(picks, i);
+      if (picks.order_keys != nullptr) picks.order_keys[i] = kNoCandidate;
+    }
+    if (picks.selectable != nullptr) *picks.selectable = 0;
     ReportErrorFromHost(call->error, status.site, status.element, status.value, status.limit);
   }
   if (!ReleaseWhileRegistered(call->handle, &call->table)) RetiredTables::Get().Park(std::move(call->table));
 }
 
-ffi::Error EnqueueHostDraw(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
-                           const SampleRequest* request, const SampleAtRequest* at_request,
-                           const uint32_t* seed, const float* targets, const SampleResult& out, int64_t picks,
-                           const char* op) {
+ffi::Error EnqueueHostSample(cudaStream_t stream, int32_t device, const CudaTable& t, int64_t handle,
+                             const SampleRequest* request, const SampleAtRequest* at_request,
+                             const uint32_t* seed, const float* targets, const SampleResult& out,
+                             int64_t picks, const char* op) {
   if (picks == 0) return ffi::Error::Success();
   HostStaging* pool = HostStaging::ForDevice(device);  // Open checked the device is one a table supports
   ScratchCarver sizer(nullptr);
-  const DrawStaging layout(sizer, picks, targets != nullptr, out);
+  const SampleStaging layout(sizer, picks, targets != nullptr, out);
   HostStaging::Chunk* chunk;
   if (cudaError_t status = pool->Acquire(sizer.bytes(), &chunk); status != cudaSuccess) {
     return CudaFailure(op, "cannot allocate pinned host staging memory", status);
   }
   ScratchCarver carver(chunk->data);
-  auto call = std::unique_ptr<HostDraw>(
-      new HostDraw{t.table, handle, t.side->error_host, DrawStaging(carver, picks, targets != nullptr, out),
-                   picks, at_request != nullptr, request ? *request : SampleRequest{},
-                   at_request ? *at_request : SampleAtRequest{}});
-  const DrawStaging s = call->staging;  // a copy: the callback may free `call` before the last copy
+  auto call = std::unique_ptr<HostSample>(
+      new HostSample{t.table, handle, t.side->error_host,
+                     SampleStaging(carver, picks, targets != nullptr, out), picks, at_request != nullptr,
+                     request ? *request : SampleRequest{}, at_request ? *at_request : SampleAtRequest{}});
+  const SampleStaging s = call->staging;  // a copy: the callback may free `call` before the last copy
   const char* what = "cannot copy the key to the host";
   cudaError_t status = cudaMemcpyAsync(s.seed, seed, 2 * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
   if (status == cudaSuccess && s.targets != nullptr) {
@@ -753,7 +759,7 @@ ffi::Error EnqueueHostDraw(cudaStream_t stream, int32_t device, const CudaTable&
   }
   if (status == cudaSuccess) {
     what = "cannot enqueue the sample on the host";
-    status = cudaLaunchHostFunc(stream, RunHostDraw, call.get());
+    status = cudaLaunchHostFunc(stream, RunHostSample, call.get());
     if (status == cudaSuccess) call.release();  // the callback owns it now
   }
   // The picks, out: each array the call has.
@@ -999,9 +1005,9 @@ ffi::Error SampleAtImpl(cudaStream_t stream, int32_t device, ffi::ScratchAllocat
   }
   SampleResult out{indices->typed_data(), generations->typed_data(), probabilities->typed_data(),
                    starts->typed_data()};
-  if (DrawsOnHost(t)) {
-    return EnqueueHostDraw(stream, device, t, handle, nullptr, &request, seed.typed_data(),
-                           targets.typed_data(), out, request.batch_size, kOp);
+  if (SamplesOnHost(t)) {
+    return EnqueueHostSample(stream, device, t, handle, nullptr, &request, seed.typed_data(),
+                             targets.typed_data(), out, request.batch_size, kOp);
   }
   if (request.batch_size > 0) {
     std::shared_ptr<IndexSlot> slot;

@@ -18,6 +18,8 @@ ffi::Error KernelFailure(const KernelStatus& status, const std::string& suffix, 
     case KernelCode::kEmpty:
     case KernelCode::kTooFew: code = ffi::ErrorCode::kFailedPrecondition; break;
     case KernelCode::kOutOfRange: code = ffi::ErrorCode::kOutOfRange; break;
+    case KernelCode::kResourceExhausted: code = ffi::ErrorCode::kResourceExhausted; break;
+    case KernelCode::kInternal: code = ffi::ErrorCode::kInternal; break;
     case KernelCode::kOk:
     case KernelCode::kInvalidArgument: break;
   }

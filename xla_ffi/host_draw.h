@@ -1,7 +1,9 @@
 // Draws made by the CPU kernels on a table's host view, as a CPU custom call makes them: for gear_jax.host
 // (host_calls.cc), and for the GPU programs whose samples must run on the host (a table with
 // max_times_sampled on a GPU without native host atomics: cuda_handlers.cu). The same request and key
-// give the same picks in all three.
+// give the same picks in all three, with one exception: a limited table's picks of a batch large enough
+// to be shared over threads (more than one range: kernels/sample.cc, priority_index.cc) race for a row's
+// last sample, which the GPU's draws, made on one thread, do not.
 #pragma once
 
 #include "kernels/errors.h"

@@ -58,18 +58,33 @@ std::shared_ptr<IndexSlot> PriorityIndexes::ForDevice(
     uintptr_t place, int64_t rows, float exponent,
     const std::function<std::unique_ptr<IndexMemory>()>& make_memory) {
   State& state = Current();
-  std::lock_guard<std::mutex> guard(state.mutex);
-  int device_entries = 0;
-  for (Entry& e : state.entries) {
-    if (e.place == kCpu) continue;
-    ++device_entries;
-    if (e.place == place && SameExponent(e.exponent, exponent)) return e.slot;
+  // The entry of (place, exponent), or null with *room set to whether another device entry fits.
+  auto find = [&](bool* room) -> std::shared_ptr<IndexSlot> {
+    int device_entries = 0;
+    for (Entry& e : state.entries) {
+      if (e.place == kCpu) continue;
+      ++device_entries;
+      if (e.place == place && SameExponent(e.exponent, exponent)) return e.slot;
+    }
+    *room = device_entries < kMaxDeviceIndexes;
+    return nullptr;
+  };
+  bool room = false;
+  {
+    std::lock_guard<std::mutex> guard(state.mutex);
+    if (std::shared_ptr<IndexSlot> slot = find(&room); slot != nullptr || !room) return slot;
   }
-  if (device_entries >= kMaxDeviceIndexes) return nullptr;
-  auto slot = std::make_shared<IndexSlot>();
-  slot->index = std::make_unique<PriorityIndex>(rows, exponent, make_memory());
-  state.entries.push_back(Entry{place, exponent, slot, ++state.uses});
-  return slot;
+  // A new index's pinned memory is allocated (and freed, when its construction fails or another thread
+  // made the same index meanwhile) outside the lock: those CUDA calls may wait for the device, whose
+  // host callbacks take the lock (a GPU's samples made on the host use the CPU's indexes).
+  auto made = std::make_shared<IndexSlot>();
+  made->index = std::make_unique<PriorityIndex>(rows, exponent, make_memory());
+  std::lock_guard<std::mutex> guard(state.mutex);
+  if (std::shared_ptr<IndexSlot> slot = find(&room); slot != nullptr || !room) {
+    return slot;  // `made` is freed after the lock is released (declared before the guard)
+  }
+  state.entries.push_back(Entry{place, exponent, made, ++state.uses});
+  return made;
 }
 
 bool PriorityIndexes::HasDeviceIndexes() {

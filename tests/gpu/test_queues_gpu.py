@@ -66,61 +66,102 @@ def test_max_times_sampled_on_a_gpu_counts_every_row_exactly(gpu, make_table):
     for i in range(100):
         if table.unconsumed == 0:
             break
-        try:
-            s, b = step(jax.random.key(i))
-            ok = np.asarray(b["valid"])
-        except gj.EXECUTION_ERRORS:  # the rows were used up by the previous step (reported at this one)
-            continue
+        s, b = step(jax.random.key(i))  # the table holds selectable rows: no error, now or recorded
+        ok = np.asarray(b["valid"])
         counts.update(np.asarray(b["id"])[ok].tolist())
     assert table.unconsumed == 0
     assert counts == {row: 2 for row in range(30)}
 
 
-def limited_pair(make_table, **kwargs):
-    """Two tables of equal contents (rows and priorities), each row to be sampled at most twice."""
-    tables = [make_table(fields=ROWS, capacity=128, max_times_sampled=2, **kwargs) for _ in range(2)]
+@pytest.fixture
+def limited_pair():
+    """make(ring) -> two tables of equal contents (rows and priorities), each row to be sampled at most
+    twice; with `ring`, step rings of episodes of 4 to 12 steps. Closed when the test ends."""
+    made = []
+
+    def make(ring=False):
+        spec = (
+            gj.TableSpec(ROWS, capacity=128, max_steps=12, step_capacity=1024)
+            if ring
+            else gj.TableSpec(ROWS, capacity=128)
+        )
+        made.extend(gj.Table.create(spec, max_times_sampled=2) for _ in range(2))
+        return fill(made[-2:], ring)
+
+    yield make
+    for table in made:
+        table.close()
+
+
+def fill(tables, ring):
     ids = np.arange(100, dtype=np.int32)
+    lengths = np.random.default_rng(0).integers(4, 13, 100).astype(np.int32)  # each holds a window of 4
     for t in tables:
+        steps = (100, 12) if ring else (100,)
+        obs = np.broadcast_to(ids.reshape((100,) + (1,) * len(steps)), steps + (4,)).astype(np.float32)
         t.insert(
-            {"id": ids, "obs": ids[:, None] * np.ones((1, 4), np.float32)},
+            {"id": np.broadcast_to(ids.reshape((100,) + (1,) * (len(steps) - 1)), steps).copy(), "obs": obs},
             priorities=np.linspace(0.5, 4.0, 100, dtype=np.float32),
+            lengths=lengths if ring else None,
         )
     return tables
 
 
+SAMPLE_FIELDS = ("indices", "generations", "probabilities", "starts", "selectable", "lengths")
+
+# What each program returns: a Sample (or ordered_candidates' pair) and, where it gathers, the rows.
+PROGRAMS = {
+    **{
+        f"sample_gather_{m}": (lambda m: lambda t, k, targets: gj.sample_gather(t, k, 16, method=m))(m)
+        for m in ("uniform", "prioritized", "fifo", "topk")
+    },
+    "sample_then_gather": lambda t, k, targets: (lambda s: (s, gj.gather(t, s)))(gj.sample(t, k, 16)),
+    "ordered_candidates_lifo": lambda t, k, targets: gj.ops.ordered_candidates(t, k, 16, "lifo"),
+    "sample_at": lambda t, k, targets: (gj.ops.sample_at(t, k, targets), None),
+    "ring_windows": lambda t, k, targets: gj.sample_gather(t, k, 16, window=4, short_episodes="skip"),
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "topk"])
-def test_a_limited_table_gives_a_gpu_program_the_picks_of_a_cpu_program(gpu, make_table, method):
+@pytest.mark.parametrize("program", list(PROGRAMS))
+def test_a_limited_table_gives_a_gpu_program_the_picks_of_a_cpu_program(gpu, limited_pair, program):
     """Without native host atomics a GPU program's samples of such a table run on the host by the CPU
     kernels: the same picks as a CPU program's for the same key, step after step as the rows' samples
-    run out, and the gather on the GPU of those picks."""
+    run out, and the gather on the GPU of those picks (sample_gather and sample's handlers, the ordered
+    candidates', sample_at's, and uniform windows of step rings)."""
     if _native.cuda_device_info(gpu.id)["host_native_atomics"]:
         pytest.skip("this GPU samples limited tables in its own kernels (native host atomics)")
-    on_cpu, on_gpu = limited_pair(make_table)
+    on_cpu, on_gpu = limited_pair(ring=program == "ring_windows")
     cpu = jax.devices("cpu")[0]
-
-    def step(table, device):
-        fn = lambda k: gj.sample_gather(table, k, 16, method=method)  # noqa: E731
-        return jax.jit(fn, device=device)
-
-    run_cpu, run_gpu = step(on_cpu, cpu), step(on_gpu, gpu)
-    for i in range(12):  # 192 picks of 100 rows of 2 samples each: rows run out on the way
+    fn = PROGRAMS[program]
+    run_cpu = jax.jit(lambda k, x: fn(on_cpu, k, x), device=cpu)
+    run_gpu = jax.jit(lambda k, x: fn(on_gpu, k, x), device=gpu)
+    rng = np.random.default_rng(1)
+    for i in range(12):  # up to 192 picks of 100 rows of 2 samples each: rows run out on the way
+        if on_cpu.unconsumed < 20:  # fifo and topk need 16 selectable rows
+            break
+        status = on_cpu.row_status()  # retired rows have priority 0; rows being written, odd generations
+        total = float(np.sum(np.where(status["generation"] % 2 == 0, status["priority"], 0.0)))
+        targets = (rng.uniform(0.0, 0.999, 16) * total).astype(np.float32)
         key = jax.random.key(i)
-        want, got = run_cpu(key), run_gpu(key)
-        for name in ("indices", "generations", "starts"):
-            np.testing.assert_array_equal(
-                np.asarray(getattr(got[0], name)), np.asarray(getattr(want[0], name))
-            )
-        np.testing.assert_allclose(np.asarray(got[0].probabilities), np.asarray(want[0].probabilities))
-        for field in ("id", "obs", "valid"):
-            np.testing.assert_array_equal(np.asarray(got[1][field]), np.asarray(want[1][field]))
-    assert on_gpu.unconsumed == on_cpu.unconsumed
+        want, got = run_cpu(key, targets), run_gpu(key, targets)
+        for name in SAMPLE_FIELDS:
+            w, g = getattr(want[0], name), getattr(got[0], name)
+            assert (w is None) == (g is None), name
+            if w is not None:
+                np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"step {i}: {name}")
+        if isinstance(want[1], dict):
+            for field in ("id", "obs", "valid"):
+                np.testing.assert_array_equal(np.asarray(got[1][field]), np.asarray(want[1][field]))
+        elif want[1] is not None:  # ordered candidates' keys
+            np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    assert i >= 5 and on_gpu.unconsumed == on_cpu.unconsumed < 100  # rows were used up, alike
     for column in ("state", "times_sampled"):
         np.testing.assert_array_equal(on_gpu.status_columns[column], on_cpu.status_columns[column])
-    assert on_gpu.unconsumed < 100  # rows were used up
 
 
 @pytest.mark.gpu
+@pytest.mark.multiprocess
 def test_gpu_and_cpu_learner_processes_sample_each_row_exactly_max_times_sampled_times(
     gpu, make_table, tmp_path
 ):
@@ -167,4 +208,8 @@ def test_gpu_and_cpu_learner_processes_sample_each_row_exactly_max_times_sampled
     assert all(out.split() for out in outputs), "a learner got no row: the race was not run"
     assert table.unconsumed == 0
     assert max(counts.values()) == k
-    assert all(counts[int(v)] == k for v in table.columns["id"][:, 0])
+    final = {int(v) for v in table.columns["id"][:, 0]}
+    assert all(counts[v] == k for v in final)
+    overwritten = set(counts) - final
+    assert overwritten, "the writer overwrote no row the learners had sampled: the race was not run"
+    assert all(1 <= counts[v] <= k for v in overwritten)

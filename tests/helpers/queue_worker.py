@@ -26,8 +26,12 @@ import gear_jax as gj
 
 
 def learner(table: gj.Table, done_file: str, platform: str = "") -> None:
-    device = jax.devices(platform)[0] if platform else jax.devices()[0]
-    step = jax.jit(lambda k: (lambda s: gj.gather(table, s))(gj.sample(table, k, 16)), device=device)
+    with jax.default_device(jax.devices(platform)[0] if platform else jax.devices()[0]):
+        learn(table, done_file)
+
+
+def learn(table: gj.Table, done_file: str) -> None:
+    step = jax.jit(lambda k: (lambda s: gj.gather(table, s))(gj.sample(table, k, 16)))
     step = step.lower(jax.random.key(0)).compile()
     print("ready", flush=True)
     sys.stdin.readline()  # "go": every learner is ready
