@@ -32,8 +32,8 @@ wrappers that build the `shard_map` (`ShardedTable.sampler`, `ShardedTable.updat
 
 Bytes per step on each device (b = B / S picks per device, R bytes per gathered row, C the capacity
 of the step's branch):
-- global uniform / prioritized: all_gather of S float32 totals and a psum of one int32 count (8 S bytes
-  of selection traffic), then the all_to_all of S blocks of C rows and pick fields (S C (R + 17) bytes
+- global uniform / prioritized: one all_gather of S float32 totals and S int32 counts (8 S bytes of
+  selection traffic), then the all_to_all of S blocks of C rows and pick fields (S C (R + 17) bytes
   sent: 16 bytes of pick fields and the `valid` byte, packed with the rows into one buffer). The picked
   rows are b (R + 17) bytes per device on average; with shards of equal weight C is the first capacity
   in all but a tiny share of steps (at S = 4, B = 1024: C = 100, S C = 400 rows sent for 256 picked,
@@ -544,7 +544,13 @@ def sample(
             short_episodes=short_episodes,
         )
     )
-    selectable = lax.psum(count, st.axis)
+    if needs_total:
+        # Every shard's total and count in one all_gather (a collective costs milliseconds between
+        # processes): the totals weigh the shards, the counts sum to psum's count.
+        totals, counts = _gather_pairs(total.astype(jnp.float32), count.astype(jnp.int32), st.axis)
+        selectable = jnp.sum(counts)
+    else:
+        totals, selectable = None, lax.psum(count, st.axis)
 
     if mode == "local":
         shard_key = jax.random.fold_in(select_key, me)
@@ -575,11 +581,11 @@ def sample(
         owner, smp = _merge_ordered(st, window_key, int(batch_size), method, window, selectable, after)
     elif window_law:
         owner, smp = _draw_by_window_law(
-            st, select_key, window_key, int(batch_size), total, win, short_episodes, after
+            st, select_key, window_key, int(batch_size), totals, win, short_episodes, after
         )
     else:
         owner, smp = _draw_global(
-            st, select_key, window_key, int(batch_size), exponent, total, method, window, after
+            st, select_key, window_key, int(batch_size), exponent, totals, method, window, after
         )
     # Pick j is consumed by device j // per_device; its owner gathers it and sends it there.
     my_owners = lax.dynamic_slice(owner, (me * per_device,), (per_device,))
@@ -732,13 +738,21 @@ def _route(
     return out
 
 
+def _gather_pairs(values: jax.Array, counts: jax.Array, axis: str) -> tuple[jax.Array, jax.Array]:
+    """Every device's float32 `values` and int32 `counts` (same shape) gathered along `axis` by one
+    all_gather of their bits: ([S, ...] float32, [S, ...] int32), the same on every device."""
+    bits = jnp.stack([lax.bitcast_convert_type(values, jnp.int32), counts])
+    every = lax.all_gather(bits, axis)  # [S, 2, ...]
+    return lax.bitcast_convert_type(every[:, 0], jnp.float32), every[:, 1]
+
+
 def _owners(
-    st: ShardedTable, select_key: jax.Array, batch_size: int, total: jax.Array
+    st: ShardedTable, select_key: jax.Array, batch_size: int, totals: jax.Array
 ) -> tuple[jax.Array, ...]:
-    """(owner shard of each of the B picks, drawn in proportion to the shards' totals; this shard's
-    cumulative start; the whole; each pick's target in [0, whole)), the same on every device."""
+    """(owner shard of each of the B picks, drawn in proportion to the shards' `totals` ([S], the same on
+    every device); this shard's cumulative start; the whole; each pick's target in [0, whole)), the
+    same on every device."""
     num_shards = st.num_shards
-    totals = lax.all_gather(total, st.axis)  # [S], the same on every device
     bounds = jnp.cumsum(totals)  # inclusive; computed identically everywhere
     whole = bounds[-1]
     starts_of_shards = jnp.concatenate([jnp.zeros((1,), bounds.dtype), bounds[:-1]])
@@ -753,18 +767,19 @@ def _draw_by_window_law(
     select_key: jax.Array,
     window_key: jax.Array,
     batch_size: int,
-    total: jax.Array,
+    totals: jax.Array,
     window: int,
     short_episodes: str,
     after: Any,
 ) -> tuple[jax.Array, Sample]:
-    """Global uniform windows under a law that weighs rows by their windows (`total` is this shard's
+    """Global uniform windows under a law that weighs rows by their windows (`totals` are the shards'
     `total_weight(..., window=W)`): each pick's owner drawn by the shards' totals, then each shard's
     `sample` of B picks by the one-table law, its k-th owned pick taking the k-th. (owner of each of
     the B picks, this shard's Sample of B slots, the failed-pick marker where another shard owns the
     pick.) Probabilities are the shard's sample probabilities times its share of the whole."""
     me = lax.axis_index(st.axis)
-    owner, _, whole, _ = _owners(st, select_key, batch_size, total)
+    total = totals[me]
+    owner, _, whole, _ = _owners(st, select_key, batch_size, totals)
     mine = (owner == me) & (whole > 0)
     rank = jnp.clip(jnp.cumsum(mine.astype(jnp.int32)) - 1, 0, batch_size - 1)
 
@@ -805,7 +820,7 @@ def _draw_global(
     window_key: jax.Array,
     batch_size: int,
     exponent: float,
-    total: jax.Array,
+    totals: jax.Array,
     method: str,
     window: int | None,
     after: Any,
@@ -814,7 +829,8 @@ def _draw_global(
     shard's Sample of B slots, the failed-pick marker where another shard owns the pick). Probabilities
     are p_i^a / W over every shard."""
     me = lax.axis_index(st.axis)
-    owner, my_start, whole, targets = _owners(st, select_key, batch_size, total)
+    total = totals[me]
+    owner, my_start, whole, targets = _owners(st, select_key, batch_size, totals)
     mine = (owner == me) & (whole > 0)
     local_targets = jnp.where(mine, jnp.maximum(targets - my_start, 0.0), -1.0)
 
@@ -913,9 +929,19 @@ def update_priorities(
             f"{sample.indices.shape} picks on this device: one priority per pick"
         )
     me = lax.axis_index(st.axis)
-    indices = lax.all_gather(sample.indices, st.axis, tiled=True)
-    generations = lax.all_gather(sample.generations, st.axis, tiled=True)
-    values = lax.all_gather(priorities.astype(jnp.float32), st.axis, tiled=True)
+    # The picks' indices, generations and priorities in one all_gather of their 32-bit words.
+    words = jnp.stack(
+        [
+            sample.indices.astype(jnp.int32),
+            lax.bitcast_convert_type(sample.generations, jnp.int32),
+            lax.bitcast_convert_type(priorities.astype(jnp.float32), jnp.int32),
+        ],
+        axis=-1,
+    )
+    every = lax.all_gather(words, st.axis, tiled=True)  # [B, 3]
+    indices = every[:, 0]
+    generations = lax.bitcast_convert_type(every[:, 1], jnp.uint32)
+    values = lax.bitcast_convert_type(every[:, 2], jnp.float32)
     mine = indices // st.capacity == me
     local = Sample(
         jnp.where(mine, indices % st.capacity, 0).astype(jnp.int32),
