@@ -35,7 +35,7 @@ from jax import lax
 from gear_jax import _native
 from gear_jax.bench.common import PINNED_COPY, PINNED_COPY_JIT, PRIORITY_READ, Unavailable
 from gear_jax.bench.cuda_copy import CudaCopyError, time_host_to_device_copies
-from gear_jax.bench.systems import Step, System, Workload, make_table, memory_kinds, where
+from gear_jax.bench.systems import Step, System, Workload, make_table, pinned_host_steps, where
 
 STATE_BYTES = 8  # the state column: uint64 per row (priority bits, generation)
 
@@ -184,16 +184,7 @@ class PinnedCopyJitSystem(System):
         if not work.collect:
             raise Unavailable(f"{self.name} is the reference of gathers; this workload only selects")
         super().__init__(work)
-        device = jax.devices()[0]
-        kinds = memory_kinds(device)
-        if "pinned_host" not in kinds:
-            raise Unavailable(f"{device} has no pinned_host memory (its memory kinds: {sorted(kinds)})")
-        self.device_memory = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
-        host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-        data = work.data
-        rows = data.as_array().reshape(data.rows * data.steps, data.item_bytes)
-        self.flat = jax.block_until_ready(jax.device_put(rows, host))
-        del rows
+        self.flat, self.device_memory = pinned_host_steps(work)
 
     def make_step(self, batch_size: int) -> Step:
         steps = batch_size * self.work.steps_out

@@ -350,6 +350,21 @@ class JnpSystem(System):
         self.flat.delete()
 
 
+def pinned_host_steps(work: Workload) -> tuple[jax.Array, jax.sharding.Sharding]:
+    """(the workload's steps as a JAX array [rows x steps, item_bytes] of memory kind "pinned_host" on
+    the default device, that device's "device" memory); raises Unavailable where it has no pinned_host
+    memory."""
+    device = jax.devices()[0]
+    kinds = memory_kinds(device)
+    if "pinned_host" not in kinds:
+        raise Unavailable(f"{device} has no pinned_host memory (its memory kinds: {sorted(kinds)})")
+    host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+    data = work.data
+    steps = data.as_array().reshape(data.rows * data.steps, data.item_bytes)
+    flat = jax.block_until_ready(jax.device_put(steps, host))
+    return flat, jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+
+
 class PinnedHostLoopSystem(System):
     """XLA's host-memory path: the rows in a JAX array of memory kind "pinned_host" on the default
     device; one jitted function draws B uniform picks, then a `lax.fori_loop` dynamic-slices each
@@ -363,16 +378,7 @@ class PinnedHostLoopSystem(System):
     def __init__(self, work: Workload):
         super().__init__(work)
         _gather_only(work, self.name)
-        device = jax.devices()[0]
-        kinds = memory_kinds(device)
-        if "pinned_host" not in kinds:
-            raise Unavailable(f"{device} has no pinned_host memory (its memory kinds: {sorted(kinds)})")
-        self.device_memory = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
-        host = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-        data = work.data
-        rows = data.as_array().reshape(data.rows * data.steps, data.item_bytes)
-        self.flat = jax.block_until_ready(jax.device_put(rows, host))
-        del rows
+        self.flat, self.device_memory = pinned_host_steps(work)
         self.compiled: dict[str, list[int]] = {}  # host_memory_summary -> batch sizes compiled to it
 
     def make_step(self, batch_size: int) -> Step:

@@ -25,18 +25,6 @@ from tests.helpers.tables import transitions
 CPU = jax.devices("cpu")[0]
 
 
-@pytest.fixture
-def gpu():
-    """The first GPU jax sees; skips the test where there is none."""
-    try:
-        devices = jax.devices("gpu")
-    except RuntimeError:
-        pytest.skip("jax sees no GPU")
-    if not gj.build_info()["cuda"]:
-        pytest.fail("jax sees a GPU but gear_jax was built without its CUDA handlers (GEAR_JAX_CUDA=ON)")
-    return devices[0]
-
-
 @pytest.fixture(params=["kernel", "host"])
 def scatter_path(request, monkeypatch):
     """update_priorities through the kernel (forced with GEAR_JAX_HOST_SCATTER=0 even on a GPU without

@@ -10,10 +10,6 @@ Tests marked `gpu` skip where jax sees no GPU.
 """
 
 import collections
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -21,22 +17,10 @@ import pytest
 
 import gear_jax as gj
 from gear_jax import _native
+from tests.helpers.queues import check_race, race_learners
 
 IDS = {"id": gj.Field((), "int32")}
 ROWS = {"id": gj.Field((), "int32"), "obs": gj.Field((4,), "float32")}
-WORKER = pathlib.Path(__file__).resolve().parents[1] / "helpers" / "queue_worker.py"
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def gpu():
-    try:
-        devices = jax.devices("gpu")
-    except RuntimeError:
-        pytest.skip("jax sees no GPU")
-    if not gj.build_info()["cuda"]:
-        pytest.fail("jax sees a GPU but gear_jax was built without its CUDA handlers (GEAR_JAX_CUDA=ON)")
-    return devices[0]
 
 
 @pytest.mark.gpu
@@ -170,46 +154,6 @@ def test_gpu_and_cpu_learner_processes_sample_each_row_exactly_max_times_sampled
     k = 3
     table = make_table(fields={"id": gj.Field((), "int64")}, capacity=256, max_times_sampled=k)
     table.insert({"id": np.arange(256, dtype=np.int64)})
-    done = tmp_path / "writer_done"
-    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # two processes on one GPU
-
-    def start(*args):
-        return subprocess.Popen(
-            [sys.executable, str(WORKER), *map(str, args)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env=env,
-        )
-
-    learners = [start("learner", table.name, done, platform) for platform in ("gpu", "cpu")]
-    writer = None
-    try:
-        for p in learners:
-            assert p.stdout.readline() == "ready\n", p.stderr.read()
-        for p in learners:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        writer = start("writer", table.name, 1_000, 1_000, 8, 0.005)
-        assert writer.wait(timeout=120) == 0, writer.stderr.read()
-        done.touch()
-        outputs = []
-        for p in learners:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            outputs.append(out)
-    finally:
-        for p in [*learners, writer]:
-            if p is not None:
-                p.kill()
-    counts = collections.Counter(int(v) for out in outputs for v in out.split())
-    assert all(out.split() for out in outputs), "a learner got no row: the race was not run"
-    assert table.unconsumed == 0
-    assert max(counts.values()) == k
-    final = {int(v) for v in table.columns["id"][:, 0]}
-    assert all(counts[v] == k for v in final)
-    overwritten = set(counts) - final
-    assert overwritten, "the writer overwrote no row the learners had sampled: the race was not run"
-    assert all(1 <= counts[v] <= k for v in overwritten)
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # two processes on one GPU
+    counts = race_learners(table, tmp_path / "writer_done", ["gpu", "cpu"], env=env)
+    check_race(table, counts, k)

@@ -17,17 +17,6 @@ import gear_jax as gj
 IDS = {"id": gj.Field((), "int32"), "obs": gj.Field((5,), "float32")}
 
 
-@pytest.fixture
-def gpu():
-    try:
-        devices = jax.devices("gpu")
-    except RuntimeError:
-        pytest.skip("jax sees no GPU")
-    if not gj.build_info()["cuda"]:
-        pytest.fail("jax sees a GPU but gear_jax was built without its CUDA handlers (GEAR_JAX_CUDA=ON)")
-    return devices[0]
-
-
 def rows(ids):
     ids = np.asarray(ids, np.int32)
     return {"id": ids, "obs": ids[:, None].astype(np.float32) * np.arange(1, 6, dtype=np.float32)}
@@ -99,7 +88,8 @@ def test_a_sharded_table_of_pinned_shards_saves_and_loads_on_a_gpu_mesh(gpu, tmp
     with gj.ShardedTable.create(spec, mesh) as table:
         table.shard(0).insert(rows(np.arange(50)), priorities=np.arange(1, 51, dtype=np.float32))
         table.save(tmp_path / "ckpt", metadata={"step": 11})
-        before = table.sampler(64, method="prioritized", mode="global")(jax.random.key(5))
+        # Read before the table closes (dispatch is asynchronous; a call that runs after the close fails).
+        before = jax.device_get(table.sampler(64, method="prioritized", mode="global")(jax.random.key(5)))
     with gj.ShardedTable.load(tmp_path / "ckpt", mesh) as loaded:
         assert loaded.checkpoint_metadata == {"step": 11}
         assert loaded.shard(0).size == 50

@@ -31,18 +31,6 @@ FIELDS = {"t": gj.Field((), "int32"), "x": gj.Field((3,), "int16")}  # 4-byte an
 
 
 @pytest.fixture
-def gpu():
-    """The first GPU jax sees; skips the test where there is none."""
-    try:
-        devices = jax.devices("gpu")
-    except RuntimeError:
-        pytest.skip("jax sees no GPU")
-    if not gj.build_info()["cuda"]:
-        pytest.fail("jax sees a GPU but gear_jax was built without its CUDA handlers (GEAR_JAX_CUDA=ON)")
-    return devices[0]
-
-
-@pytest.fixture
 def make_ring():
     """Creates step-ring tables that are closed (and unlinked) when the test ends."""
     tables = []

@@ -1,41 +1,17 @@
 """max_times_sampled and queues across processes: learners racing for the last samples of rows, writers
 and consumers of one queue, consumers killed mid-batch (tests/helpers/queue_worker.py is one process)."""
 
-import collections
-import pathlib
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 import gear_jax as gj
+from tests.helpers.queues import TIMEOUT, check_race, finish, race_learners, start
 
 pytestmark = pytest.mark.multiprocess
-WORKER = pathlib.Path(__file__).resolve().parents[1] / "helpers" / "queue_worker.py"
-REPO = pathlib.Path(__file__).resolve().parents[2]
-TIMEOUT = 120
 ROWS = 20_000  # the killed-consumer test: more than its victims can take
-
-
-def start(role, table, *args, stdout=subprocess.PIPE):
-    """Starts a worker; `stdout` a pipe (read it, or a process that prints much blocks) or a file."""
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), role, table.name, *map(str, args)],
-        stdin=subprocess.PIPE,
-        stdout=stdout,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-
-
-def finish(process, timeout=TIMEOUT):
-    out, err = process.communicate(timeout=timeout)
-    assert process.returncode == 0, err
-    return out
 
 
 def test_concurrent_learners_sample_each_row_exactly_max_times_sampled_times(make_table, tmp_path):
@@ -44,31 +20,8 @@ def test_concurrent_learners_sample_each_row_exactly_max_times_sampled_times(mak
     k = 3
     table = make_table(fields={"id": gj.Field((), "int64")}, capacity=256, max_times_sampled=k)
     table.insert({"id": np.arange(256, dtype=np.int64)})
-    done = tmp_path / "writer_done"  # the learners sample until the writer is done and nothing is left
-    learners = [start("learner", table, done) for _ in range(3)]
-    writer = None
-    try:
-        for p in learners:
-            assert p.stdout.readline() == "ready\n", p.stderr.read()
-        for p in learners:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        writer = start("writer", table, 1_000, 1_000, 8, 0.005)
-        finish(writer)
-        done.touch()
-        outputs = [finish(p) for p in learners]
-    finally:
-        for p in [*learners, writer]:
-            if p is not None:
-                p.kill()
-    counts = collections.Counter(int(v) for out in outputs for v in out.split())
-    assert table.unconsumed == 0
-    assert max(counts.values()) == k  # no contents delivered more than k times
-    final = table.columns["id"][:, 0]
-    assert all(counts[int(v)] == k for v in final)  # the last contents of every row: exactly k
-    overwritten = set(counts) - {int(v) for v in final}
-    assert overwritten, "the writer overwrote no row the learners had sampled: the race was not run"
-    assert all(1 <= counts[v] <= k for v in overwritten)
+    counts = race_learners(table, tmp_path / "writer_done", ["", "", ""])
+    check_race(table, counts, k)
 
 
 def test_writers_and_consumers_of_a_queue_deliver_every_row_once(make_table, tmp_path):

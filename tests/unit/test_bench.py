@@ -294,7 +294,7 @@ def test_pinned_copy_jit_copies_consecutive_rows_of_a_new_span_each_call(window:
 
 
 def test_pinned_copy_jit_without_pinned_host_memory_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(references, "memory_kinds", lambda device: {"device"})
+    monkeypatch.setattr(systems, "memory_kinds", lambda device: {"device"})
     with pytest.raises(common.Unavailable, match="no pinned_host memory"):
         references.PinnedCopyJitSystem(Workload(Dataset(rows=8, steps=1, item_bytes=64)))
 
