@@ -47,8 +47,11 @@ Run:
 
 With --num_processes=N and no --process_id, the script is the launcher: it picks a free port on
 127.0.0.1 and re-executes itself N times with --process_id=i --coordinator_address=127.0.0.1:PORT,
-bounds each process by --timeout, and kills them all if one fails. On a cluster, start one process per
-host (or per GPU) yourself:
+bounds each process by --timeout, and kills them all if one fails. SIGTERM (or Ctrl-C) to the launcher
+ends the job the same way; SIGTERM to a process (the launcher's, or a cluster scheduler's) makes it close
+its actors and shards and leave at once, with exit code 143, without jax.distributed's shutdown barrier
+(which would wait minutes for processes that are ending too). On a cluster, start one process per host
+(or per GPU) yourself:
 
     python examples/multihost.py --coordinator_address=HOST0:1234 --num_processes=N --process_id=i
     python examples/multihost.py --cluster_detection        # SLURM, Open MPI, ...: jax detects them
@@ -78,6 +81,7 @@ about 10).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import glob
@@ -859,15 +863,19 @@ def launch(num_processes: int, timeout: float) -> int:
     argv = [a for a in sys.argv[1:] if not a.startswith(("--process_id", "--coordinator_address"))]
     env = dict(os.environ, MULTIHOST_LAUNCHER_PID=str(os.getpid()))
     logging.info("starting %d processes, coordinator 127.0.0.1:%d, table %s", num_processes, port, table_name)
-    procs = [
-        subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv,
-                          f"--num_processes={num_processes}", f"--process_id={i}",
-                          f"--coordinator_address=127.0.0.1:{port}", f"--table_name={table_name}"], env=env)
-        for i in range(num_processes)
-    ]
-    deadline = time.monotonic() + timeout
+    # SIGTERM or SIGINT to the launcher ends the job as a failed process does: the processes are told
+    # to stop (they close their actors and shards), killed if they linger, and their shared memory goes.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: sys.exit(f"[launcher] {signal.Signals(signum).name}: "
+                                                              "ending the job"))
+    procs: list[subprocess.Popen] = []
     status = 0
     try:
+        for i in range(num_processes):
+            own = [f"--num_processes={num_processes}", f"--process_id={i}",
+                   f"--coordinator_address=127.0.0.1:{port}", f"--table_name={table_name}"]
+            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, *own], env=env))
+        deadline = time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:
@@ -890,14 +898,14 @@ def launch(num_processes: int, timeout: float) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-    if any(p.returncode != 0 for p in procs):
-        status = 1
-        logging.error("exit codes: %s", [p.returncode for p in procs])
-    # A killed process leaves its shards' shared memory behind (Linux keeps it in /dev/shm).
-    for path in glob.glob(os.path.join("/dev/shm", glob.escape(table_name) + ".shard*")):
-        logging.warning("removing %s, left by a killed process", path)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if any(p.returncode != 0 for p in procs):
+            status = 1
+            logging.error("exit codes: %s", [p.returncode for p in procs])
+        # A killed process leaves its shards' shared memory behind (Linux keeps it in /dev/shm).
+        for path in glob.glob(os.path.join("/dev/shm", glob.escape(table_name) + ".shard*")):
+            logging.warning("removing %s, left by a killed process", path)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     return status
 
 
@@ -940,9 +948,25 @@ def main(argv: list[str]) -> None:
             cluster_detection_method="deactivate", initialization_timeout=FLAGS.init_timeout,
             coordinator_bind_address=FLAGS.coordinator_address if local_job else None,
         )
-    # SIGTERM (from the launcher) ends actors and shards cleanly; installed after initialize(), whose
-    # preemption notifier takes SIGTERM otherwise.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
+    # SIGTERM (from the launcher, or a cluster's scheduler) ends actors and shards cleanly; installed
+    # after initialize(), whose preemption notifier takes SIGTERM otherwise. A process so ended then
+    # leaves without jax.distributed's shutdown, whose barrier would wait minutes for processes that are
+    # ending too (this exit hook, registered after jax's, runs before it).
+    terminated = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        terminated.append(signum)
+        sys.exit("terminated")
+
+    def leave_if_terminated() -> None:
+        if terminated:
+            std_logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    atexit.register(leave_if_terminated)
     prefix = f"[process {jax.process_index()}/{jax.process_count()}]"
     set_log_prefix(prefix)
     logging.info("%d local devices of %d: %s", jax.local_device_count(), jax.device_count(),

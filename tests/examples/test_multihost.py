@@ -148,3 +148,40 @@ def test_a_job_killed_mid_run_resumes_from_its_last_checkpoint(compilation_cache
         if shard in saved.get(resumed, {}):
             assert restored <= saved[resumed][shard]
     assert all(n > 0 for n in s["shard_priority_updates"]) and s["final_loss"] >= 0
+
+
+@pytest.mark.multiprocess
+def test_sigterm_to_the_launcher_ends_every_process_promptly_and_leaves_no_shards(compilation_cache):
+    # A scheduler's SIGTERM to the launcher of a running job: the launcher tells its processes to stop,
+    # each closes its actors and shards and leaves without jax.distributed's shutdown barrier (exit code
+    # 143, not killed), and nothing of the table stays in shared memory.
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(compilation_cache),
+             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    script = str(examples.ROOT / "examples" / "multihost.py")
+    args = ["--steps=100000", "--learning_starts=64", "--eval_every=100000", "--eval_episodes=2"]
+    job = subprocess.Popen(
+        [sys.executable, script, "--num_processes=2", "--timeout=200", *args], cwd=examples.ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **cache},
+        start_new_session=True,
+    )
+    lines, deadline = [], time.monotonic() + 150
+    try:
+        while sum("training starts" in line for line in lines) < 2:  # both processes are training
+            lines.append(job.stdout.readline())
+            assert lines[-1] and time.monotonic() < deadline, "the job did not start training"
+        job.send_signal(signal.SIGTERM)  # the launcher alone
+        start = time.monotonic()
+        lines += job.communicate(timeout=60)[0].splitlines()
+        took = time.monotonic() - start
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode != 0
+    assert took < 15, f"the job took {took:.1f} s to end"
+    codes = next(line for line in lines if "exit codes:" in line)
+    assert codes.endswith("[143, 143]"), codes  # both ended on SIGTERM by themselves, none killed
+    launched = (re.search(r"starting 2 processes, .*, table (\S+)", line) for line in lines)
+    name = next(m.group(1) for m in launched if m)
+    if os.path.isdir("/dev/shm"):
+        assert not [f for f in os.listdir("/dev/shm") if f.startswith(name + ".shard")]
