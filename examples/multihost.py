@@ -51,8 +51,8 @@ bounds each process by --timeout, and kills them all if one fails. SIGTERM (or C
 ends the job the same way; SIGTERM to a process (the launcher's, or a cluster scheduler's) makes it close
 its actors and shards and leave at once, with exit code 143, without jax.distributed's shutdown barrier
 (which would wait minutes for processes that are ending too); one process of one test run in a loaded CI
-machine was aborted instead (SIGABRT), likely in a collective whose peer had already left. On a cluster, start one process per host
-(or per GPU) yourself:
+machine was aborted instead (SIGABRT), likely in a collective whose peer had already left. On a
+cluster, start one process per host (or per GPU) yourself:
 
     python examples/multihost.py --coordinator_address=HOST0:1234 --num_processes=N --process_id=i
     python examples/multihost.py --cluster_detection        # SLURM, Open MPI, ...: jax detects them
