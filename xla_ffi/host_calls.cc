@@ -18,11 +18,9 @@
 #include "kernels/errors.h"
 #include "kernels/gather.h"
 #include "kernels/priorities.h"
-#include "kernels/priority_index.h"
 #include "kernels/sample.h"
 #include "xla_ffi/handler_checks.h"
 #include "xla_ffi/host_draw.h"
-#include "xla_ffi/priority_indexes.h"
 #include "xla_ffi/rate_limiter.h"
 #include "xla_ffi/shared_table.h"
 
@@ -183,13 +181,6 @@ SampleRequest CheckedSelection(const TableView& view, int64_t batch_size, int32_
   return request;
 }
 
-// A checked draw, run as a custom call runs it (called without the GIL, over the host threads; a first
-// use of the priority index that finds no memory raises MemoryError).
-KernelStatus RunDraw(SharedTable& table, const SampleRequest& request, const SampleResult& picks,
-                     const GatherRequest* gather, const GatherOutputs& out) {
-  return DrawOnHost(table, request, picks, gather, out, HostThreads::Get());
-}
-
 }  // namespace
 
 py::tuple HostSample(OpenTable& self, uint32_t seed0, uint32_t seed1, int64_t batch_size, int32_t method,
@@ -220,7 +211,9 @@ py::tuple HostSample(OpenTable& self, uint32_t seed0, uint32_t seed1, int64_t ba
   KernelStatus status;
   {
     py::gil_scoped_release release;
-    status = RunDraw(*held, request, picks, outputs.empty() ? nullptr : &gather, out);
+    // As a custom call runs it, over the host threads (DrawOnHost: a first use of the priority index
+    // that finds no memory raises MemoryError).
+    status = DrawOnHost(*held, request, picks, outputs.empty() ? nullptr : &gather, out, HostThreads::Get());
   }
   ThrowIfFailed(status);
   return py::make_tuple(indices, generations, probabilities, starts, selectable, lengths);
@@ -277,7 +270,7 @@ int32_t HostDraw::Run(uint32_t seed0, uint32_t seed1) {
   KernelStatus status;
   {
     py::gil_scoped_release release;
-    status = RunDraw(*held, request, picks, &gather_, out_);
+    status = DrawOnHost(*held, request, picks, &gather_, out_, HostThreads::Get());
   }
   ThrowIfFailed(status);
   return selectable;
