@@ -547,7 +547,7 @@ def sample(
     if needs_total:
         # Every shard's total and count in one all_gather (a collective costs milliseconds between
         # processes): the totals weigh the shards, the counts sum to psum's count.
-        totals, counts = _gather_pairs(total.astype(jnp.float32), count.astype(jnp.int32), st.axis)
+        totals, counts = _all_gather_words([total.astype(jnp.float32), count.astype(jnp.int32)], st.axis)
         selectable = jnp.sum(counts)
     else:
         totals, selectable = None, lax.psum(count, st.axis)
@@ -738,12 +738,12 @@ def _route(
     return out
 
 
-def _gather_pairs(values: jax.Array, counts: jax.Array, axis: str) -> tuple[jax.Array, jax.Array]:
-    """Every device's float32 `values` and int32 `counts` (same shape) gathered along `axis` by one
-    all_gather of their bits: ([S, ...] float32, [S, ...] int32), the same on every device."""
-    bits = jnp.stack([lax.bitcast_convert_type(values, jnp.int32), counts])
-    every = lax.all_gather(bits, axis)  # [S, 2, ...]
-    return lax.bitcast_convert_type(every[:, 0], jnp.float32), every[:, 1]
+def _all_gather_words(arrays: Sequence[jax.Array], axis: str, tiled: bool = False) -> list[jax.Array]:
+    """Arrays of one shape and 32-bit dtypes, each as `lax.all_gather(x, axis, tiled=tiled)` returns it,
+    moved by one all_gather of their words (a collective costs milliseconds between processes)."""
+    words = jnp.stack([lax.bitcast_convert_type(x, jnp.int32) for x in arrays], axis=-1)
+    every = lax.all_gather(words, axis, tiled=tiled)
+    return [lax.bitcast_convert_type(every[..., i], x.dtype) for i, x in enumerate(arrays)]
 
 
 def _owners(
@@ -929,19 +929,11 @@ def update_priorities(
             f"{sample.indices.shape} picks on this device: one priority per pick"
         )
     me = lax.axis_index(st.axis)
-    # The picks' indices, generations and priorities in one all_gather of their 32-bit words.
-    words = jnp.stack(
-        [
-            sample.indices.astype(jnp.int32),
-            lax.bitcast_convert_type(sample.generations, jnp.int32),
-            lax.bitcast_convert_type(priorities.astype(jnp.float32), jnp.int32),
-        ],
-        axis=-1,
+    indices, generations, values = _all_gather_words(
+        [sample.indices.astype(jnp.int32), sample.generations, priorities.astype(jnp.float32)],
+        st.axis,
+        tiled=True,
     )
-    every = lax.all_gather(words, st.axis, tiled=True)  # [B, 3]
-    indices = every[:, 0]
-    generations = lax.bitcast_convert_type(every[:, 1], jnp.uint32)
-    values = lax.bitcast_convert_type(every[:, 2], jnp.float32)
     mine = indices // st.capacity == me
     local = Sample(
         jnp.where(mine, indices % st.capacity, 0).astype(jnp.int32),
