@@ -122,6 +122,12 @@ class Reference(System):
         self.table.close()
 
 
+def check_gathers(work: Workload, name: str) -> None:
+    """Raises Unavailable where `work` only selects: a copy reference is the reference of gathers."""
+    if not work.collect:
+        raise Unavailable(f"{name} is the reference of gathers; this workload only selects")
+
+
 class PinnedCopySystem(Reference):
     """One contiguous copy of the bytes of B consecutive rows (B x row stride; windows: B x window
     steps) of the table's field."""
@@ -130,8 +136,7 @@ class PinnedCopySystem(Reference):
     host_transfer = "numpy np.copyto of consecutive table rows (host to host)"
 
     def __init__(self, work: Workload):
-        if not work.collect:
-            raise Unavailable(f"{self.name} is the reference of gathers; this workload only selects")
+        check_gathers(work, self.name)
         super().__init__(work)
         self.offset, self.row_stride, self.step_bytes = self.layout["fields"][0]
 
@@ -181,8 +186,7 @@ class PinnedCopyJitSystem(System):
     measured_as = "one jitted call: jax.device_put of a dynamic slice of a pinned_host array (one DMA)"
 
     def __init__(self, work: Workload):
-        if not work.collect:
-            raise Unavailable(f"{self.name} is the reference of gathers; this workload only selects")
+        check_gathers(work, self.name)
         super().__init__(work)
         self.flat, self.device_memory = pinned_host_steps(work)
 
