@@ -11,7 +11,10 @@ budget of `--steps` steps of `--step_bytes` bytes each) and reports two things a
 Systems: `gear_jax`, the step-ring trajectory table (steps of every episode back to back in one ring,
 an index of episodes; windows uniform over every valid start, episodes shorter than the window
 skipped); `gear_jax_padded`, today's padded trajectory table (one row of `max_steps` steps per
-episode; windows uniform in a uniformly picked row, short episodes padded); flashbax's trajectory
+episode; windows uniform in a uniformly picked row, short episodes padded); the same two tables with
+the other `short_episodes` option, `gear_jax_padded_skip` and `gear_jax_ring_pad` (with `--interleave`
+they sample the table of `gear_jax_padded` and `gear_jax`: no second copy), so that each table is also
+timed against the other doing the same work per call (`LIKE_FOR_LIKE`); flashbax's trajectory
 buffer; torchrl's `ReplayBuffer(LazyTensorStorage, SliceSampler)`; Reverb (`--reverb_python`: a server
 in another interpreter, one item per window start referencing chunks of steps stored once). A system
 this build or machine lacks is skipped with a note.
@@ -41,7 +44,15 @@ from gear_jax.bench.systems import Step, System, import_torchrl
 DEFAULTS = {"lengths": "cartpole,lognormal", "steps": "1000000", "step_bytes": "1024", "batch_size": "256"}
 PLOT = {"x": "batch_size", "y": "bytes_per_s", "label": "GB/s of windows gathered"}
 PADDED = "gear_jax_padded"
-SYSTEMS = (GEAR, PADDED, "flashbax", "torchrl", "reverb")
+PADDED_SKIP = "gear_jax_padded_skip"
+RING_PAD = "gear_jax_ring_pad"
+SYSTEMS = (GEAR, PADDED, PADDED_SKIP, RING_PAD, "flashbax", "torchrl", "reverb")
+# The step ring against the padded table with the same short_episodes option: the same batch, window
+# and law for short episodes, so the same work per call (with "skip" every window is W steps of one
+# episode in both tables; with "pad" both pad and mask the windows of short episodes). The ring's
+# default ("skip") against the padded table's ("pad") compares unequal work: the padded table then
+# zeroes the padding of short episodes' windows where the ring copies steps.
+LIKE_FOR_LIKE = {GEAR: PADDED_SKIP, RING_PAD: PADDED}
 OP = "sample_gather"
 DEFAULT_WINDOW = 32
 LENGTH_KINDS = ("cartpole", "lognormal")
@@ -276,9 +287,15 @@ class PaddedTableSystem(EpisodeSystem):
     memory_measured_as = "Table.nbytes: the table's shared-memory mapping (rows of max_steps steps, header)"
     sample_options: dict[str, Any] = {}
 
-    def __init__(self, work: EpisodeWorkload):
+    def __init__(self, work: EpisodeWorkload, table: gj.Table | None = None):
+        """Fills a new table with the episodes of `work`; or, given `table` (the episodes of `work`
+        already in it, another system's), samples that one and leaves closing it to its owner."""
         super().__init__(work)
         data = work.data
+        self.owns_table = table is None
+        if table is not None:
+            self.table = table
+            return
         self.table = gj.Table.create(self.spec(data))
         try:
             with progress(data.steps, f"{self.name} fill") as bar:
@@ -319,10 +336,18 @@ class PaddedTableSystem(EpisodeSystem):
         return (
             f"{self.name} holds {data.episodes} episodes in rows of {data.max_steps} steps: "
             f"{self.table.nbytes / 2**20:.1f} MiB mapped for {data.step_bytes_total / 2**20:.1f} MiB of steps"
+            + self.shared_note()
         )
 
+    def shared_note(self) -> str:
+        """What a system sampling another's table says of it (empty for a table of its own)."""
+        if self.owns_table:
+            return ""
+        return f" (the table of {TABLE_OWNER[self.name]}, sampled with {self.sample_options})"
+
     def close(self) -> None:
-        self.table.close()
+        if self.owns_table:
+            self.table.close()
 
 
 class StepRingSystem(PaddedTableSystem):
@@ -351,7 +376,26 @@ class StepRingSystem(PaddedTableSystem):
         return (
             f"{self.name} holds {data.episodes} episodes in a ring of {data.steps} steps: "
             f"{self.table.nbytes / 2**20:.1f} MiB mapped for {data.step_bytes_total / 2**20:.1f} MiB of steps"
+            + self.shared_note()
         )
+
+
+class PaddedSkipSystem(PaddedTableSystem):
+    """The padded table sampled with `short_episodes="skip"`, as the ring is by default: rows uniform
+    among the episodes of at least W steps, every window W steps of its episode (the ring's work per
+    call, by another law: a row, then a start)."""
+
+    name = PADDED_SKIP
+    sample_options = {"short_episodes": "skip"}
+
+
+class RingPadSystem(StepRingSystem):
+    """The step ring sampled with `short_episodes="pad"`, as the padded table is by default: every
+    valid start of an episode of at least W steps and every episode shorter than W equally likely, the
+    windows of short episodes padded and masked."""
+
+    name = RING_PAD
+    sample_options = {"short_episodes": "pad"}
 
 
 class FlashbaxEpisodeSystem(EpisodeSystem):
@@ -522,9 +566,15 @@ class ReverbEpisodeSystem(EpisodeSystem):
 EPISODE_SYSTEMS: dict[str, type[EpisodeSystem]] = {
     GEAR: StepRingSystem,
     PADDED: PaddedTableSystem,
+    PADDED_SKIP: PaddedSkipSystem,
+    RING_PAD: RingPadSystem,
     "flashbax": FlashbaxEpisodeSystem,
     "torchrl": TorchrlEpisodeSystem,
 }
+
+
+# Systems that sample another system's table when it is open (with --interleave), and that system.
+TABLE_OWNER = {PADDED_SKIP: PADDED, RING_PAD: GEAR}
 
 
 def memory_figures(system: EpisodeSystem, index: int) -> dict[str, Any]:
@@ -549,12 +599,13 @@ def cap_steps(
     """The largest step budget <= `requested` whose systems fit in `--mem_budget_gib`, as `data.cap_rows`
     caps tables: the largest system (the padded table, one row of max_steps steps per episode) twice
     when the systems run one at a time; with `--interleave`, every system at once and the steps' bytes
-    once more (room for filling). Systems other than the padded table count the steps' own bytes."""
+    once more (room for filling), a system that samples another's table (TABLE_OWNER) counted once.
+    Systems other than the padded tables count the steps' own bytes."""
     padded = len(lengths) * max_steps * step_bytes
     sizes = [
-        padded if name == PADDED else requested * step_bytes
+        padded if PADDED in (name, TABLE_OWNER.get(name)) else requested * step_bytes
         for name in args.systems
-        if name in EPISODE_SYSTEMS
+        if name in EPISODE_SYSTEMS and not (args.interleave and TABLE_OWNER.get(name) in args.systems)
     ]
     if not sizes:
         return requested
@@ -598,6 +649,7 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
                 records += measure_point(EpisodeWorkload(data, window), point, batch_sizes, args, note)
     print_memory(records)
     print_valid_steps(records)
+    print_like_for_like(records)
     return records
 
 
@@ -631,7 +683,11 @@ def measure_point(
         if name == "reverb":  # its memory is known once its windows are timed
             reverb.append(ReverbEpisodeSystem(work, args.reverb_python, args.reverb_timeout))
             return reverb[-1]
-        system = made[name] = EPISODE_SYSTEMS[name](work)
+        owner = made.get(TABLE_OWNER.get(name, ""))
+        if owner is not None and not owner.table.closed:  # --interleave: the same table, another law
+            system = made[name] = EPISODE_SYSTEMS[name](work, table=owner.table)  # type: ignore[call-arg]
+        else:
+            system = made[name] = EPISODE_SYSTEMS[name](work)
         try:
             memory[name] = memory_figures(system, index)
         except BaseException:
@@ -649,7 +705,19 @@ def measure_point(
         if system is not None and r["point"]["batch_size"] in system.valid_fraction:
             r["valid_step_fraction"] = system.valid_fraction[r["point"]["batch_size"]]
     add_valid_step_speedups(records)
+    add_like_for_like(records)
     return records
+
+
+def add_like_for_like(records: list[dict[str, Any]]) -> None:
+    """Adds `like_for_like` (the system compared with) and `like_for_like_speedup` (its p50 over this
+    record's) to the records of the systems in LIKE_FOR_LIKE, where both were timed at the point."""
+    by_point = {(json_key(r["point"]), r["system"]): r for r in records}
+    for r in records:
+        other = by_point.get((json_key(r["point"]), LIKE_FOR_LIKE.get(r["system"], "")))
+        if other is not None:
+            r["like_for_like"] = other["system"]
+            r["like_for_like_speedup"] = other["latency_s"]["p50"] / r["latency_s"]["p50"]
 
 
 def add_valid_step_speedups(records: list[dict[str, Any]]) -> None:
@@ -688,6 +756,29 @@ def print_valid_steps(records: list[dict[str, Any]]) -> None:
             f"{r['valid_step_fraction']:.1%}",
             f"{per_call:.2f}x" if per_call is not None else "",
             f"{usable:.2f}x" if usable is not None else "",
+        )
+    console.print(table)
+
+
+def print_like_for_like(records: list[dict[str, Any]]) -> None:
+    """Prints each table's speedup over the other table sampled with the same short_episodes option."""
+    rows = [r for r in records if "like_for_like" in r]
+    if not rows:
+        return
+    table = RichTable(title="the same work per call: step ring against padded table, same short_episodes")
+    for name in ("point", "step ring", "padded table", "short_episodes", "ring p50", "padded p50", "speedup"):
+        table.add_column(name, justify="left" if name in ("point", "step ring", "padded table") else "right")
+    for r in rows:
+        other = r["like_for_like"]
+        p50 = r["latency_s"]["p50"]
+        table.add_row(
+            " ".join(f"{k}={v}" for k, v in r["point"].items()),
+            r["system"],
+            other,
+            EPISODE_SYSTEMS[r["system"]].sample_options.get("short_episodes", "pad"),
+            f"{p50 * 1e6:.1f} us",
+            f"{p50 * r['like_for_like_speedup'] * 1e6:.1f} us",
+            f"{r['like_for_like_speedup']:.2f}x",
         )
     console.print(table)
 

@@ -58,10 +58,10 @@ def measure(
 
     By default only one system holds the rows at a time: each is built, timed and closed before the
     next. With `--interleave K` every system is built first and, for each batch size, the systems take
-    turns of K timed steps (the order rotating each round), so that a machine whose speed drifts (other
-    jobs, a noisy host) slows every system alike and the ratios hold. A baseline that is unavailable or
-    fails is skipped with a note; a gear_jax failure propagates. What a system says about where it held
-    its rows or how it ran (`describe`) becomes a note too.
+    turns of K timed steps (in a new order each round, `turn_orders`), so that a machine whose speed
+    drifts (other jobs, a noisy host) slows every system alike and the ratios hold. A baseline that is
+    unavailable or fails is skipped with a note; a gear_jax failure propagates. What a system says about
+    where it held its rows or how it ran (`describe`) becomes a note too.
     """
 
     def make_system(name: str) -> System | None:
@@ -140,21 +140,39 @@ def _records(
     return records
 
 
+def turn_orders(n: int) -> list[list[int]]:
+    """The orders of n steps' turns in successive rounds (used cyclically): a Williams design, in which
+    every step follows every other one equally often within a round (n rounds for even n, 2n for odd
+    n), so that none pays or gains more than the others for what ran before it (a baseline that leaves
+    the caches cold or the allocator busy)."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rounds = [[(k + r) % n for k in first] for r in range(n)]
+    return rounds if n % 2 == 0 else rounds + [order[::-1] for order in rounds]
+
+
 def interleave_calls(
     steps: dict[str, Step], iters: int, turn: int, tick: Callable[[], None] | None = None
 ) -> dict[str, np.ndarray]:
     """Seconds per call, float64[iters] for each step, the steps taking turns of `turn` calls.
 
-    Round r starts with step r mod n (n steps), so that no step always follows the same other one.
-    Each step's calls are numbered 0, 1, ... in its own order, as `time_calls` numbers them.
+    Round r takes the turns in order `turn_orders(n)[r mod len]` (n steps): every step follows every
+    other equally often. Each step's calls are numbered 0, 1, ... in its own order, as `time_calls`
+    numbers them.
     """
     names = list(steps)
+    orders = turn_orders(len(names))
     latencies = {name: np.empty(iters, np.float64) for name in names}
     done = dict.fromkeys(names, 0)
     rounds = 0
     while any(done[name] < iters for name in names):
-        for k in range(len(names)):
-            name = names[(rounds + k) % len(names)]
+        for k in orders[rounds % len(orders)]:
+            name = names[k]
             step, times = steps[name], latencies[name]
             for _ in range(min(turn, iters - done[name])):
                 start = time.perf_counter()

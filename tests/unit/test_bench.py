@@ -425,14 +425,27 @@ def test_interleave_calls_takes_turns_and_numbers_each_steps_calls() -> None:
     ticks = []
     latencies = selection.interleave_calls(steps, iters=5, turn=2, tick=lambda: ticks.append(1))
     assert calls == [
-        *[("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)],  # round 0 starts with a
-        *[("b", 2), ("b", 3), ("c", 2), ("c", 3), ("a", 2), ("a", 3)],  # round 1 with b
-        *[("c", 4), ("a", 4), ("b", 4)],  # round 2 with c: the last call of each
+        *[("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)],  # round 0: a, b, c
+        *[("b", 2), ("b", 3), ("c", 2), ("c", 3), ("a", 2), ("a", 3)],  # round 1: b, c, a
+        *[("c", 4), ("a", 4), ("b", 4)],  # round 2: c, a, b; the last call of each
     ]
     assert len(ticks) == 15
     assert set(latencies) == {"a", "b", "c"}
     for times in latencies.values():
         assert times.shape == (5,) and np.all(times >= 0) and np.all(times < 1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_turn_orders_let_every_step_follow_every_other_equally_often(n: int) -> None:
+    orders = selection.turn_orders(n)
+    assert len(orders) == (n if n % 2 == 0 else 2 * n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(follows.values())) <= 1, follows  # each ordered pair equally often
+    # A rotation (round r starting with step r) would not do: step k would always follow step k - 1.
+    rotations = [[(r + k) % n for k in range(n)] for r in range(n)]
+    assert n < 3 or Counter((a, b) for order in rotations for a, b in zip(order, order[1:]))[(1, 2)] == n - 1
 
 
 def test_interleave_flag_refuses_other_suites_and_negative_turns() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from gear_jax.bench import episodes
 from gear_jax.bench.common import Unavailable
-from gear_jax.bench.episodes import PADDED, EpisodeData
+from gear_jax.bench.episodes import PADDED, PADDED_SKIP, RING_PAD, EpisodeData
 from tests.unit.test_bench import PNG_MAGIC, check_report, grid, run_bench
 
 STEP_BYTES = 64
@@ -45,13 +45,21 @@ def test_episodes_report_memory_and_plot(tmp_path: Path) -> None:
         assert m["ratio_to_step_bytes"] == pytest.approx(m["bytes"] / m["step_bytes_total"]), system
         assert m["bytes_per_step"] >= STEP_BYTES and m["measured_as"], system
     # Rows of 1,000 steps for episodes a tenth as long: the padded table is the largest by far.
-    assert all(memory[PADDED]["bytes"] > 4 * m["bytes"] for s, m in memory.items() if s != PADDED), memory
+    padded = (PADDED, PADDED_SKIP)  # one kind of table, sampled two ways
+    assert memory[PADDED_SKIP]["bytes"] == memory[PADDED]["bytes"], memory
+    assert all(memory[PADDED]["bytes"] > 4 * m["bytes"] for s, m in memory.items() if s not in padded), memory
     gear = [r for r in report["records"] if r["system"] == "gear_jax"]
     for r in gear:  # the step ring, where this build has it
         assert memory[PADDED]["bytes_per_step"] >= memory["gear_jax"]["bytes_per_step"]
         assert r[f"speedup_vs_{PADDED}"] > 0
     if not gear:
         assert any(n.startswith("skipped gear_jax at") for n in report["notes"]), report["notes"]
+    # Each table is also timed against the other sampled with the same short_episodes option.
+    like = {r["system"]: r for r in report["records"] if "like_for_like" in r}
+    assert set(like) == ({"gear_jax", RING_PAD} if gear else set()), sorted(like)
+    for system, other in (("gear_jax", PADDED_SKIP), (RING_PAD, PADDED)):
+        if like:
+            assert like[system]["like_for_like"] == other and like[system]["like_for_like_speedup"] > 0
     assert (tmp_path / "episodes.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -80,7 +88,7 @@ def test_episode_data_is_one_stream_of_stamped_steps() -> None:
     assert not padded[np.arange(6) >= lengths[:, None]].any()
 
 
-@pytest.mark.parametrize("name", [PADDED, "gear_jax"])
+@pytest.mark.parametrize("name", [PADDED, "gear_jax", PADDED_SKIP, RING_PAD])
 def test_gear_tables_gather_windows_of_one_episode(name: str) -> None:
     window = 4
     data = EpisodeData(episodes.lognormal_lengths(2000, 100), step_bytes=16, max_steps=100)
@@ -95,7 +103,10 @@ def test_gear_tables_gather_windows_of_one_episode(name: str) -> None:
         system.close()
     stamps = np.asarray(batch["x"])[..., :8].copy().view("<u4")  # [B, W, 2]: episode, step in it
     valid = np.asarray(batch["valid"])
-    assert valid[:, 0].all() and (name == PADDED or valid.all())  # the ring skips short episodes
+    skips = episodes.EPISODE_SYSTEMS[name].sample_options.get("short_episodes") == "skip"
+    assert valid[:, 0].all() and (valid.all() or not skips)  # "skip": every window W steps of one episode
+    if not skips:  # "pad": short episodes are picked, their windows masked past the episode's end
+        assert not valid.all()
     episode, step = stamps[..., 0], stamps[..., 1]
     assert (episode == episode[:, :1])[valid].all()
     assert (step == step[:, :1] + np.arange(window))[valid].all()
@@ -123,3 +134,22 @@ def test_episode_inserts_report_both_tables_and_both_ways(tmp_path: Path) -> Non
         assert r["latency_s"]["p50"] > 0 and r["iters"] > 0
         if r["system"] == "gear_jax":
             assert r[f"speedup_vs_{PADDED}"] > 0
+
+
+def test_a_variant_samples_the_table_of_its_owner_and_leaves_it_open() -> None:
+    """`gear_jax_padded_skip` made while `gear_jax_padded` is open samples that table (no second copy)
+    by its own law, and closing it leaves the owner's table open."""
+    data = EpisodeData(episodes.lognormal_lengths(2000, 100), step_bytes=16, max_steps=100)
+    work = episodes.EpisodeWorkload(data, 4)
+    owner = episodes.EPISODE_SYSTEMS[PADDED](work)
+    try:
+        variant = episodes.PaddedSkipSystem(work, table=owner.table)
+        assert variant.table is owner.table and not variant.owns_table
+        assert "the table of gear_jax_padded" in variant.describe()
+        batch = variant.make_step(64)(0)
+        assert np.asarray(batch["valid"]).all()  # short episodes skipped: every window whole
+        variant.close()
+        assert not owner.table.closed
+    finally:
+        owner.close()
+    assert owner.table.closed
