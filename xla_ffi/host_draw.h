@@ -3,7 +3,9 @@
 // max_times_sampled on a GPU without native host atomics: cuda_handlers.cu). The same request and key
 // give the same picks in all three, with one exception: a limited table's picks of a batch large enough
 // to be shared over threads (more than one range: kernels/sample.cc, priority_index.cc) race for a row's
-// last sample, which the GPU's draws, made on one thread, do not.
+// last sample, which the GPU's draws, made on one thread, do not; a CPU range that finds a row used up
+// by another may draw again where the one-thread draw records a failed pick (the GPU tests' batches
+// are one range).
 #pragma once
 
 #include "kernels/errors.h"

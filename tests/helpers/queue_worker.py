@@ -6,7 +6,11 @@ Roles:
   learner DONE_FILE [PLATFORM]: prints "ready" once its step is compiled, waits for a line on stdin, then
     samples uniform batches of 16 (jitted sample + gather, on jax's first PLATFORM device: "cpu" or
     "gpu"; default jax's default device) until DONE_FILE exists (the writers are done) and the table
-    has no selectable row left; prints the id of every valid pick, one per line, at the end.
+    has no selectable row left; prints the id of every valid pick, one per line, at the end, and on
+    stderr how many calls failed and the last failure (a call fails when no row is selectable at
+    that instant; a learner whose every call failed delivered nothing, which the tests refuse).
+The table is attached pinned (registered with CUDA) where the role's programs run on a GPU, as a GPU
+program needs.
   writer FIRST COUNT BATCH [PAUSE]: inserts ids FIRST .. FIRST + COUNT - 1 in batches of BATCH (PAUSE
     seconds apart), waiting while a queue is full; prints how many batches had to wait.
   consumer DONE_FILE BATCH [PAUSE]: dequeues batches of BATCH (jitted, PAUSE seconds apart) until
@@ -25,8 +29,13 @@ import numpy as np
 import gear_jax as gj
 
 
+def device_of(platform: str = "") -> jax.Device:
+    """Where a role's programs run: jax's first `platform` device, or jax's default device."""
+    return jax.devices(platform)[0] if platform else jax.devices()[0]
+
+
 def learner(table: gj.Table, done_file: str, platform: str = "") -> None:
-    with jax.default_device(jax.devices(platform)[0] if platform else jax.devices()[0]):
+    with jax.default_device(device_of(platform)):
         learn(table, done_file)
 
 
@@ -35,17 +44,19 @@ def learn(table: gj.Table, done_file: str) -> None:
     step = step.lower(jax.random.key(0)).compile()
     print("ready", flush=True)
     sys.stdin.readline()  # "go": every learner is ready
-    ids, i = [], 0
+    ids, i, failed, last_failure = [], 0, 0, None
     while not os.path.exists(done_file) or table.unconsumed > 0:
         i += 1
         try:
             batch = step(jax.random.key(os.getpid() * 100_003 + i))
             ok = np.asarray(batch["valid"])
-        except gj.EXECUTION_ERRORS:  # nothing selectable at this instant
+        except gj.EXECUTION_ERRORS as e:  # nothing selectable at this instant (or a real failure: below)
+            failed, last_failure = failed + 1, e
             time.sleep(0.001)
             continue
         ids += np.asarray(batch["id"])[ok].tolist()
     print("\n".join(map(str, ids)), flush=True)
+    print(f"{failed} of {i} calls failed; the last: {last_failure}", file=sys.stderr, flush=True)
 
 
 def writer(table: gj.Table, first: int, count: int, batch: int, pause: float = 0.0) -> None:
@@ -79,7 +90,8 @@ def consumer(table: gj.Table, done_file: str, batch: int, pause: float = 0.0) ->
 
 def main() -> None:
     role, name, *args = sys.argv[1:]
-    table = gj.Table.attach(name)
+    platform = args[1] if role == "learner" and len(args) > 1 else ""
+    table = gj.Table.attach(name, pin=device_of(platform).platform == "gpu")
     if role == "learner":
         learner(table, *args)
     elif role == "writer":

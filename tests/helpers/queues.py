@@ -26,16 +26,18 @@ def start(role, table, *args, stdout=subprocess.PIPE, env=None):
     )
 
 
-def finish(process, timeout=TIMEOUT):
+def finish(process, timeout=TIMEOUT, with_stderr=False):
     out, err = process.communicate(timeout=timeout)
     assert process.returncode == 0, err
-    return out
+    return (out, err) if with_stderr else out
 
 
 def race_learners(table, done_file, platforms, env=None):
     """Learner processes (one per entry of `platforms`: "" for jax's default device, "cpu" or "gpu")
     sample `table` (a field "id", 256 rows, max_times_sampled set) while a writer process overwrites its
-    rows with ids 1,000 to 1,999; returns how many times each id was delivered, over every learner."""
+    rows with ids 1,000 to 1,999; returns how many times each id was delivered, over every learner.
+    Every learner must have delivered some: one whose calls all failed (a GPU program on a table its
+    process did not pin, say) would leave the race to the others and prove nothing of its platform."""
     learners = [start("learner", table, done_file, platform, env=env) for platform in platforms]
     writer = None
     try:
@@ -47,12 +49,14 @@ def race_learners(table, done_file, platforms, env=None):
         writer = start("writer", table, 1_000, 1_000, 8, 0.005, env=env)
         finish(writer)
         pathlib.Path(done_file).touch()
-        outputs = [finish(p) for p in learners]
+        outputs = [finish(p, with_stderr=True) for p in learners]
     finally:
         for p in [*learners, writer]:
             if p is not None:
                 p.kill()
-    return collections.Counter(int(v) for out in outputs for v in out.split())
+    for platform, (out, err) in zip(platforms, outputs):
+        assert out.split(), f"the learner on {platform or 'the default device'!r} delivered nothing: {err}"
+    return collections.Counter(int(v) for out, _ in outputs for v in out.split())
 
 
 def check_race(table, counts, k):
