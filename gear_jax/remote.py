@@ -81,6 +81,11 @@ except ImportError as e:  # pragma: no cover - pyarrow is a dependency of the re
 __all__ = ["RemoteEpisodeWriter", "Server", "Writer", "serve"]
 
 PROTOCOL = 1
+_OK_ANSWER = b'{"seq": %d, "ok": true, "rows": %d}'  # the head of a success's answer (JSON, as any head)
+# A message's metadata (JSON, written without json.dumps: one per insert): seq, steps, timeout (a float
+# or null), whether lengths and priorities were given, whether priorities are the table's max.
+_META = b'{"seq": %d, "steps": %d, "timeout": %s, "lengths": %s, "priorities": %s, "max_priority": %s}'
+_JSON_BOOL = {False: b"false", True: b"true"}
 PRIORITY_COLUMN = "__priority"
 LENGTH_COLUMN = "__length"
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
@@ -149,6 +154,11 @@ class _Layout:
         self.spec = spec
         self.names = list(spec.fields)
         self.step_bytes = [f.step_bytes for f in spec.fields.values()]
+        # What record_batch builds again and again for the same number of rows and bytes per row (the
+        # offsets of a column; priorities of 1 and lengths of `steps`), kept for the most recent sizes:
+        # a writer of one or a few batch sizes builds its messages from these (kept at most _KEPT).
+        self._offsets: dict[tuple[int, int], Any] = {}
+        self._defaults: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.schema = pa.schema(
             [pa.field(n, pa.large_binary(), nullable=False) for n in self.names]
             + [
@@ -158,19 +168,36 @@ class _Layout:
         )
 
     def record_batch(
-        self, arrays: list[np.ndarray], rows: int, priorities: np.ndarray, lengths: np.ndarray
+        self,
+        arrays: list[np.ndarray],
+        rows: int,
+        priorities: np.ndarray | None,
+        lengths: np.ndarray | None,
+        steps: int = 1,
     ) -> Any:
-        """The rows as a record batch whose field columns are views of `arrays` (no copy)."""
+        """The rows as a record batch whose field columns are views of `arrays` (no copy). Priorities
+        None: 1 each; lengths None: `steps` each."""
         columns = []
         for array in arrays:
             width = array.nbytes // rows
-            offsets = np.arange(0, (rows + 1) * width, width, dtype=np.int64)
+            offsets = self._offsets.get((rows, width))
+            if offsets is None:
+                every = np.arange(0, (rows + 1) * width, width, dtype=np.int64)
+                offsets = _keep(self._offsets, (rows, width), pa.py_buffer(every))
             data = pa.py_buffer(array.reshape(-1).view(np.uint8))
-            columns.append(
-                pa.Array.from_buffers(pa.large_binary(), rows, [None, pa.py_buffer(offsets), data])
-            )
-        columns.append(pa.Array.from_buffers(pa.float32(), rows, [None, pa.py_buffer(priorities)]))
-        columns.append(pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(lengths)]))
+            columns.append(pa.Array.from_buffers(pa.large_binary(), rows, [None, offsets, data]))
+        defaults = self._defaults.get((rows, steps))
+        if defaults is None and (priorities is None or lengths is None):
+            ones, full = np.ones((rows,), np.float32), np.full((rows,), steps, np.int32)
+            defaults = _keep(self._defaults, (rows, steps), (pa.array(ones), pa.array(full)))
+        if priorities is None:
+            columns.append(defaults[0])
+        else:
+            columns.append(pa.Array.from_buffers(pa.float32(), rows, [None, pa.py_buffer(priorities)]))
+        if lengths is None:
+            columns.append(defaults[1])
+        else:
+            columns.append(pa.Array.from_buffers(pa.int32(), rows, [None, pa.py_buffer(lengths)]))
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def arrays(self, batch: Any, steps: int) -> dict[str, np.ndarray]:
@@ -198,6 +225,17 @@ class _Layout:
                 raise InvalidArgumentError(f"column {name!r} holds bytes other than 0 and 1 for bools")
             out[name] = raw.view(field.dtype).reshape(*lead, *field.shape)
         return out
+
+
+_KEPT = 8  # sizes of messages a writer's layout keeps the offsets and defaults of
+
+
+def _keep(kept: dict[Any, Any], key: Any, value: Any) -> Any:
+    """Keeps `value` under `key` in `kept` (dropping the oldest beyond _KEPT); returns it."""
+    if len(kept) >= _KEPT:
+        del kept[next(iter(kept))]
+    kept[key] = value
+    return value
 
 
 def _wait_slices(timeout: float | None, slice_s: float) -> Any:
@@ -448,8 +486,12 @@ class Server:
         with self._lock:
             self.stats["messages"] += 1
             self.stats["rows"] += len(rows)
-        head = json.dumps({"seq": seq, "ok": True, "rows": len(rows)}).encode()
-        return head + b"\n" + np.asarray(rows, np.int32).tobytes()
+        ids = np.asarray(rows, np.int32)
+        if type(seq) is int:
+            head = _OK_ANSWER % (seq, len(ids))
+        else:
+            head = json.dumps({"seq": seq, "ok": True, "rows": len(ids)}).encode()
+        return head + b"\n" + ids.tobytes()
 
     def _insert_waiting(
         self,
@@ -748,13 +790,13 @@ class Writer:
         if stream is not None:
             _end(stream)
 
-    def _send(self, batch: Any, meta: dict[str, Any]) -> bytes:
-        """Sends one message and returns the server's answer, reconnecting (and resending) while the
-        server is unreachable."""
+    def _send(self, batch: Any, meta: bytes) -> bytes:
+        """Sends one message (`meta`: its metadata, JSON) and returns the server's answer, reconnecting
+        (and resending) while the server is unreachable."""
 
         def once() -> bytes:
             writer, answers = self._open_stream()
-            writer.write_with_metadata(batch, pa.py_buffer(json.dumps(meta).encode()))
+            writer.write_with_metadata(batch, pa.py_buffer(meta))
             answer = answers.read()
             if answer is None:  # the server ended the stream: its status says why
                 self._stream = None
@@ -801,27 +843,28 @@ class Writer:
         arrays, rows, steps = checked
         if rows == 0:
             return np.zeros((0,), np.int32)
-        p = np.ones((rows,), np.float32) if max_priority else _rows.priorities(priorities, rows)
-        n = np.full((rows,), steps, np.int32) if lengths is None else _rows.lengths(lengths, rows, steps)
+        # None: the layout's kept arrays of 1 and of `steps` (the server is told none were given).
+        p = None if max_priority or priorities is None else _rows.priorities(priorities, rows)
+        n = None if lengths is None else _rows.lengths(lengths, rows, steps)
         nbytes = sum(a.nbytes for a in arrays) + 8 * rows
         if nbytes > self.max_message_bytes:
             raise InvalidArgumentError(
                 f"Writer.insert: the batch holds {nbytes} bytes, more than the server's max_message_bytes="
                 f"{self.max_message_bytes}; insert fewer rows per call"
             )
-        record = self._layout.record_batch(arrays, rows, p, n)
+        record = self._layout.record_batch(arrays, rows, p, n, steps)
         # A long wait for the rate limiter is a series of waits of at most WRITER_WAIT_SLICE_S, the rows
         # sent again for each: a writer closed meanwhile (by another thread) stops after the current one.
         for wait, last in _wait_slices(timeout, WRITER_WAIT_SLICE_S):
             self._seq += 1
-            meta = {
-                "seq": self._seq,
-                "steps": steps,
-                "timeout": wait,
-                "lengths": lengths is not None,
-                "priorities": priorities is not None,
-                "max_priority": max_priority,
-            }
+            meta = _META % (
+                self._seq,
+                steps,
+                b"null" if wait is None else repr(float(wait)).encode(),
+                _JSON_BOOL[lengths is not None],
+                _JSON_BOOL[priorities is not None],
+                _JSON_BOOL[bool(max_priority)],
+            )
             try:
                 return self._answer(self._send(record, meta), rows)
             except RateLimiterTimeout as e:
@@ -836,6 +879,8 @@ class Writer:
 
     def _answer(self, answer: bytes, rows: int) -> np.ndarray:
         head, _, body = answer.partition(b"\n")
+        if head == _OK_ANSWER % (self._seq, rows) and len(body) == 4 * rows:  # the rows went in
+            return np.frombuffer(body, np.int32).copy()
         reply = json.loads(head)
         if not reply.get("ok"):
             cls = _ERRORS.get(reply.get("error"), RemoteError)
