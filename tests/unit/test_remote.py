@@ -690,3 +690,49 @@ def test_closing_a_writer_cancels_another_threads_wait(make_table):
         table.await_samples(8)
         time.sleep(0.3)
         assert table.size == 5  # the cancelled insert was not written later
+
+
+def test_a_writers_messages_reuse_kept_columns_and_keep_few_sizes(served):
+    """The layout keeps the offsets and default columns of recent batch sizes (at most _KEPT of each) and
+    builds from them what a fresh build gives; the rows written are the rows given."""
+    table, _, writer = served
+    layout = writer._layout
+    for n in range(1, remote._KEPT + 4):  # more sizes than it keeps
+        arrays = [np.ascontiguousarray(v) for v in rows(n).values()]
+        kept = layout.record_batch(arrays, n, None, None, steps=1)
+        assert kept.equals(layout.record_batch(arrays, n, np.ones(n, np.float32), np.ones(n, np.int32)))
+        assert len(layout._offsets) <= remote._KEPT and len(layout._defaults) <= remote._KEPT
+    given = np.array([0.5, 2.0, 3.0], np.float32)
+    ids = writer.insert(rows(3, 10), priorities=given)
+    np.testing.assert_array_equal(table.columns["action"][ids, 0], [10, 11, 12])
+    np.testing.assert_array_equal(table.row_status()["priority"][ids], given)
+    ids = writer.insert(rows(3, 20))  # the kept column of ones
+    np.testing.assert_array_equal(table.columns["action"][ids, 0], [20, 21, 22])
+    np.testing.assert_array_equal(table.row_status()["priority"][ids], [1.0, 1.0, 1.0])
+
+
+def test_a_writers_metadata_template_is_the_json_the_server_reads():
+    cases = [(1, 1, 1.0, False, False, False), (7, 40, 0.25, True, True, True)]
+    for seq, steps, timeout, lengths, priorities, top in cases:
+        flags = [remote._JSON_BOOL[v] for v in (lengths, priorities, top)]
+        meta = remote._META % (seq, steps, repr(float(timeout)).encode(), *flags)
+        assert json.loads(meta) == {
+            "seq": seq,
+            "steps": steps,
+            "timeout": timeout,
+            "lengths": lengths,
+            "priorities": priorities,
+            "max_priority": top,
+        }
+    assert json.loads(remote._OK_ANSWER % (3, 5)) == {"seq": 3, "ok": True, "rows": 5}
+
+
+def test_an_answer_whose_ids_do_not_match_its_head_is_refused(served):
+    _, _, writer = served
+    writer._seq = 4
+    head = remote._OK_ANSWER % (4, 3)
+    np.testing.assert_array_equal(
+        writer._answer(head + b"\n" + np.arange(3, dtype=np.int32).tobytes(), 3), [0, 1, 2]
+    )
+    with pytest.raises(gj.RemoteError, match="answered 2 row ids for 3 rows"):
+        writer._answer(head + b"\n" + np.arange(2, dtype=np.int32).tobytes(), 3)
