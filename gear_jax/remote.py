@@ -231,9 +231,10 @@ _KEPT = 8  # sizes of messages a writer's layout keeps the offsets and defaults 
 
 
 def _keep(kept: dict[Any, Any], key: Any, value: Any) -> Any:
-    """Keeps `value` under `key` in `kept` (dropping the oldest beyond _KEPT); returns it."""
+    """Keeps `value` under `key` in `kept`, which starts again empty once it holds _KEPT entries (one
+    call each: safe for threads sharing a writer, as dict.clear and item assignment are); returns it."""
     if len(kept) >= _KEPT:
-        del kept[next(iter(kept))]
+        kept.clear()
     kept[key] = value
     return value
 

@@ -736,3 +736,28 @@ def test_an_answer_whose_ids_do_not_match_its_head_is_refused(served):
     )
     with pytest.raises(gj.RemoteError, match="answered 2 row ids for 3 rows"):
         writer._answer(head + b"\n" + np.arange(2, dtype=np.int32).tobytes(), 3)
+
+
+def test_threads_sharing_a_writer_insert_batches_of_many_sizes(served):
+    """Threads sharing one writer, with more batch sizes than its layout keeps: every insert answers its
+    own rows' ids, and the server took every row."""
+    table, server, writer = served
+    errors, counts = [], []
+
+    def insert(thread):
+        try:
+            for i in range(40):
+                n = 1 + (thread * 7 + i) % (remote._KEPT + 5)
+                ids = writer.insert(rows(n, 1000 * thread + i))
+                assert ids.shape == (n,) and len(set(ids.tolist())) == n
+                counts.append(n)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=insert, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert len(counts) == 160 and server.stats["rows"] == sum(counts) and table.size == 64
