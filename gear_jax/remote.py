@@ -155,8 +155,8 @@ class _Layout:
         self.names = list(spec.fields)
         self.step_bytes = [f.step_bytes for f in spec.fields.values()]
         # What record_batch builds again and again for the same number of rows and bytes per row (the
-        # offsets of a column; priorities of 1 and lengths of `steps`), kept for the most recent sizes:
-        # a writer of one or a few batch sizes builds its messages from these (kept at most _KEPT).
+        # offsets of a column; priorities of 1 and lengths of `steps`): a writer of one or a few batch
+        # sizes builds its messages from these (at most _KEPT sizes of each, see _keep).
         self._offsets: dict[tuple[int, int], Any] = {}
         self._defaults: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.schema = pa.schema(
@@ -861,7 +861,7 @@ class Writer:
             meta = _META % (
                 self._seq,
                 steps,
-                b"null" if wait is None else repr(float(wait)).encode(),
+                repr(float(wait)).encode(),  # _wait_slices' waits are seconds, never None
                 _JSON_BOOL[lengths is not None],
                 _JSON_BOOL[priorities is not None],
                 _JSON_BOOL[bool(max_priority)],
