@@ -17,7 +17,9 @@
 # the stages over two calls (e.g. "build tests memcheck racecheck synccheck quickstart", then
 # "build gather windows priorities pool"); on an H100 each call took 3 to 5 minutes.
 # More stages, not in the default list: torch (the torch suite), fixed_cost (scripts/gpu_fixed_cost.py: where the time of a small
-# call goes), ncu (the same programs' kernels timed by Nsight Compute), episodes (the episodes suite on the GPU: step rings, padded rows, flashbax in HBM),
+# call goes), kernel_times (scripts/gpu_kernel_times.py: the device's own time for sample + gather against
+# XLA's jitted copy of the same bytes, from a profiler trace; GPU_CHECK_KERNEL_XSPACE=1 also brings the
+# raw traces back as kernel_times_xspace.tgz), ncu (the same programs' kernels timed by Nsight Compute), episodes (the episodes suite on the GPU: step rings, padded rows, flashbax in HBM),
 # multihost and anakin (the examples with --platform=cuda; anakin needs gymnax and flashbax in .whl/;
 # GPU_CHECK_MULTIHOST_ACTORS=remote has the multihost example's actors write through gj.remote), extra
 # (GPU_CHECK_EXTRA_TESTS: unmarked tests run there, their programs on the GPU).
@@ -165,6 +167,20 @@ fi
 if want fixed_cost; then
   stage fixed_cost 150 30 "$OUT/fixed_cost.log" python scripts/gpu_fixed_cost.py --json "$OUT/fixed_cost.json"
   grep -E "^row|^device" "$OUT/fixed_cost.log"
+fi
+
+# kernel_times: each call's device time (kernels and copies, from a CUPTI trace) for gj.sample_gather,
+# XLA's jitted DMA of the same bytes from pinned_host memory, and jnp.take from HBM, at the GPU issue's
+# copy-target points; gear_jax's device GB/s over the copy's on each "point" line.
+if want kernel_times; then
+  xspace=()
+  [ -n "${GPU_CHECK_KERNEL_XSPACE:-}" ] && xspace=(--xspace_dir "$OUT/kernel_times_xspace")
+  stage kernel_times 150 30 "$OUT/kernel_times.log" python scripts/gpu_kernel_times.py \
+    --json "$OUT/kernel_times.json" "${xspace[@]}"
+  grep -E "^point" "$OUT/kernel_times.log" | cut -c1-600
+  if [ -d "$OUT/kernel_times_xspace" ]; then
+    tar czf "$OUT/kernel_times_xspace.tgz" -C "$OUT" kernel_times_xspace && rm -r "$OUT/kernel_times_xspace"
+  fi
 fi
 
 # ncu: the GPU time of each kernel of the fixed_cost programs (a few calls each, gpu_fixed_cost.py --ncu),
