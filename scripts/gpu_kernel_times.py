@@ -16,9 +16,12 @@ Each program makes --iters calls inside a profiler session, every call marked on
 `TraceAnnotation`. A call's device events (kernels, memcpys, memsets on the device planes' stream lines)
 are those that start inside its mark. Per call: `busy`, the union of its device events; `span`, its
 first device start to its last device end; `wall`, the mark's own length. Medians over the calls;
-GB/s on busy time; a line per point with gear_jax's busy GB/s over the copy's. Where the marks and the
-device events share no clock (no call gets an event), the events are split into calls at their largest
-gaps instead, and the report says so.
+GB/s on busy time; a line per point with gear_jax's busy GB/s over the copy's. The profiler puts the
+host marks and the device events on one clock (nanoseconds since the session started); where a call
+gets no event all the same, the events are split into calls at their largest gaps instead, and the
+report says so. While a profiler session is active, XLA runs the programs it would capture as CUDA
+graphs op by op (`--xla_enable_command_buffers_during_profiling`, off by default): `span` can then hold
+launch gaps that an untraced call does not have; `busy` counts the device's work only.
 
 Point syntax: ROW_BYTESxB (rows), STEP_BYTESxBwW (B windows of W steps in trajectories of 4 W steps).
 
@@ -62,9 +65,12 @@ flags.DEFINE_enum(
 
 CALL_MARK = "gpu_kernel_times_call"
 SYSTEMS = ("gear_jax", "pinned_copy_jit", "jnp_take")
-# Lines of a device plane that the profiler derives from the stream lines (they would count an event
-# twice); the stream lines themselves are named "Stream #N(...)".
-STREAM_LINE_PREFIX = "Stream"
+# The GPU tracer (XLA's CUPTI collector) puts every kernel, memcpy and memset of a CUDA stream on that
+# stream's line of the device plane, named "Stream #<id>(<kinds>)"; memcpys are named "MemcpyH2D" and
+# the like, kernels by their demangled names. The device plane can also hold a "CUPTI overhead" line
+# and counter lines, whose events are no work of the calls. (The "XLA Ops" and "Steps" lines seen in
+# TensorBoard are derived later, when a trace is converted: a session's own XSpace has none.)
+STREAM_LINE_PREFIX = "Stream #"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +230,9 @@ def traced_calls(
 
     for i in range(warmup):
         jax.block_until_ready(call(*args[i]))
-    session = _profiler.ProfilerSession(_profiler.ProfileOptions())
+    options = _profiler.ProfileOptions()
+    options.python_tracer_level = 0  # no Python function events: less host work inside the marks
+    session = _profiler.ProfilerSession(options)
     try:
         for i in range(iters):
             with jax.profiler.TraceAnnotation(CALL_MARK):

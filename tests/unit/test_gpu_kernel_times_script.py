@@ -48,7 +48,7 @@ def trace(device_lines: dict[str, list[tuple[str, int, int]]], marks: list[tuple
 
 # Two calls. Call 1: a 10 us kernel on one stream overlapping a 6 us copy on another (busy 12 us, span
 # 12 us); call 2: two kernels of 5 us with a 3 us gap (busy 10 us, span 13 us). A derived line repeats
-# call 1's kernel: it must not count.
+# call 1's kernel and the tracer's own overhead has a line: neither may count.
 STREAMS = {
     "Stream #13(Compute)": [
         ("GatherKernel", 1_000, 1_010),
@@ -57,6 +57,7 @@ STREAMS = {
     ],
     "Stream #14(MemcpyH2D)": [("MemcpyH2D", 1_006, 1_012)],
     "XLA Ops": [("GatherKernel", 1_000, 1_010)],
+    "CUPTI overhead": [("BUFFER_FLUSH", 2_013, 2_030)],
 }
 
 
