@@ -174,7 +174,7 @@ fi
 # copy-target points; gear_jax's device GB/s over the copy's on each "point" line.
 if want kernel_times; then
   xspace=()
-  [ -n "${GPU_CHECK_KERNEL_XSPACE:-}" ] && xspace=(--xspace_dir "$OUT/kernel_times_xspace")
+  [ "${GPU_CHECK_KERNEL_XSPACE:-0}" = 1 ] && xspace=(--xspace_dir "$OUT/kernel_times_xspace")
   stage kernel_times 150 30 "$OUT/kernel_times.log" python scripts/gpu_kernel_times.py \
     --json "$OUT/kernel_times.json" "${xspace[@]}"
   grep -E "^point" "$OUT/kernel_times.log" | cut -c1-600

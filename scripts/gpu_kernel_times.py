@@ -157,18 +157,22 @@ def busy_ns(events: Iterable[Event]) -> float:
     return total
 
 
-def split_by_marks(events: Sequence[Event], marks: Sequence[tuple[float, float]]) -> list[list[Event]] | None:
-    """Each mark's events (those starting inside it); None when a mark has none or an event falls outside
-    every mark (the host and device clocks disagree: use split_by_gaps)."""
+def split_by_marks(
+    events: Sequence[Event], marks: Sequence[tuple[float, float]]
+) -> tuple[list[list[Event]], int] | None:
+    """(each mark's events: those that start inside it, the number of events outside every mark, which
+    no call made: the runtime's own work); None when a mark gets no event (the host and device clocks
+    disagree: use split_by_gaps)."""
     calls: list[list[Event]] = [[] for _ in marks]
+    outside = 0
     for e in events:
         for i, (start, end) in enumerate(marks):
             if start <= e.start_ns <= end:
                 calls[i].append(e)
                 break
         else:
-            return None
-    return calls if all(calls) else None
+            outside += 1
+    return (calls, outside) if all(calls) else None
 
 
 def split_by_gaps(events: Sequence[Event], calls: int) -> list[list[Event]]:
@@ -208,15 +212,20 @@ def analyze(profile: Any, iters: int) -> dict[str, Any]:
     marks = call_marks(profile)
     if not events:
         return {"error": "no device events in the trace", "device_lines": lines, "marks": len(marks)}
-    calls = split_by_marks(events, marks) if len(marks) == iters else None
-    split = "marks"
-    if calls is None:
-        split = "gaps"
-        try:
-            calls = split_by_gaps(events, iters)
-        except ValueError as e:
-            return {"error": str(e), "device_lines": lines}
-    return {"split": split, **summarize_calls(calls, marks if split == "marks" else [])}
+    by_marks = split_by_marks(events, marks) if len(marks) == iters else None
+    if by_marks is not None:
+        calls, outside = by_marks
+        return {"split": "marks", "events_outside_marks": outside, **summarize_calls(calls, marks)}
+    try:
+        calls = split_by_gaps(events, iters)
+    except ValueError as e:
+        return {"error": str(e), "device_lines": lines, "marks": len(marks)}
+    return {"split": "gaps", **summarize_calls(calls, [])}
+
+
+def gb_per_s(nbytes: int, microseconds: float) -> float:
+    """Bytes moved in that many microseconds, in GB/s (1e9 bytes per second)."""
+    return nbytes / microseconds / 1e3
 
 
 def traced_calls(
@@ -280,13 +289,17 @@ def programs(
         run = jax.jit(lambda k: gj.sample_gather(table, k, point.batch, window=window)[1]["x"])
         made["gear_jax"] = (run, on_gpu(jax.random.key(i) for i in range(calls)))
     if "pinned_copy_jit" in systems:
+        # As many bytes as the table holds, each call's span at a new place in them (as gear_jax's picks
+        # land anywhere in its table): no call reads bytes a call before it has just read.
         steps = point.batch * point.steps_out
+        spans = max(1, rows * point.max_steps // steps)
         host = jax.sharding.SingleDeviceSharding(gpu, memory_kind="pinned_host")
         device = jax.sharding.SingleDeviceSharding(gpu, memory_kind="device")
-        flat = jax.device_put(np.full((4 * steps, point.item_bytes), 3, np.uint8), host)
+        flat = jax.device_put(np.full((spans * steps, point.item_bytes), 3, np.uint8), host)
         closers.append(flat.delete)
         copy = jax.jit(lambda first, a: jax.device_put(jax.lax.dynamic_slice_in_dim(a, first, steps), device))
-        made["pinned_copy_jit"] = (copy, on_gpu((np.int32(i % 4 * steps) for i in range(calls)), flat))
+        firsts = (np.int32(i * 7919 % spans * steps) for i in range(calls))
+        made["pinned_copy_jit"] = (copy, on_gpu(firsts, flat))
     if "jnp_take" in systems:
         hbm_rows = max(point.batch, min(rows, (256 << 20) // (point.item_bytes * point.steps_out)))
         hbm = jax.device_put(jnp.zeros((hbm_rows, point.steps_out * point.item_bytes), jnp.uint8), gpu)
@@ -341,7 +354,7 @@ def main(argv: Sequence[str]) -> int:
                 profile = traced_calls(call, args, FLAGS.iters, FLAGS.warmup, keep)
                 found = analyze(profile, FLAGS.iters)
                 if "busy_us" in found:
-                    found["busy_gbps"] = point.bytes_out / found["busy_us"] / 1e3
+                    found["busy_gbps"] = gb_per_s(point.bytes_out, found["busy_us"])
                 found["seconds"] = round(time.perf_counter() - t0, 2)
                 record[name] = found
             results.append(record)

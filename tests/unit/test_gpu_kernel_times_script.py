@@ -46,8 +46,8 @@ def trace(device_lines: dict[str, list[tuple[str, int, int]]], marks: list[tuple
     return ProfileData.from_text_proto(text)
 
 
-# Two calls. Call 1: a 10 us kernel on one stream overlapping a 6 us copy on another (busy 12 us, span
-# 12 us); call 2: two kernels of 5 us with a 3 us gap (busy 10 us, span 13 us). A derived line repeats
+# Two calls. Call 1: a 10 ns kernel on one stream overlapping a 6 ns copy on another (busy 12 ns, span
+# 12 ns); call 2: two kernels of 5 ns with a 3 ns gap (busy 10 ns, span 13 ns). A derived line repeats
 # call 1's kernel and the tracer's own overhead has a line: neither may count.
 STREAMS = {
     "Stream #13(Compute)": [
@@ -63,7 +63,7 @@ STREAMS = {
 
 def test_a_calls_device_time_is_the_union_of_its_stream_events_inside_its_mark() -> None:
     found = kt.analyze(trace(STREAMS, [(990, 1_100), (1_990, 2_100)]), iters=2)
-    assert found["split"] == "marks" and found["calls"] == 2
+    assert found["split"] == "marks" and found["calls"] == 2 and found["events_outside_marks"] == 0
     assert found["busy_us"] == pytest.approx((0.012 + 0.010) / 2) and found["busy_us_min"] == pytest.approx(
         0.010
     )
@@ -81,6 +81,38 @@ def test_without_a_shared_clock_the_calls_are_told_apart_by_the_largest_gaps() -
     found = kt.analyze(trace(STREAMS, [(50_000, 50_100), (60_000, 60_100)]), iters=2)
     assert found["split"] == "gaps" and found["calls"] == 2 and found["wall_us"] is None
     assert found["busy_us"] == pytest.approx(0.011) and found["span_us"] == pytest.approx(0.0125)
+
+
+def test_an_event_belongs_to_the_call_it_starts_in_and_events_of_no_call_are_counted_apart() -> None:
+    streams = {
+        "Stream #7(Compute)": [
+            ("First", 10, 20), ("LongCopy", 90, 160), ("Second", 170, 180), ("RuntimeWork", 400, 420)
+        ]
+    }  # fmt: skip
+    found = kt.analyze(trace(streams, [(0, 100), (150, 300)]), iters=2)
+    assert found["split"] == "marks" and found["events_outside_marks"] == 1
+    # call 1: First and LongCopy (which ends inside call 2's mark), call 2: Second alone
+    assert found["by_name_us"] == pytest.approx({"LongCopy": 0.035, "First": 0.005, "Second": 0.005})
+    assert found["busy_us_min"] == pytest.approx(0.010) and found["events_per_call"] == 1.5
+
+
+def test_gaps_are_measured_from_the_latest_end_so_far() -> None:
+    # A long event covers the next two; the last one starts 10 ns after it ends. From each event's own
+    # end (or from starts), the largest gap would be the 50 ns before C, which lies inside A.
+    events = [kt.Event("A", 0, 100), kt.Event("B", 10, 20), kt.Event("C", 70, 80), kt.Event("D", 110, 120)]
+    groups = kt.split_by_gaps(events, 2)
+    assert [[e.name for e in g] for g in groups] == [["A", "B", "C"], ["D"]]
+
+
+def test_throughput_and_the_report_line() -> None:
+    assert kt.gb_per_s(1 << 20, 100.0) == pytest.approx(10.48576)  # 1 MiB in 100 us
+    record = {"point": "65536x256", "bytes": 16 << 20}
+    for name, busy in (("gear_jax", 400.0), ("pinned_copy_jit", 320.0)):
+        record[name] = {"busy_us": busy, "span_us": busy + 5, "wall_us": busy + 60, "events_per_call": 3,
+                        "split": "marks", "busy_gbps": kt.gb_per_s(16 << 20, busy)}  # fmt: skip
+    line = kt.report_line(record)
+    assert "point 65536x256 (16.00 MiB)" in line and "gear_jax: busy 400.0 span 405.0 wall 460.0 us" in line
+    assert "gear_jax / copy GB/s on the device: 0.80" in line
 
 
 def test_the_union_counts_overlapping_events_once() -> None:
@@ -114,17 +146,18 @@ def test_the_script_traces_its_programs_on_the_cpu_and_finds_no_device_plane(tmp
     out = tmp_path / "times.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--platform=cpu", "--points=1024x32,256x8w4", "--iters=3", "--warmup=1",
-         "--table_mib=4", "--systems=gear_jax,jnp_take", f"--json={out}", f"--xspace_dir={tmp_path}"],
+         "--table_mib=4", "--systems=gear_jax,pinned_copy_jit,jnp_take", f"--json={out}",
+         f"--xspace_dir={tmp_path}"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [p["point"] for p in report["points"]] == ["1024x32", "256x8w4"]
     for point in report["points"]:
-        for system in ("gear_jax", "jnp_take"):
+        for system in ("gear_jax", "pinned_copy_jit", "jnp_take"):
             # every traced call was marked on the host; a CPU trace has no device plane
             assert point[system]["error"] == "no device events in the trace" and point[system]["marks"] == 3
-    assert len(list(tmp_path.glob("*.xplane.pb"))) == 4
+    assert len(list(tmp_path.glob("*.xplane.pb"))) == 6
     assert "point 1024x32" in done.stdout
 
 
