@@ -225,6 +225,8 @@ def machine_info() -> dict[str, Any]:
         "gear_jax": gear_jax.build_info(),
         "gear_jax_revision": source_revision(gear_jax.__file__),
         "malloc_tuning": gear_jax.malloc_tuning(),  # result buffers reused or not: gear_jax/malloc.py
+        # the variables that change what gear_jax does (GEAR_JAX_HUGE_PAGES, the CUDA launch overrides, ...)
+        "gear_jax_environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("GEAR_JAX_")},
         "versions": {p: _version(p) for p in ("numpy", "jax", "flashbax", "torch", "torchrl", "tensordict")},
     }
 

@@ -60,6 +60,7 @@ def check_report(
     assert report["suite"] == suite and report["available"] is True
     assert report["machine"]["cpu_count"] >= 1 and "version" in report["machine"]["gear_jax"]
     assert isinstance(report["machine"]["malloc_tuning"]["applied"], bool)
+    assert isinstance(report["machine"]["gear_jax_environment"], dict)
     records = report["records"]
     counts = Counter((json.dumps(r["point"], sort_keys=True), r["system"], r["op"]) for r in records)
     assert all(n == 1 for n in counts.values()), counts
@@ -802,3 +803,16 @@ def test_sharded_layouts_modes_and_bytes_moved(tmp_path: Path) -> None:
             m = suite.bytes_moved(mode, method, shards, 1_000_000, 1024, 1024)
             assert m["gear_jax"]["select"] < m["naive"]["select"], (mode, method, shards)
             assert m["select_ratio"] > 1 and m["total_ratio"] >= 1
+
+
+def test_the_machine_record_names_the_gear_jax_variables_that_are_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GEAR_JAX_HUGE_PAGES", "0")
+    monkeypatch.delenv("GEAR_JAX_GATHER_BLOCK_ROW_BYTES", raising=False)
+    monkeypatch.setenv("NOT_GEAR_JAX_HUGE_PAGES", "1")
+    environment = common.machine_info()["gear_jax_environment"]
+    assert environment["GEAR_JAX_HUGE_PAGES"] == "0"
+    assert (
+        "GEAR_JAX_GATHER_BLOCK_ROW_BYTES" not in environment and "NOT_GEAR_JAX_HUGE_PAGES" not in environment
+    )
