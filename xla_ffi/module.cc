@@ -439,6 +439,14 @@ PYBIND11_MODULE(_native, m) {
       [] {
         py::dict out;
         out["format_version"] = offsetof(gear::TableHeader, format_version);
+        out["spec_json_bytes"] = offsetof(gear::TableHeader, spec_json_bytes);
+        out["spec_hash"] = offsetof(gear::TableHeader, spec_hash);
+        out["capacity"] = offsetof(gear::TableHeader, capacity);
+        out["max_steps"] = offsetof(gear::TableHeader, max_steps);
+        out["num_fields"] = offsetof(gear::TableHeader, num_fields);
+        out["writer_pid_offset"] = offsetof(gear::TableHeader, writer_pid_offset);
+        out["fields"] = offsetof(gear::TableHeader, fields);
+        out["field_bytes"] = sizeof(gear::FieldLayout);
         out["creator_pid"] = offsetof(gear::TableHeader, creator_pid);
         out["persistent"] = offsetof(gear::TableHeader, persistent);
         out["creator_pid_namespace"] = offsetof(gear::TableHeader, creator_pid_namespace);

@@ -47,6 +47,7 @@ SharedTable::SharedTable(std::string name, std::shared_ptr<TableMemory> memory, 
   view_.insert_seq = reinterpret_cast<uint64_t*>(base_ + h->insert_seq_offset);
   view_.times_sampled = reinterpret_cast<uint32_t*>(base_ + h->times_sampled_offset);
   view_.change_counts = reinterpret_cast<uint32_t*>(base_ + h->change_counts_offset);
+  owners_ = reinterpret_cast<int32_t*>(base_ + h->writer_pid_offset);
   view_.next_seq = &h->next_seq;
   view_.selectable = &h->selectable;
   view_.max_priority_bits = &h->max_priority_bits;

@@ -137,7 +137,10 @@ class SharedTable {
   // The state of a row this process holds (odd generation, this pid); throws otherwise.
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;
-  int32_t* owners() const { return reinterpret_cast<int32_t*>(base_ + header()->writer_pid_offset); }
+  // The owner words (the writer_pid column), where the header put them when this process opened the
+  // table: like every column of view_, never read from the header again, so that bytes written over
+  // the header later cannot send a claim outside the mapping.
+  int32_t* owners() const { return owners_; }
   // Rows counted in size and selectable before a claim, which the caller counts out (in one add).
   struct CountedOut {
     int64_t size = 0;
@@ -193,6 +196,7 @@ class SharedTable {
   bool creator_;
   bool unlinked_ = false;
   TableView view_;
+  int32_t* owners_ = nullptr;            // owners()
   std::atomic<int64_t> writer_slot_{0};  // this process's writer slot: pid << 32 | slot (0: none yet)
   std::atomic<int64_t> next_check_ns_{0};
   std::atomic<int64_t> check_interval_ns_{0};
