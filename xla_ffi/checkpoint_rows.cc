@@ -96,10 +96,11 @@ void RestoreCursors(SharedTable& table, uint64_t next_seq, uint64_t commit_seq) 
 
 void RestoreStepCursor(SharedTable& table, uint64_t next_step) {
   TableHeader* h = table.header();
-  if (h->step_capacity == 0) throw std::invalid_argument("the table is not a step ring");
-  if (next_step > static_cast<uint64_t>(h->step_capacity)) {
+  const int64_t step_capacity = table.view().step_capacity;  // as placed when the table was opened
+  if (step_capacity == 0) throw std::invalid_argument("the table is not a step ring");
+  if (next_step > static_cast<uint64_t>(step_capacity)) {
     throw std::invalid_argument("restored steps (" + std::to_string(next_step) + ") exceed step_capacity (" +
-                                std::to_string(h->step_capacity) + ")");
+                                std::to_string(step_capacity) + ")");
   }
   // Raised, never lowered: steps a writer already claimed stay its own.
   uint64_t seen = __atomic_load_n(&h->next_step, __ATOMIC_SEQ_CST);

@@ -154,23 +154,29 @@ py::dict RateLimiterCountsOf(OpenTable& self) {
   return out;
 }
 
+// Where this process placed the table's columns when it opened it (the header's layout as checked
+// then; not read from the shared header again), as byte offsets into the mapping.
 py::dict Layout(OpenTable& self) {
   SharedTable& table = self.table();
-  const TableHeader* h = table.header();
+  const TableView& v = table.view();
+  const uint8_t* base = table.base();
+  auto offset = [base](const void* p) -> uint64_t {
+    return p == nullptr ? 0 : static_cast<uint64_t>(static_cast<const uint8_t*>(p) - base);
+  };
   py::dict layout;
-  layout["capacity"] = h->capacity;
-  layout["max_steps"] = h->max_steps;
-  layout["state"] = h->state_offset;
-  layout["length"] = h->length_offset;
-  layout["insert_seq"] = h->insert_seq_offset;
-  layout["times_sampled"] = h->times_sampled_offset;
-  layout["writer_pid"] = h->writer_pid_offset;
-  layout["change_counts"] = h->change_counts_offset;
-  layout["step_capacity"] = h->step_capacity;
-  layout["first_step"] = h->first_step_offset;
+  layout["capacity"] = v.capacity;
+  layout["max_steps"] = v.max_steps;
+  layout["state"] = offset(v.state);
+  layout["length"] = offset(v.length);
+  layout["insert_seq"] = offset(v.insert_seq);
+  layout["times_sampled"] = offset(v.times_sampled);
+  layout["writer_pid"] = offset(table.owners());
+  layout["change_counts"] = offset(v.change_counts);
+  layout["step_capacity"] = v.step_capacity;
+  layout["first_step"] = offset(v.first_step);
   py::list fields;
-  for (int f = 0; f < h->num_fields; ++f) {
-    fields.append(py::make_tuple(h->fields[f].offset, h->fields[f].row_stride, h->fields[f].step_bytes));
+  for (int f = 0; f < v.num_fields; ++f) {
+    fields.append(py::make_tuple(offset(v.fields[f].data), v.fields[f].row_stride, v.fields[f].step_bytes));
   }
   layout["fields"] = fields;
   return layout;

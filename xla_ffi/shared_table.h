@@ -66,6 +66,10 @@ class SharedTable {
   const std::shared_ptr<TableMemory>& memory() const { return memory_; }
   TableHeader* header() const { return reinterpret_cast<TableHeader*>(base_); }
   const TableView& view() const { return view_; }
+  // The owner words (the writer_pid column), where the header put them when this process opened the
+  // table: like every column of view_, never read from the header again, so that bytes written over
+  // the header later cannot send a claim outside the mapping.
+  int32_t* owners() const { return owners_; }
   std::string spec_json() const;
   // Whether the memory is registered with CUDA (pinned and mapped into the GPUs' address space).
   bool pinned() const { return memory_->pinned(); }
@@ -137,10 +141,6 @@ class SharedTable {
   // The state of a row this process holds (odd generation, this pid); throws otherwise.
   uint64_t CheckOwned(int64_t row) const;
   std::string NotHeld(int64_t row) const;
-  // The owner words (the writer_pid column), where the header put them when this process opened the
-  // table: like every column of view_, never read from the header again, so that bytes written over
-  // the header later cannot send a claim outside the mapping.
-  int32_t* owners() const { return owners_; }
   // Rows counted in size and selectable before a claim, which the caller counts out (in one add).
   struct CountedOut {
     int64_t size = 0;
