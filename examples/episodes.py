@@ -11,6 +11,11 @@ What this shows:
     write gymnasium CartPole-v1 episodes step by step with an `EpisodeWriter` (`append` per step,
     `end_episode` at its end) while the learner trains. Each episode runs a good controller with its
     own share of random actions (uniform in [0, --max_epsilon]), so episodes last from about 10 to 500 steps;
+  * the table's rate limiter (`gj.RateLimiter(min_size_to_sample=16, samples_per_insert=64, ...)`, kept
+    in the table's shared header, so the actors' processes obey it too): the learner calls
+    `table.await_samples(64)` before each update and `end_episode` waits while the learner is behind,
+    so a run trains on one new episode per update (64 windows per episode) whichever side is faster.
+    `--actor_rate` slows the actors down as a slower environment would; the learner then waits;
   * whole episodes inserted at once (`table.insert(batch, lengths=...)`): the held-out episodes;
   * one `jax.jit` learner step: `gj.sample_gather(table, key, B, window=W, short_episodes="skip")`
     draws B windows of W steps uniformly over every window start that fits inside an episode (windows
@@ -96,7 +101,10 @@ flags.DEFINE_integer("seed", 0, "seed of the actors, the models, the sampler and
 flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where the learner's jax runs (the actors use the CPU)")
 flags.DEFINE_integer("actors", 2, "actor processes, each stepping one environment")
 flags.DEFINE_integer(
-    "actor_rate", 2000, "environment steps per second each actor writes at most (0: as fast as it can)"
+    "actor_rate",
+    0,
+    "environment steps per second each actor writes at most, as a slower environment would (0: no cap "
+    "but the rate limiter's)",
 )
 flags.DEFINE_float(
     "max_epsilon", 1.0, "each episode takes a random action with a probability drawn uniformly up to this"
@@ -108,6 +116,13 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer("episodes", 1_000, "episodes the ring table's index holds")
 flags.DEFINE_integer("min_episodes", 16, "episodes in the table before the first update")
+flags.DEFINE_float(
+    "samples_per_episode",
+    64.0,
+    "windows the learner samples per episode the actors write, held by the table's rate limiter "
+    "(gj.RateLimiter's samples_per_insert): the learner waits when the actors fall behind, the actors "
+    "when the learner does, so what a run trains on does not depend on which is faster; 0: no limiter",
+)
 flags.DEFINE_integer("window", 16, "steps per sampled window")
 flags.DEFINE_integer("burn_in", 2, "first steps of each window that only warm the GRU (not in the loss)")
 flags.DEFINE_integer("batch_size", 64, "windows per update")
@@ -136,6 +151,7 @@ class Config:
     step_capacity: int
     episodes: int
     min_episodes: int
+    samples_per_episode: float
     window: int
     burn_in: int
     batch_size: int
@@ -226,7 +242,7 @@ def run_actor(
 
     `append` takes each step (a ring stages the episode natively and copies it into the ring at its end;
     a padded table's writer copies each step straight into the row it holds); `end_episode` publishes
-    the episode, which is never sampled before. `episodes` and `steps_written` are shared counters;
+    the episode, which is never sampled before, once the table's rate limiter admits it. `episodes` and `steps_written` are shared counters;
     `rate` caps the steps written per second (0: no cap), as a slower environment would.
     """
     jax.config.update("jax_platforms", "cpu")  # an actor never takes GPU memory from the learner
@@ -242,7 +258,8 @@ def run_actor(
                     step, ended = source.step()
                     writer.append(step)
                     if ended:
-                        writer.end_episode(priority=window_priority(kind, writer.steps, window))
+                        if not publish(writer, window_priority(kind, writer.steps, window), stop):
+                            return  # asked to stop while the limiter held the episode back
                         with episodes.get_lock():
                             episodes.value += 1
                 with steps_written.get_lock():
@@ -251,6 +268,32 @@ def run_actor(
                 stop.wait(max(0.0, due - time.monotonic()))
     finally:
         table.close()  # the writer gave back the episode it had open
+
+
+def publish(writer: gj.EpisodeWriter, priority: float, stop: Any) -> bool:
+    """Ends the writer's episode, waiting as long as the rate limiter holds it back (the learner is
+    behind) but no longer than `stop` is unset; returns whether the episode was published."""
+    while not stop.is_set():
+        try:
+            writer.end_episode(priority=priority, timeout=0.1)
+            return True
+        except gj.RateLimiterTimeout:
+            continue  # the episode stays staged; try again
+    return False  # closing the table abandons the staged episode
+
+
+def rate_limiter(config: Config) -> gj.RateLimiter | None:
+    """The learner's and the actors' shared pace: `samples_per_episode` windows sampled per episode
+    written, with a tolerance of 8 updates either way (or one update plus one episode's samples, if
+    larger); sampling starts once `min_episodes` episodes are in the table."""
+    if config.samples_per_episode <= 0:
+        return None
+    tolerance = max(8 * config.batch_size, config.batch_size + config.samples_per_episode)
+    return gj.RateLimiter(
+        min_size_to_sample=config.min_episodes,
+        samples_per_insert=config.samples_per_episode,
+        error_buffer=tolerance,
+    )
 
 
 class Actors:
@@ -303,6 +346,22 @@ class Actors:
                     f"the actors wrote {self.episodes.value} of {episodes} episodes in {self.timeout} s"
                 )
             time.sleep(0.05)
+
+    def await_samples(self, table: gj.Table, n: int) -> float:
+        """Waits until the table's rate limiter lets the learner sample `n` windows (checking that the
+        actors still run); returns the seconds waited."""
+        start = time.monotonic()
+        while True:
+            try:
+                table.await_samples(n, timeout=0.5)
+                return time.monotonic() - start
+            except gj.RateLimiterTimeout:
+                self.check()
+                if time.monotonic() - start > self.timeout:
+                    raise TimeoutError(
+                        f"the rate limiter held the learner for {self.timeout} s: the actors wrote "
+                        f"{self.episodes.value} episodes ({table.rate_limiter_counts()})"
+                    ) from None
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
@@ -447,7 +506,7 @@ def train(config: Config) -> dict[str, Any]:
     states = {name: TrainState(p, optimizer.init(p)) for name, p in params.items()}
 
     spec = make_spec(config.table, config.step_capacity, config.episodes)
-    table = gj.Table.create(spec)
+    table = gj.Table.create(spec, rate_limiter=rate_limiter(config))
     table_mib = table.nbytes / 2**20
     eval_table = None
     try:
@@ -480,9 +539,12 @@ def train(config: Config) -> dict[str, Any]:
             logging.info("%d episodes in the table: training starts", table.size)
             learner_step = make_learner_step(table, models, optimizer, config)
             masked_windows = jnp.zeros((), jnp.int32)  # summed on the device
+            waited = 0.0  # seconds the learner waited for the actors
+            steps_at_start = actors.steps.value
             start = time.perf_counter()
             progress = tqdm(range(1, config.steps + 1), desc="learner", unit="update", mininterval=0.5)
             for step in progress:
+                waited += actors.await_samples(table, config.batch_size)
                 states, metrics = learner_step(states, jax.random.fold_in(key_learn, step))
                 masked_windows = masked_windows + metrics["masked_windows"]
                 if step % 50 == 0 or step == config.steps:
@@ -503,6 +565,7 @@ def train(config: Config) -> dict[str, Any]:
             progress.close()
             seconds = time.perf_counter() - start
             episodes_during_training = actors.episodes.value - episodes_at_start
+            steps_during_training = actors.steps.value - steps_at_start
             table_episodes = table.size
         episodes, steps_written = actors.episodes.value, actors.steps.value
     finally:
@@ -523,11 +586,13 @@ def train(config: Config) -> dict[str, Any]:
         "actors": config.actors,
         "episodes": episodes,
         "episodes_during_training": episodes_during_training,
+        "steps_during_training": steps_during_training,
         "steps_written": steps_written,
         "table_episodes": table_episodes,
         "table_mib": f"{table_mib:.2f}",
         "updates_per_s": f"{config.steps / seconds:.1f}",
         "wall_s": f"{seconds:.1f}",
+        "learner_wait_s": f"{waited:.1f}",
     }
 
 
