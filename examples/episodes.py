@@ -242,8 +242,9 @@ def run_actor(
 
     `append` takes each step (a ring stages the episode natively and copies it into the ring at its end;
     a padded table's writer copies each step straight into the row it holds); `end_episode` publishes
-    the episode, which is never sampled before, once the table's rate limiter admits it. `episodes` and `steps_written` are shared counters;
-    `rate` caps the steps written per second (0: no cap), as a slower environment would.
+    the episode, which is never sampled before, once the table's rate limiter admits it. `episodes` and
+    `steps_written` are shared counters; `rate` caps the steps written per second (0: no cap), as a
+    slower environment would.
     """
     jax.config.update("jax_platforms", "cpu")  # an actor never takes GPU memory from the learner
     source = Episodes(seed, max_epsilon)

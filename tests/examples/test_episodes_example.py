@@ -2,10 +2,11 @@
 world model trains on windows of them.
 
 One run of the example checks that the actors, separate processes attached by name, wrote episodes step
-by step while the learner trained, as many as the table's rate limiter lets through for its updates, that the ring wrapped and held more episodes than a padded table of
-the same memory could, and that the GRU predicts the next observation of held-out episodes far better
-than the persistence forecast and than the same network without memory. Another, with actors slowed down,
-checks that the rate limiter then holds the learner back.
+by step while the learner trained, as many as the table's rate limiter lets through for its updates;
+that the ring wrapped and held more episodes than a padded table of the same memory could; and that the
+GRU predicts the next observation of held-out episodes far better than the persistence forecast and than
+the same network without memory. Another, with actors slowed down, checks that the rate limiter then
+holds the learner back.
 """
 
 from tests.helpers import examples
