@@ -6,6 +6,10 @@ What this shows:
     `gj.Table.attach(name)` and write episodes step by step with `table.writer()`: `append(step)` for
     every environment step, `end_episode(priority=length)` at its end, while the learner trains. The
     ring is small (100 episodes), so actors overwrite rows the learner may have just sampled;
+  * the table's rate limiter (`gj.RateLimiter(min_size_to_sample=8, samples_per_insert=256, ...)`, kept in
+    the table's shared header, so the actors' processes obey it too): the learner calls
+    `table.await_samples(64)` before each update, and `end_episode` waits while the learner is behind, so
+    a run trains on one new episode per 4 updates whichever side is faster;
   * one `jax.jit` learner step that samples windows (`gj.sample(..., window=16)`, prioritized by episode
     length so that windows are spread about uniformly over steps), gathers them (`gj.gather`: fields
     `[B, 16, ...]` and a `valid` mask, False for steps past an episode's end and for rows overwritten
@@ -42,7 +46,8 @@ balancing does not need every one of the controller's actions. `masked_steps` co
 memory model's windows that the valid mask left out over the run (episodes shorter than the window, rows
 overwritten between sample and gather): none with the default noise, 408 in a run with --epsilon=0.7
 --capacity=64 --steps=200 (short episodes). `table_size` counts committed rows; rows being rewritten (at
-most one per writer) are not. `wall_s` is the training loop's, compilation and evaluations included.
+most one per writer) are not. `wall_s` is the training loop's, compilation and evaluations included;
+`held_updates` counts the updates the rate limiter held back until the actors wrote more.
 """
 
 from __future__ import annotations
@@ -76,12 +81,17 @@ flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where the learner's jax r
 flags.DEFINE_integer("actors", 2, "actor processes")
 flags.DEFINE_integer("envs_per_actor", 4, "environments each actor steps in parallel (one writer each)")
 flags.DEFINE_integer("chunk", 50, "environment steps an actor computes per jitted call before writing them")
-flags.DEFINE_integer("actor_rate", 4000,
-                     "environment steps per second each actor writes at most (0: as fast as it can)")
+flags.DEFINE_integer("actor_rate", 0,
+                     "environment steps per second each actor writes at most, as a slower environment "
+                     "would (0: no cap but the rate limiter's)")
 flags.DEFINE_float("epsilon", 0.2,
                    "probability that an actor's action is random (the label stays the expert's)")
 flags.DEFINE_integer("capacity", 100, "rows (episodes) of the table; the oldest are overwritten")
 flags.DEFINE_integer("min_episodes", 8, "episodes in the table before the first update")
+flags.DEFINE_float("samples_per_episode", 256.0,
+                   "windows the learner samples per episode the actors write (4 updates of 64), held by "
+                   "the table's rate limiter (gj.RateLimiter's samples_per_insert): the learner waits when "
+                   "the actors fall behind, the actors when the learner does; 0: no limiter")
 flags.DEFINE_integer("window", 16, "steps per sampled window")
 flags.DEFINE_integer("batch_size", 64, "windows per update")
 flags.DEFINE_integer("hidden", 64, "units of the GRU and of the input layer")
@@ -108,6 +118,7 @@ class Config:
     epsilon: float
     capacity: int
     min_episodes: int
+    samples_per_episode: float
     window: int
     batch_size: int
     hidden: int
@@ -205,7 +216,8 @@ def run_actor(table_name: str, seed: int, num_envs: int, chunk: int, epsilon: fl
                 for e, writer in enumerate(writers):
                     writer.append({name: value[t, e] for name, value in steps.items()})
                     if done[t, e]:
-                        writer.end_episode(priority=writer.steps)
+                        if not publish(writer, stop):
+                            return  # asked to stop while the limiter held the episode back
                         with episodes.get_lock():
                             episodes.value += 1
             with steps_written.get_lock():
@@ -216,6 +228,30 @@ def run_actor(table_name: str, seed: int, num_envs: int, chunk: int, epsilon: fl
         for writer in writers:
             writer.close()  # gives back the row of an unfinished episode
         table.close()
+
+
+def publish(writer: gj.EpisodeWriter, stop: Any) -> bool:
+    """Ends the writer's episode (priority: its length), waiting as long as the rate limiter holds it
+    back (the learner is behind) but no longer than `stop` is unset; returns whether it was published."""
+    while not stop.is_set():
+        try:
+            writer.end_episode(priority=writer.steps, timeout=0.1)
+            return True
+        except gj.RateLimiterTimeout:
+            continue  # the episode stays in its row; try again
+    return False  # closing the writer gives the row back
+
+
+def rate_limiter(config: Config) -> gj.RateLimiter | None:
+    """The learner's and the actors' shared pace: `samples_per_episode` windows sampled per episode
+    written. The tolerance lets every writer end an episode at once (the actors' environments often end
+    theirs at the same step) and the learner run 8 updates ahead; sampling starts at `min_episodes`."""
+    if config.samples_per_episode <= 0:
+        return None
+    writers = config.actors * config.envs_per_actor
+    tolerance = max(8 * config.batch_size, config.batch_size + writers * config.samples_per_episode)
+    return gj.RateLimiter(min_size_to_sample=config.min_episodes,
+                          samples_per_insert=config.samples_per_episode, error_buffer=tolerance)
 
 
 class Actors:
@@ -255,6 +291,27 @@ class Actors:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the actors wrote {table.size} of {rows} episodes in {self.timeout} s")
             time.sleep(0.05)
+
+    def await_samples(self, table: gj.Table, n: int) -> bool:
+        """Waits until the table's rate limiter lets the learner sample `n` windows (checking that the
+        actors still run); returns whether it had to wait (the limiter did not admit them at once)."""
+        try:
+            table.await_samples(n, timeout=0)  # tries once
+            return False
+        except gj.RateLimiterTimeout:
+            pass
+        start = time.monotonic()
+        while True:
+            try:
+                table.await_samples(n, timeout=0.5)
+                return True
+            except gj.RateLimiterTimeout:
+                self.check()
+                if time.monotonic() - start > self.timeout:
+                    raise TimeoutError(
+                        f"the rate limiter held the learner for {self.timeout} s: the actors wrote "
+                        f"{self.episodes.value} episodes ({table.rate_limiter_counts()})"
+                    ) from None
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
@@ -378,7 +435,7 @@ def train(config: Config) -> None:
         return {name: float(jnp.mean(evaluate(s.params, key_eval, memory=name == "memory")))
                 for name, s in states.items()}
 
-    table = gj.Table.create(make_spec(config.capacity))
+    table = gj.Table.create(make_spec(config.capacity), rate_limiter=rate_limiter(config))
     try:
         with Actors(table, config) as actors:
             logging.info("started %d actor processes writing into table %s", config.actors, table.name)
@@ -388,9 +445,12 @@ def train(config: Config) -> None:
             learner_step = make_learner_step(table, model, optimizer, config)
             evals: list[tuple[int, dict[str, float]]] = []
             masked_steps = jnp.zeros((), jnp.int32)  # of the memory model's windows, summed on the device
+            held = 0  # updates the rate limiter held back until the actors wrote more
             start = time.perf_counter()
             progress = tqdm(range(1, config.steps + 1), desc="learner", unit="update", mininterval=0.5)
             for step in progress:
+                # The memory model's windows are the ones counted (the baseline's are a side experiment).
+                held += actors.await_samples(table, config.batch_size)
                 states, metrics = learner_step(states, jax.random.fold_in(key_learn, step))
                 masked_steps = masked_steps + metrics["memory"]["masked_steps"]
                 if step % 50 == 0 or step == config.steps:
@@ -423,7 +483,7 @@ def train(config: Config) -> None:
         f"updates={config.steps} window={config.window} actors={config.actors} episodes={episodes} "
         f"episodes_during_training={episodes_during_training} steps_written={steps_written} "
         f"table_size={table_size} capacity={config.capacity} updates_per_s={config.steps / seconds:.1f} "
-        f"wall_s={seconds:.1f}"
+        f"wall_s={seconds:.1f} held_updates={held}"
     )
 
 

@@ -44,9 +44,11 @@ def test_actors_write_episodes_and_the_world_model_needs_its_memory():
 
 def test_slow_actors_hold_the_learner_back():
     # Actors capped at 2,000 steps per second each write about 16 episodes a second, far fewer than the
-    # learner's updates a second: the rate limiter makes the learner wait for them, and still takes
-    # one episode per update. Measured, twice: episodes=108, learner_wait_s 5.4 of wall_s 6.4.
+    # learner's updates a second: the rate limiter makes the learner wait for them, and still takes one
+    # episode per update. Measured, three runs: episodes=108, held_updates 49, 55, 59 of 100 (the first
+    # 16 or so ride on the episodes written before training; each later one needs a new episode).
+    # Fewer than 20 would need a learner slower than the actors, about 60 ms an update (3-5 ms here).
     fields = run_example("--steps=100", "--eval_every=100", "--actor_rate=2000", "--seed=0")
     summary = {k: float(v) for k, v in fields.items() if k != "table"}
     assert 100 + 16 - 8 <= summary["episodes"] <= 100 + 16 + 8
-    assert summary["learner_wait_s"] > 0.5 * summary["wall_s"]
+    assert summary["held_updates"] >= 20

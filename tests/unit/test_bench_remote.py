@@ -119,22 +119,38 @@ def test_reverb_sweep() -> None:
     assert any(n.startswith(f"{ri.REVERB_BUFFERED} versions") and "no flush" in n for n in notes)
 
 
-class FakeBufferedServer:
-    """Rows a buffered call keeps until `flush`, which takes `flush_s` to deliver them."""
+class FakeClock:
+    """`remote_sweep`'s `time`: a perf_counter that only the fake calls and flushes advance (times in
+    binary fractions, so that sums are exact), and the real monotonic clock (the coordinator's waits)."""
 
-    def __init__(self, flush_s: float):
-        self.flush_s, self.kept, self.held, self.flushes = flush_s, 0, 0, 0
+    def __init__(self):
+        self.now, self.monotonic = 0.0, time.monotonic
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class FakeBufferedServer:
+    """Rows a buffered call keeps (taking `call_s` on `clock`) until `flush`, which takes `flush_s` to
+    deliver them."""
+
+    def __init__(self, clock: FakeClock, call_s: float, flush_s: float):
+        self.clock, self.call_s, self.flush_s = clock, call_s, flush_s
+        self.kept, self.held, self.flushes = 0, 0, 0
 
     def call(self) -> None:
+        self.clock.now += self.call_s
         self.kept += 3
 
     def flush(self) -> None:
-        time.sleep(self.flush_s)
+        self.clock.now += self.flush_s
         self.held, self.kept, self.flushes = self.held + self.kept, 0, self.flushes + 1
 
 
-def test_buffered_calls_flush_after_the_warmup_and_inside_the_timed_window() -> None:
-    server = FakeBufferedServer(flush_s=0.15)
+def test_buffered_calls_flush_after_the_warmup_and_inside_the_timed_window(monkeypatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(remote_sweep, "time", clock)  # the sweep's times, whatever the machine's load
+    server = FakeBufferedServer(clock, call_s=1 / 64, flush_s=1 / 4)
     sweep = remote_sweep.points([3], [8])
     barrier, results = threading.Barrier(2), queue.Queue()
 
@@ -142,15 +158,16 @@ def test_buffered_calls_flush_after_the_warmup_and_inside_the_timed_window() -> 
         return contextlib.nullcontext(remote_sweep.Buffered(server.call, server.flush))
 
     actor = threading.Thread(
-        target=remote_sweep.run_actor, args=(0, open_point, sweep, 0.05, barrier, results)
+        target=remote_sweep.run_actor, args=(0, open_point, sweep, 4 / 64, barrier, results)
     )
     actor.start()
     [summary] = remote_sweep.coordinate(1, sweep, barrier, results, lambda p: server.held)
     actor.join()
     assert server.flushes == 2 and server.kept == 0  # after the warmup, and after the timed calls
-    assert summary["rows_received"] == summary["rows_sent"] == summary["rows_timed"] + 3 * 2
-    assert summary["wall_s"] >= 0.05 + 0.15  # the final flush counts in the point's wall time
-    assert max(summary["latencies_s"]) < 0.15  # and in no call's latency
+    assert summary["calls_per_actor"] == [4]  # until 4 / 64 s passed since the release
+    assert summary["rows_received"] == summary["rows_sent"] == summary["rows_timed"] + 3 * 2 == 18
+    assert summary["wall_s"] == 4 / 64 + 1 / 4  # the final flush counts in the point's wall time
+    assert summary["latencies_s"].tolist() == [1 / 64] * 4  # and in no call's latency
 
 
 def test_the_remote_suite_shows_gear_jax_remote_as_its_gear_jax(tmp_path, monkeypatch) -> None:
