@@ -47,7 +47,8 @@ Run:
 
 With --num_processes=N and no --process_id, the script is the launcher: it picks a free port on
 127.0.0.1 and re-executes itself N times with --process_id=i --coordinator_address=127.0.0.1:PORT,
-bounds each process by --timeout, and kills them all if one fails. SIGTERM (or Ctrl-C) to the launcher
+bounds each process by --timeout, and ends them all if one fails (SIGTERM, then SIGKILL for those still
+running after --stop_grace seconds). SIGTERM (or Ctrl-C) to the launcher
 ends the job the same way; SIGTERM to a process (the launcher's, or a cluster scheduler's) makes it close
 its actors and shards and leave at once, with exit code 143, without jax.distributed's shutdown barrier
 (which would wait minutes for processes that are ending too); one process of one test run in a loaded CI
@@ -125,6 +126,9 @@ flags.DEFINE_bool("cluster_detection", False,
 flags.DEFINE_integer("devices_per_process", 1, "CPU devices (shards) per process (--platform=cpu)")
 flags.DEFINE_enum("platform", "cpu", ["cpu", "cuda"], "where the learner runs (actors use the CPU)")
 flags.DEFINE_integer("timeout", 600, "launcher: seconds each process may run before all are killed")
+flags.DEFINE_float("stop_grace", 10.0,
+                   "launcher: seconds the processes get, all together, to end once told to stop (SIGTERM) "
+                   "before the launcher kills them")
 flags.DEFINE_string("table_name", None,
                     "name of the sharded table (its shards: NAME.shard<s>); default: drawn by process 0")
 flags.DEFINE_integer("init_timeout", 300, "seconds jax.distributed.initialize waits for every process")
@@ -855,7 +859,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(num_processes: int, timeout: float) -> int:
+def launch(num_processes: int, timeout: float, stop_grace: float) -> int:
     """Runs `num_processes` copies of this script as one jax.distributed job on 127.0.0.1; returns the
     exit status (0 when every process succeeded). All are ended when one fails or time runs out."""
     set_log_prefix("[launcher]")
@@ -893,9 +897,10 @@ def launch(num_processes: int, timeout: float) -> int:
         for p in procs:
             if p.poll() is None:
                 p.terminate()  # SIGTERM: the process closes its actors and shards
+        grace_ends = time.monotonic() + stop_grace
         for p in procs:
             try:
-                p.wait(10)
+                p.wait(max(grace_ends - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
@@ -917,7 +922,7 @@ def main(argv: list[str]) -> None:
     num_processes = FLAGS.num_processes
     joining = FLAGS.coordinator_address is not None or FLAGS.cluster_detection
     if not joining and FLAGS.process_id is None and num_processes is not None and num_processes > 1:
-        sys.exit(launch(num_processes, FLAGS.timeout))
+        sys.exit(launch(num_processes, FLAGS.timeout, FLAGS.stop_grace))
     if not FLAGS.cluster_detection and (FLAGS.coordinator_address is None) != (FLAGS.process_id is None):
         raise app.UsageError("--coordinator_address and --process_id go together (with --num_processes), "
                              "or pass --cluster_detection")
