@@ -3,11 +3,16 @@ more, such as prioritized batches of 1,024 picks and more and gathers of 512 KiB
 256 picks and of about 128 KiB). Whatever the split, the result must be the one
 of a single thread: each pick's draws depend on its index alone, and each range writes its own rows."""
 
+import time
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import gear_jax as gj
 from tests.helpers.processes import start_uniform_writers
+from tests.helpers.tables import held_rows
+from tests.helpers.waits import wait_until
 
 TIMEOUT = 120  # seconds a writer process may take to finish
 
@@ -72,15 +77,33 @@ def test_large_window_gathers_match_the_rows(make_table):
 def test_a_large_gather_never_yields_torn_valid_rows_under_concurrent_writers(make_table):
     """Two processes overwrite a 64-row ring while this one gathers all 64 rows of 16 KiB (1 MiB, 8
     ranges over the threads): every row a writer commits holds one value, so a valid row that mixes
-    two writes would be a torn read."""
+    two writes would be a torn read, and an invalid row must be zeroed.
+
+    The gathers start once a writer has committed a row and go on until the writers exit. Whether one
+    also lands in the middle of a write is up to the scheduler, so invalid rows are counted, not required
+    (runs capped at 5,000 batches saw as few as 20 of 320,000).
+    test_rows_held_mid_write_gather_invalid_and_zeroed_in_every_range makes that case every time."""
     width = 4096
     table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=64)
     table.insert({"v": np.zeros((64, width), np.int32)})
-    writers = start_uniform_writers(table, width, seconds=3.0)
+
+    def committed():
+        return int(table.row_status()["insert_seq"].max())  # the last commit order number
+
+    def exited():
+        return all(w.poll() is not None for w in writers)
+
     step = jax.jit(lambda k: gj.sample_gather(table, k, 64)[1])
+    jax.block_until_ready(step(jax.random.key(0)))  # compiled before the writers start
+    before = committed()
+    writers = start_uniform_writers(table, width, seconds=3.0)
     valid_rows = invalid_rows = batches = 0
     try:
-        while any(w.poll() is None for w in writers) and batches < 5_000 and invalid_rows < 200:
+        # The writers take about a second to start (a fresh interpreter importing jax).
+        wait_until(lambda: committed() > before or exited(), TIMEOUT, "a writer's first commit")
+        first = committed()
+        deadline = time.monotonic() + TIMEOUT  # the writers stop after 3 s; this only bounds a hang
+        while not exited() and time.monotonic() < deadline:
             batch = step(jax.random.key(batches))
             v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
             assert (v == v[:, :1]).all(axis=1)[ok].all(), "a valid row mixes two writes"
@@ -88,10 +111,39 @@ def test_a_large_gather_never_yields_torn_valid_rows_under_concurrent_writers(ma
             valid_rows += int(ok.sum())
             invalid_rows += int((~ok).sum())
             batches += 1
+        last = committed()
     finally:
         for w in writers:
             w.wait(timeout=TIMEOUT)
     assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
-    print(f"{batches} batches, {valid_rows} valid rows, {invalid_rows} invalid rows")
+    print(f"{batches} batches, {valid_rows} valid, {invalid_rows} invalid rows, commits {first} -> {last}")
+    assert last > first, "the writers made no progress while this process gathered"
     assert valid_rows > 0
-    assert invalid_rows > 0, "no read overlapped a write: the test did not exercise the seqlock"
+
+
+def test_rows_held_mid_write_gather_invalid_and_zeroed_in_every_range(make_table):
+    """The case the race above cannot force, in each of the 8 ranges of a 1 MiB gather: 8 writers claim
+    rows 0 to 7 and write them without publishing, and a gather of picks made before the claims, ordered
+    so that one held row opens each range of 8 picks, must report exactly those picks invalid and zeroed
+    (although the rows' memory holds the writers' data) and copy every other row whole."""
+    table = filled(make_table, 64, 4096)  # row r holds r in every element
+    before = gj.sample(table, jax.random.key(5), 64, method="fifo")
+    np.testing.assert_array_equal(np.asarray(before.indices), np.arange(64))
+    order = np.arange(64).reshape(8, 8).T.reshape(-1)  # picks 8k, 8k + 1, ... : rows k, k + 8, ...
+    fields = (before.indices, before.generations, before.probabilities, before.starts)
+    picks = gj.Sample(*(jnp.asarray(np.asarray(a)[order]) for a in fields))
+    writers = [table.writer() for _ in range(8)]
+    try:
+        for w in writers:
+            w.append({"v": np.full(4096, -1, np.int32)})  # claims the ring's next row: rows 0 to 7
+        np.testing.assert_array_equal(held_rows(table), np.arange(8))
+        assert (table.columns["v"][:8] == -1).all()  # written, not published
+        batch = jax.jit(lambda s: gj.gather(table, s))(picks)
+        valid, v = np.asarray(batch["valid"]), np.asarray(batch["v"])
+        opens_a_range = np.arange(64) % 8 == 0
+        np.testing.assert_array_equal(valid, ~opens_a_range)
+        assert (v[opens_a_range] == 0).all(), "an invalid row was not zeroed"
+        np.testing.assert_array_equal(v[~opens_a_range], np.repeat(order[~opens_a_range, None], 4096, axis=1))
+    finally:
+        for w in writers:
+            w.close()
