@@ -23,28 +23,30 @@ baseline, the same model trained on windows of one step, learns what a memoryles
 evaluated greedily in the environment from partial observations (the GRU carries its state through the
 episode; the baseline starts from a zero state every step), beside the untrained model.
 
-Run (CPU by default; 25 to 60 s on this project's 2-core machine, depending on its load):
+Run (CPU by default; about 16 s on this project's 2-core machine, start-up included):
 
     python examples/trajectories.py
     python examples/trajectories.py --smoke        # a tiny run
 
 It logs with absl.logging, shows a progress bar while training, and prints a summary line last. With the
-default flags, seed 0 printed (the table's name is random):
+default flags, seed 0 printed (the table's name is random; the counts of episodes are the rate
+limiter's, the same on any machine give or take its tolerance of 8):
     untrained policy: eval_return=9.3
-    started 2 actor processes writing into table gear_jax_918e31b4b135f9391a74a9e359887b4f
-    8 episodes in the table: training starts
-    update 500: memory eval_return=500.0, memoryless eval_return=39.4; 219 episodes written
-    update 1000: memory eval_return=500.0, memoryless eval_return=40.9; 299 episodes written
-    update 1500: memory eval_return=500.0, memoryless eval_return=39.8; 372 episodes written
-    summary: eval_return=500.0 memoryless_eval_return=39.8 initial_eval_return=9.3 accuracy=0.843
-        memoryless_accuracy=0.516 final_loss=0.3716 masked_steps=0 updates=1500 window=16 actors=2
-        episodes=372 episodes_during_training=364 steps_written=186800 table_size=92 capacity=100
-        updates_per_s=65.8 wall_s=22.8
-Seeds 1-4 also ended at eval_return=500.0 (the maximum), the baseline at 41.4-44.4. `accuracy` (over
+    started 2 actor processes writing into table gear_jax_d61d74dd8bfb1b2efa50a965727bee90
+    16 episodes in the table: training starts
+    update 500: memory eval_return=500.0, memoryless eval_return=41.6; 141 episodes written
+    update 1000: memory eval_return=500.0, memoryless eval_return=41.2; 266 episodes written
+    update 1500: memory eval_return=500.0, memoryless eval_return=39.2; 391 episodes written
+    summary: eval_return=500.0 memoryless_eval_return=39.2 initial_eval_return=9.3 accuracy=0.860
+        memoryless_accuracy=0.500 final_loss=0.3375 masked_steps=16 updates=1500 window=16 actors=2
+        episodes=391 episodes_during_training=375 steps_written=196200 table_size=92 capacity=100
+        updates_per_s=235.9 wall_s=6.4 held_updates=0
+Seeds 1-4 also ended at eval_return=500.0 (the maximum), the baseline at 41.6-45.3 (runs in a fresh
+venv made by the README's test command, 2026-11-27). `accuracy` (over
 the valid steps of the last batch) stays near 0.8 while the policy balances the pole for all 500 steps:
 balancing does not need every one of the controller's actions. `masked_steps` counts the steps of the
 memory model's windows that the valid mask left out over the run (episodes shorter than the window, rows
-overwritten between sample and gather): none with the default noise, 408 in a run with --epsilon=0.7
+overwritten between sample and gather): 16 in the run above, 609 in a run with --epsilon=0.7
 --capacity=64 --steps=200 (short episodes). `table_size` counts committed rows; rows being rewritten (at
 most one per writer) are not. `wall_s` is the training loop's, compilation and evaluations included;
 `held_updates` counts the updates the rate limiter held back until the actors wrote more.
