@@ -187,7 +187,17 @@ def close_raw_clients():
         RAW_CLIENTS.pop().close()
 
 
+class RefusedStream:
+    """A stream the server ended as it opened: gRPC reports that refusal at `do_put` itself or at the
+    first message, depending on which comes first on the wire (a loaded machine showed both)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
 def raw_stream(server, shard=None, schema=None, token=None, command=None):
+    """A Flight stream to `server` made by hand: (client, writer, answers), or (client, RefusedStream,
+    None) when the server refused it at once."""
     client = flight.FlightClient(server.address)
     RAW_CLIENTS.append(client)
     headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
@@ -195,9 +205,12 @@ def raw_stream(server, shard=None, schema=None, token=None, command=None):
     layout = server.layouts[shard]
     if command is None:
         command = json.dumps({"protocol": 1, "shard": shard, "spec": layout.spec.spec_hash}).encode()
-    writer, answers = client.do_put(
-        flight.FlightDescriptor.for_command(command), schema or layout.schema, options
-    )
+    try:
+        writer, answers = client.do_put(
+            flight.FlightDescriptor.for_command(command), schema or layout.schema, options
+        )
+    except flight.FlightError as e:
+        return client, RefusedStream(e), None
     return client, writer, answers
 
 
@@ -209,6 +222,8 @@ def good_batch(server, n=2):
 
 def send(writer, answers, batch, meta):
     """One message; the server's answer (a dict), or the error that ended the stream."""
+    if isinstance(writer, RefusedStream):
+        return {"ended": True, "error": str(writer.error)}
     raw = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
     try:
         writer.write_with_metadata(batch, pa.py_buffer(raw))
