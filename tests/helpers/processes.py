@@ -15,6 +15,19 @@ def start_python(code: str, *args: str) -> subprocess.Popen:
     )
 
 
+def hold_a_row(table, then: str, step: str = '{"x": 1}') -> str:
+    """Code for a process that attaches to `table`, starts an episode with one step (`step`: the source
+    of the step's dict, `np` being numpy), prints the row it holds, then runs `then`."""
+    return f"""
+        import os, time, numpy as np, gear_jax as gj
+        t = gj.Table.attach({table.name!r})
+        w = t.writer()
+        w.append({step})
+        print(int(np.flatnonzero(t.row_status()["generation"] % 2 == 1)[0]), flush=True)  # the row held
+        {then}
+    """
+
+
 def start_uniform_writers(table, width, seconds, bases=(0, 1_000_000)):
     """One process per base that attaches to `table` (a field "v" of `width` int32) and, for `seconds`,
     inserts one row at a time holding a single value in every element (base + 1, base + 2, ...), so

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from tests.helpers.processes import start_python, start_uniform_writers
+from tests.helpers.processes import hold_a_row, start_python, start_uniform_writers
 from tests.helpers.waits import wait_until
 
 pytestmark = pytest.mark.multiprocess
@@ -24,18 +24,6 @@ def run_python(code: str, timeout: float = TIMEOUT) -> subprocess.CompletedProce
     )
     assert done.returncode == 0, done.stderr
     return done
-
-
-def hold_a_row(table, then: str) -> str:
-    """Code for a process that attaches, starts an episode of one step, prints its row, then runs `then`."""
-    return f"""
-        import os, time, numpy as np, gear_jax as gj
-        t = gj.Table.attach({table.name!r})
-        w = t.writer()
-        w.append({{"x": 1}})
-        print(int(np.flatnonzero(t.row_status()["generation"] % 2 == 1)[0]), flush=True)  # the row held
-        {then}
-    """
 
 
 def test_second_process_inserts_rows_the_first_samples(make_table):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from tests.helpers.processes import start_python, start_uniform_writers
+from tests.helpers.processes import hold_a_row, start_python, start_uniform_writers
 from tests.helpers.tables import held_row, transitions
 from tests.helpers.waits import wait_until
 
@@ -343,17 +343,14 @@ def test_a_row_another_process_holds_is_skipped_by_jit_inserts_and_gathers_inval
         s = gj.sample(table, key, 8, after=rows)
         return rows, s.indices, gj.gather(table, s)
 
-    holder = start_python(f"""
-        import time, numpy as np, gear_jax as gj
-        t = gj.Table.attach({table.name!r})
-        w = t.writer()
-        w.append({{"v": np.full(4, 1, np.int32)}})  # claims the ring's next row, writes its first step
-        print("holding", flush=True)
-        time.sleep({TIMEOUT})
-    """)  # alive until killed below
+    # Claims the ring's next row and writes its first step; alive until killed below.
+    code = hold_a_row(table, then=f"time.sleep({TIMEOUT})", step='{"v": np.full(4, 1, np.int32)}')
+    holder = start_python(code)
     try:
-        assert holder.stdout.readline() == "holding\n", holder.stderr.read()
-        held = held_row(table)
+        line = holder.stdout.readline()
+        assert line, holder.stderr.read()
+        held = int(line)
+        assert held == held_row(table)
         np.testing.assert_array_equal(table.columns["v"][held][:, 0], [1, 7, 7])  # half rewritten
         batch = jax.jit(lambda s: gj.gather(table, s))(before)
         valid, v = np.asarray(batch["valid"]), np.asarray(batch["v"])
