@@ -5,10 +5,12 @@ import sys
 import textwrap
 
 
-def start_python(code: str, *args: str) -> subprocess.Popen:
-    """Starts `code` (dedented) in a fresh interpreter with `args` in sys.argv; stdout and stderr piped."""
+def start_python(code: str, *args: str, stdin: bool = False) -> subprocess.Popen:
+    """Starts `code` (dedented) in a fresh interpreter with `args` in sys.argv; stdout and stderr piped,
+    and stdin too with `stdin=True` (for a process that waits to be told to go on)."""
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdin=subprocess.PIPE if stdin else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -3,7 +3,6 @@ settings, counts, waits that end by admission, timeout or close, and the ratio k
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 import types
@@ -451,25 +450,18 @@ except KeyboardInterrupt:
 def test_samples_wait_for_the_minimum_size_inserted_by_another_process(make_table):
     table = limited(make_table, min_size_to_sample=10)
     assert not table.can_sample(1)
-    inserter = subprocess.Popen(  # start_python's, with a stdin to say "go" on
-        [
-            sys.executable,
-            "-c",
-            f"""
-import sys, time, numpy as np, gear_jax as gj
-t = gj.Table.attach({table.name!r})
-print(t.rate_limiter, flush=True)
-assert sys.stdin.readline() == "go\\n"  # no insert before the test has seen the table too small
-for i in range(10):
-    time.sleep(0.05)
-    t.add({{"x": i}})
-t.close()
-""",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    inserter = start_python(
+        f"""
+        import sys, time, numpy as np, gear_jax as gj
+        t = gj.Table.attach({table.name!r})
+        print(t.rate_limiter, flush=True)
+        assert sys.stdin.readline() == "go\\n"  # no insert before the test has seen the table too small
+        for i in range(10):
+            time.sleep(0.05)
+            t.add({{"x": i}})
+        t.close()
+        """,
+        stdin=True,
     )
     assert inserter.stdout.readline().strip() == repr(table.rate_limiter)
     assert not table.can_sample(1)  # attached, nothing inserted yet
