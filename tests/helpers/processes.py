@@ -1,8 +1,12 @@
 """Other Python processes for tests: code run in a fresh interpreter, and writers racing a reader."""
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
+import time
+
+from tests.helpers.waits import wait_until
 
 
 def start_python(code: str, *args: str, stdin: bool = False) -> subprocess.Popen:
@@ -49,3 +53,53 @@ def start_uniform_writers(table, width, seconds, bases=(0, 1_000_000)):
         )
         for base in bases
     ]
+
+
+@dataclasses.dataclass
+class Race:
+    """What `read_while_uniform_writers_write` saw: batches read, rows valid and invalid in them, and the
+    table's last commit order number when the reads started and when they ended."""
+
+    batches: int = 0
+    valid_rows: int = 0
+    invalid_rows: int = 0
+    first_commit: int = 0
+    last_commit: int = 0
+
+
+def read_while_uniform_writers_write(table, width, read, seconds, bases=(0, 1_000_000), timeout=120):
+    """Races `read(i)` (i = 0, 1, ...: a jitted read, compiled beforehand) against
+    `start_uniform_writers(table, width, seconds, bases)`; `read` returns a batch's "v" [B, width] and
+    "valid" [B] as numpy arrays. The reads start at the writers' first commit (a fresh interpreter takes
+    about a second to import jax) and go on until the writers exit (`timeout` only bounds a hang). Every
+    batch is checked: no valid row mixes two writes, every invalid row is zeroed. Whether a read lands in
+    the middle of a write is the scheduler's choice, so invalid rows are counted, not required."""
+
+    def committed():
+        return int(table.row_status()["insert_seq"].max())  # the last commit order number
+
+    def exited():
+        return all(w.poll() is not None for w in writers)
+
+    race = Race()
+    before = committed()
+    writers = start_uniform_writers(table, width, seconds, bases)
+    try:
+        wait_until(lambda: committed() > before or exited(), timeout, "a writer's first commit")
+        race.first_commit = committed()
+        deadline = time.monotonic() + timeout
+        while not exited() and time.monotonic() < deadline:
+            v, ok = read(race.batches)
+            assert (v == v[:, :1]).all(axis=1)[ok].all(), "a valid row mixes two writes"
+            assert (v[~ok] == 0).all(), "an invalid row was not zeroed"
+            race.valid_rows += int(ok.sum())
+            race.invalid_rows += int((~ok).sum())
+            race.batches += 1
+        race.last_commit = committed()
+    finally:
+        for w in writers:
+            w.wait(timeout=timeout)
+    assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
+    print(f"{race.batches} batches, {race.valid_rows} valid, {race.invalid_rows} invalid rows, commits "
+          f"{race.first_commit} -> {race.last_commit}")
+    return race

@@ -3,15 +3,13 @@
 import subprocess
 import sys
 import textwrap
-import time
 
 import jax
 import numpy as np
 import pytest
 
 import gear_jax as gj
-from tests.helpers.processes import hold_a_row, start_python, start_uniform_writers
-from tests.helpers.waits import wait_until
+from tests.helpers.processes import hold_a_row, read_while_uniform_writers_write, start_python
 
 pytestmark = pytest.mark.multiprocess
 TIMEOUT = 120
@@ -57,39 +55,16 @@ def test_concurrent_writers_never_yield_torn_valid_rows(make_table):
     table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=8)
     table.insert({"v": np.zeros((8, width), np.int32)})
 
-    def committed():
-        return int(table.row_status()["insert_seq"].max())  # the last commit order number
-
-    def exited():
-        return all(w.poll() is not None for w in writers)
-
     step = jax.jit(lambda k: gj.gather(table, gj.sample(table, k, 8)))
     jax.block_until_ready(step(jax.random.key(0)))  # compiled before the writers start
-    before = committed()
-    writers = start_uniform_writers(table, width, seconds=3.0)
-    valid_rows = invalid_rows = batches = 0
-    try:
-        # The writers take about a second to start (a fresh interpreter importing jax): count from their
-        # first commit, not from here.
-        wait_until(lambda: committed() > before or exited(), TIMEOUT, "a writer's first commit")
-        first = committed()
-        deadline = time.monotonic() + TIMEOUT  # the writers stop after 3 s; this only bounds a hang
-        while not exited() and time.monotonic() < deadline:
-            batch = step(jax.random.key(batches))
-            v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
-            assert (v == v[:, :1]).all(axis=1)[ok].all(), "a valid row mixes two writes"
-            assert (v[~ok] == 0).all(), "an invalid row was not zeroed"
-            valid_rows += int(ok.sum())
-            invalid_rows += int((~ok).sum())
-            batches += 1
-        last = committed()
-    finally:
-        for w in writers:
-            w.wait(timeout=TIMEOUT)
-    assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
-    print(f"{batches} batches, {valid_rows} valid, {invalid_rows} invalid rows, commits {first} -> {last}")
-    assert last > first, "the writers made no progress while this process sampled"
-    assert valid_rows > 0
+
+    def read(i):
+        batch = step(jax.random.key(i))
+        return np.asarray(batch["v"]), np.asarray(batch["valid"])
+
+    race = read_while_uniform_writers_write(table, width, read, seconds=3.0, timeout=TIMEOUT)
+    assert race.last_commit > race.first_commit, "the writers made no progress while this process sampled"
+    assert race.valid_rows > 0
     assert table.row_status()["generation"].min() >= 2
 
 

@@ -1,7 +1,6 @@
 """`gj.insert` inside jitted programs: byte-exact rows, lax.scan, ordering with sample and
 update_priorities, the largest priority so far, concurrent writers in other processes, and bad input."""
 
-import time
 
 import jax
 import jax.numpy as jnp
@@ -10,9 +9,8 @@ import numpy as np
 import pytest
 
 import gear_jax as gj
-from tests.helpers.processes import hold_a_row, start_python, start_uniform_writers
+from tests.helpers.processes import hold_a_row, read_while_uniform_writers_write, start_python
 from tests.helpers.tables import held_row, transitions
-from tests.helpers.waits import wait_until
 
 TIMEOUT = 120
 
@@ -292,38 +290,21 @@ def test_jit_inserts_and_writers_in_other_processes_never_yield_torn_valid_rows(
         s = gj.sample(table, key, 8, after=rows)
         return gj.gather(table, s)
 
-    def commits():
-        return int(table.row_status()["insert_seq"].max())  # the last commit order number
-
-    def exited():
-        return all(w.poll() is not None for w in writers)
-
     jax.block_until_ready(step(jax.random.key(0), jnp.int32(0)))  # compiled before the writers start
-    mine_so_far = commits()
-    writers = start_uniform_writers(table, width, seconds=4.0, bases=(1_000_000, 2_000_000))
-    valid_rows = invalid_rows = mine = theirs = 0
-    try:
-        # The writers take about a second to start (a fresh interpreter importing jax): wait for the
-        # first row one of them commits.
-        wait_until(lambda: commits() > mine_so_far or exited(), TIMEOUT, "a writer's first commit")
-        i, deadline = 0, time.monotonic() + TIMEOUT  # the writers stop after 4 s; this only bounds a hang
-        while not exited() and time.monotonic() < deadline:
-            batch = step(jax.random.key(i), jnp.int32(3_000_000 + 4 * i))
-            v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
-            assert (v == v[:, :1]).all(axis=1)[ok].all(), "a valid row mixes two writes"
-            assert (v[~ok] == 0).all(), "an invalid row was not zeroed"
-            valid_rows += int(ok.sum())
-            invalid_rows += int((~ok).sum())
-            mine += int(((v[:, 0] >= 3_000_000) & ok).sum())
-            theirs += int(((v[:, 0] >= 1_000_000) & (v[:, 0] < 3_000_000) & ok).sum())
-            i += 1
-    finally:
-        for w in writers:
-            w.wait(timeout=TIMEOUT)
-    assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
-    print(f"{i} steps, {valid_rows} valid rows ({mine} from jit inserts, {theirs} from the writers), "
-          f"{invalid_rows} invalid")
-    assert mine > 0 and theirs > 0, "both kinds of writer must have been read"
+    read_valid = {"mine": 0, "theirs": 0}  # rows read valid, from the jit inserts and from the writers
+
+    def read(i):
+        batch = step(jax.random.key(i), jnp.int32(3_000_000 + 4 * i))
+        v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
+        read_valid["mine"] += int(((v[:, 0] >= 3_000_000) & ok).sum())
+        read_valid["theirs"] += int(((v[:, 0] >= 1_000_000) & (v[:, 0] < 3_000_000) & ok).sum())
+        return v, ok
+
+    read_while_uniform_writers_write(
+        table, width, read, seconds=4.0, bases=(1_000_000, 2_000_000), timeout=TIMEOUT
+    )
+    print(f"rows read valid: {read_valid}")
+    assert read_valid["mine"] > 0 and read_valid["theirs"] > 0, "both kinds of writer must have been read"
 
 
 @pytest.mark.multiprocess

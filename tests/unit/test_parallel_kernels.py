@@ -3,16 +3,14 @@ more, such as prioritized batches of 1,024 picks and more and gathers of 512 KiB
 256 picks and of about 128 KiB). Whatever the split, the result must be the one
 of a single thread: each pick's draws depend on its index alone, and each range writes its own rows."""
 
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import gear_jax as gj
-from tests.helpers.processes import start_uniform_writers
+from tests.helpers.processes import read_while_uniform_writers_write
 from tests.helpers.tables import held_rows
-from tests.helpers.waits import wait_until
 
 TIMEOUT = 120  # seconds a writer process may take to finish
 
@@ -87,38 +85,16 @@ def test_a_large_gather_never_yields_torn_valid_rows_under_concurrent_writers(ma
     table = make_table(fields={"v": gj.Field((width,), "int32")}, capacity=64)
     table.insert({"v": np.zeros((64, width), np.int32)})
 
-    def committed():
-        return int(table.row_status()["insert_seq"].max())  # the last commit order number
-
-    def exited():
-        return all(w.poll() is not None for w in writers)
-
     step = jax.jit(lambda k: gj.sample_gather(table, k, 64)[1])
     jax.block_until_ready(step(jax.random.key(0)))  # compiled before the writers start
-    before = committed()
-    writers = start_uniform_writers(table, width, seconds=3.0)
-    valid_rows = invalid_rows = batches = 0
-    try:
-        # The writers take about a second to start (a fresh interpreter importing jax).
-        wait_until(lambda: committed() > before or exited(), TIMEOUT, "a writer's first commit")
-        first = committed()
-        deadline = time.monotonic() + TIMEOUT  # the writers stop after 3 s; this only bounds a hang
-        while not exited() and time.monotonic() < deadline:
-            batch = step(jax.random.key(batches))
-            v, ok = np.asarray(batch["v"]), np.asarray(batch["valid"])
-            assert (v == v[:, :1]).all(axis=1)[ok].all(), "a valid row mixes two writes"
-            assert (v[~ok] == 0).all(), "an invalid row was not zeroed"
-            valid_rows += int(ok.sum())
-            invalid_rows += int((~ok).sum())
-            batches += 1
-        last = committed()
-    finally:
-        for w in writers:
-            w.wait(timeout=TIMEOUT)
-    assert all(w.returncode == 0 for w in writers), [w.stderr.read() for w in writers]
-    print(f"{batches} batches, {valid_rows} valid, {invalid_rows} invalid rows, commits {first} -> {last}")
-    assert last > first, "the writers made no progress while this process gathered"
-    assert valid_rows > 0
+
+    def read(i):
+        batch = step(jax.random.key(i))
+        return np.asarray(batch["v"]), np.asarray(batch["valid"])
+
+    race = read_while_uniform_writers_write(table, width, read, seconds=3.0, timeout=TIMEOUT)
+    assert race.last_commit > race.first_commit, "the writers made no progress while this process gathered"
+    assert race.valid_rows > 0
 
 
 def test_rows_held_mid_write_gather_invalid_and_zeroed_in_every_range(make_table):
