@@ -35,6 +35,19 @@ def check_table(table: Any, op: str) -> Table:
     return table
 
 
+def check_priorities_settable(table: Table, op: str) -> None:
+    """Refuses a priority change (an update, a retire) on a queue: there priority 0 means consumed, which
+    only `dequeue` may decide, since the queue's limiter counts the rows it consumes. An update would
+    bring consumed rows back (delivered twice) or drop unconsumed ones that the limiter still counts
+    (inserts would then wait for room that never comes)."""
+    if table.queue:
+        raise InvalidArgumentError(
+            f"{op}: table {table.name!r} is a queue, whose rows leave only through gj.dequeue (or "
+            "gj.host.dequeue), each exactly once; its priorities cannot be set. For priorities, create "
+            "a table without queue=True"
+        )
+
+
 def check_static(value: Any, name: str, op: str) -> None:
     """Refuses a traced value for the argument `name`, which must be a static Python value."""
     if isinstance(value, jax.core.Tracer):

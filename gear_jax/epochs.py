@@ -182,6 +182,7 @@ def retire(table: Table, sample: Sample, after: Any = None) -> jax.Array:
     rollout's rows after its epochs. Inside jit; returns the count of rows retired (int32), which a later
     call takes as `after=` to run after it. Failed picks and rows overwritten since are left alone."""
     table = _args.check_table(table, "gear_jax.retire")
+    _args.check_priorities_settable(table, "gear_jax.retire")
     if not isinstance(sample, Sample):
         raise InvalidArgumentError(
             f"gear_jax.retire: sample must be a gear_jax.Sample (an epoch's), got {type(sample).__name__}"

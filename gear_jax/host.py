@@ -347,6 +347,7 @@ def update_priorities(table: Table, sample: Sample, priorities: Any) -> int:
     """
     op = "gear_jax.host.update_priorities"
     table = _args.check_table(table, op)
+    _args.check_priorities_settable(table, op)
     b = _args.check_sample(sample, op, table)
     values = _rows.priorities(priorities, b, op=op, broadcast=False, matched="the sample")
     return table.native.host_update_priorities(
@@ -390,22 +391,63 @@ def epoch(
         & (length >= 1)
         & (length <= table.max_steps)
     )
-    found = np.flatnonzero(selectable)
-    found = found[np.argsort(status["insert_seq"][found], kind="stable")[::-1][:rows]]  # the newest
-    found = generator.permutation(found)
     minibatches, _ = epochs.epoch_shape(rows, mb, drop_last)
     wanted = minibatches * mb
-    n = min(len(found), wanted)
     indices = np.zeros(wanted, np.int32)
     generations = np.full(wanted, epochs.FAILED_GENERATION, np.uint32)
     probabilities = np.zeros(wanted, np.float32)
     starts = np.zeros(wanted, np.int32)
+    if table.max_times_sampled:
+        # Each pick takes one of its row's samples, as the jitted epoch's do: the newest rows that have
+        # samples left, taken by the native lifo selection (atomic against other learners), shuffled.
+        picks = _take_newest(table, generator, min(rows, int(np.count_nonzero(selectable))), win)
+        order = generator.permutation(len(picks.indices))
+        n = min(len(order), wanted)
+        indices[:n] = picks.indices[order][:n]
+        generations[:n] = picks.generations[order][:n]
+        starts[:n] = picks.starts[order][:n]
+        probabilities[:n] = 1.0
+        return _minibatches(table, indices, generations, probabilities, starts, mb, win)
+    found = np.flatnonzero(selectable)
+    found = found[np.argsort(status["insert_seq"][found], kind="stable")[::-1][:rows]]  # the newest
+    found = generator.permutation(found)
+    n = min(len(found), wanted)
     indices[:n] = found[:n]
     generations[:n] = status["generation"][found[:n]]
     probabilities[:n] = 1.0
     if win > 0:
         room = np.maximum(length[found[:n]] - win, 0).astype(np.int64)
         starts[:n] = generator.integers(0, room + 1)
+    return _minibatches(table, indices, generations, probabilities, starts, mb, win)
+
+
+def _take_newest(table: Table, generator: np.random.Generator, n: int, window: int) -> Sample:
+    """A lifo sample of the newest `n` rows with samples left (of a `max_times_sampled` table), or of
+    fewer when other learners took the last samples of some meanwhile; each pick takes one sample."""
+    op = "gear_jax.host.epoch"
+    lifo = _args.method_word(table.spec, "lifo", window, "pad", op)
+    while n > 0:
+        seed0, seed1 = _seed_words(generator, op)
+        try:
+            picks = table.native.host_sample(seed0, seed1, n, lifo, 1.0, window, [], 0, [])
+        except NotEnoughRowsError:
+            n -= 1
+            continue
+        return _new_sample(picks, window, table)
+    empty = np.zeros(0, np.int32)
+    return Sample(empty, empty.astype(np.uint32), empty.astype(np.float32), empty, window=window)
+
+
+def _minibatches(
+    table: Table,
+    indices: np.ndarray,
+    generations: np.ndarray,
+    probabilities: np.ndarray,
+    starts: np.ndarray,
+    mb: int,
+    win: int,
+) -> list[Sample]:
+    """An epoch's picks cut into Samples of `mb`."""
     return [
         Sample(
             indices[i : i + mb],
@@ -415,7 +457,7 @@ def epoch(
             window=win,
             table_handle=table.handle,
         )
-        for i in range(0, wanted, mb)
+        for i in range(0, len(indices), mb)
     ]
 
 
@@ -477,6 +519,7 @@ def retire(table: Table, samples: Sample | Sequence[Sample]) -> int:
     still hold what was picked: `gear_jax.retire` outside jit. Returns the count of rows retired."""
     op = "gear_jax.host.retire"
     table = _args.check_table(table, op)
+    _args.check_priorities_settable(table, op)
     if isinstance(samples, Sample):
         samples = [samples]
     elif not isinstance(samples, (list, tuple)):
@@ -484,11 +527,8 @@ def retire(table: Table, samples: Sample | Sequence[Sample]) -> int:
             f"{op}: samples must be a gear_jax.Sample or a list of them (an epoch), "
             f"got {type(samples).__name__}"
         )
-    retired = 0
-    for s in samples:
-        b = _args.check_sample(s, op, table)
-        retired += update_priorities(table, s, np.zeros(b, np.float32))
-    return retired
+    sizes = [_args.check_sample(s, op, table) for s in samples]  # all checked before any is retired
+    return sum(update_priorities(table, s, np.zeros(b, np.float32)) for s, b in zip(samples, sizes))
 
 
 class Sampler:

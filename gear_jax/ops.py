@@ -335,6 +335,7 @@ def _update_operands(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The checked (indices, generations, priorities) of an update_priorities call; `names` are the
     arguments' names in `op`'s messages."""
+    _args.check_priorities_settable(table, op)
     b = _args.check_sample(sample, op, table, names[0])
     matched = "the sample" if names[0] == "sample" else names[0]
     priorities = _rows.traced_priorities(priorities, b, op, names[1], broadcast=False, matched=matched)

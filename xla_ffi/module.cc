@@ -233,7 +233,8 @@ void CopyRingStepsInto(OpenTable& self,
                        py::array_t<uint64_t, py::array::c_style | py::array::forcecast> starts,
                        py::array_t<int64_t, py::array::c_style | py::array::forcecast> counts,
                        const std::vector<py::array>& out) {
-  const TableView& view = self.table().view();
+  const std::shared_ptr<SharedTable> held = self.ref();  // kept while the GIL is released (a close meanwhile)
+  const TableView& view = held->view();
   if (starts.size() != counts.size())
     throw std::invalid_argument("starts and counts need one entry per piece");
   if (static_cast<int32_t>(out.size()) != view.num_fields)
@@ -291,7 +292,7 @@ void RegisterNativeErrors() {
       RaiseAs("OutOfSpaceError", e.what());
     } catch (const RateLimiterTimeoutError& e) {
       RaiseAs("RateLimiterTimeout", e.what());
-    } catch (const RateLimiterRefusal& e) {
+    } catch (const InvalidArgument& e) {  // RateLimiterRefusal among them
       RaiseAs("InvalidArgumentError", e.what());
     } catch (const TableClosedError& e) {
       RaiseAs("TableClosedError", e.what());

@@ -29,9 +29,14 @@ struct PoolEntryLost : std::runtime_error {
 struct RateLimiterTimeoutError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-// A request the limiter can never admit (a batch larger than its tolerance): gear_jax.InvalidArgumentError.
-struct RateLimiterRefusal : std::invalid_argument {
+// A value of the caller's that only the native layer can judge (a queue row's priority of 0, say):
+// gear_jax.InvalidArgumentError.
+struct InvalidArgument : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
+};
+// A request the limiter can never admit (a batch larger than its tolerance): gear_jax.InvalidArgumentError.
+struct RateLimiterRefusal : InvalidArgument {
+  using InvalidArgument::InvalidArgument;
 };
 // Every row is held by a writer: nothing can be claimed: gear_jax.AllRowsHeldError.
 struct AllRowsHeldError : std::runtime_error {

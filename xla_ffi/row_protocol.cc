@@ -229,9 +229,7 @@ void SharedTable::Commit(int64_t row, int32_t length, float priority, InsertRese
     throw std::invalid_argument("length " + std::to_string(length) +
                                 " is outside [1, max_steps=" + std::to_string(view_.max_steps) + "]");
   }
-  if (!std::isfinite(priority) || priority < 0.0f) {
-    throw std::invalid_argument("priority " + std::to_string(priority) + " must be finite and >= 0");
-  }
+  CheckPriority(priority, "priority");
   const uint64_t held = CheckOwned(row);
   {
     CounterWindow window(*this);
@@ -239,6 +237,18 @@ void SharedTable::Commit(int64_t row, int32_t length, float priority, InsertRese
     PublishRows(1, &claimed, &held, nullptr, length, &priority, CountedOut{}, reserved);
   }
   AfterWrites(false);
+}
+
+void SharedTable::CheckPriority(float priority, const std::string& what) const {
+  if (!std::isfinite(priority) || priority < 0.0f) {
+    throw std::invalid_argument(what + " = " + std::to_string(priority) + " must be finite and >= 0");
+  }
+  if (priority == 0.0f && queue()) {
+    throw InvalidArgument(what + " = 0 in table '" + name_ +
+                                "', a queue: a row of priority 0 is never dequeued, and the queue would "
+                                "keep its room for good; give queue rows a priority > 0 (any: the queue "
+                                "is consumed in commit order)");
+  }
 }
 
 void SharedTable::Abandon(int64_t row) {
@@ -296,10 +306,7 @@ void SharedTable::Insert(const std::vector<const uint8_t*>& field_data, int64_t 
       throw std::invalid_argument("lengths[" + std::to_string(b) + "] = " + std::to_string(lengths[b]) +
                                   " is outside [1, " + std::to_string(steps) + "]");
     }
-    if (priorities != nullptr && (!std::isfinite(priorities[b]) || priorities[b] < 0.0f)) {
-      throw std::invalid_argument("priorities[" + std::to_string(b) + "] = " + std::to_string(priorities[b]) +
-                                  " must be finite and >= 0");
-    }
+    if (priorities != nullptr) CheckPriority(priorities[b], "priorities[" + std::to_string(b) + "]");
   }
   if (step_ring()) return InsertEpisodes(field_data, batch, steps, lengths, priorities, rows, reserved);
   // A chunk holds at most an eighth of the ring, so that writers filling a small table together still

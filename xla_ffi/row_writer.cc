@@ -346,7 +346,8 @@ int64_t RowWriter::Add(py::handle row, bool strict, double priority, std::option
                        int32_t batch_axis) {
   if (table_->closed()) return -2;
   if (!std::isfinite(priority) || priority < 0 || priority > FLT_MAX) return -1;
-  if (table_->table().step_ring()) return -1;  // Table.add of a step ring inserts whole episodes
+  if (priority == 0 && table_->table().queue()) return -1;  // refused by name on the general path
+  if (table_->table().step_ring()) return -1;               // Table.add of a step ring inserts whole episodes
   if (!Pack(row, strict, batch_axis)) return -1;
   RateLimiter& limiter = table_->table().rate_limiter();
   std::optional<InsertReservation> reservation;  // gives the insert back if the row is not published

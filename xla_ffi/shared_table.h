@@ -108,6 +108,11 @@ class SharedTable {
               const int32_t* lengths, const float* priorities, int32_t* rows,
               InsertReservation* reserved = nullptr);
   bool step_ring() const { return view_.step_capacity > 0; }
+  bool queue() const { return header()->rate_limiter.queue != 0; }
+  // Refuses (std::invalid_argument) a priority no row of this table may be published with: not finite,
+  // negative, or 0 in a queue (a queue's row of priority 0 could never be consumed, while its limiter
+  // counts it as an insert: the queue would lose that room for good). `what` names the value.
+  void CheckPriority(float priority, const std::string& what) const;
   // Queues (gear_jax.queues): takes the picks `delivered` marks out of the table (ConsumePicksCpu, inside
   // a counter window) and counts the rows taken as the rate limiter's samples, which frees their room
   // for the queue's inserts. consumed[i]: pick i took its row.

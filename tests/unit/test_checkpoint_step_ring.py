@@ -516,3 +516,44 @@ def test_refuses_a_damaged_episode_index(tmp_path, tables):
         gj.CheckpointError, match=r"'length.bin' holds lengths .* not summing to the 16 steps"
     ):
         gj.Table.load(path)
+
+
+def test_closing_a_ring_while_its_steps_are_copied_out_does_not_unmap_them_under_the_copy():
+    """A save copies the ring's steps with the GIL released (`copy_ring_steps`); a close from another
+    thread meanwhile must wait for the copy to let go of the memory, not unmap it under the copy. Run in
+    a fresh process, whose crash (SIGSEGV) the test would see."""
+    from tests.helpers.processes import start_python
+
+    process = start_python(
+        """
+        import threading, time, numpy as np, gear_jax as gj
+        gj.configure_pool(max_tables=0)  # the close unmaps at once (no pool keeps the memory)
+        steps = 1 << 16
+        obs = {"obs": gj.Field((1024,), "uint8")}
+        t = gj.Table.create(gj.TableSpec(obs, capacity=64, max_steps=1024, step_capacity=steps))
+        t.insert({"obs": np.ones((60, 1024, 1024), np.uint8)})
+        native, out = t.native, [np.empty((steps, 1024), np.uint8)]
+        starts, counts = np.zeros(64, np.uint64), np.full(64, 1024, np.int64)
+        copying, copies = threading.Event(), []
+
+        def copy():
+            copying.set()
+            try:
+                while True:
+                    native.copy_ring_steps(starts, counts, out)  # 64 MiB, the GIL released
+                    copies.append(1)
+            except gj.TableClosedError:
+                copies.append("closed")
+
+        thread = threading.Thread(target=copy)
+        thread.start()
+        copying.wait()
+        time.sleep(0.01)
+        t.close()
+        thread.join(60)
+        print("copies", len(copies) - 1, copies[-1], flush=True)
+        """
+    )
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, (process.returncode, out, err[-2000:])
+    assert out.strip().endswith("closed"), out

@@ -191,6 +191,43 @@ def test_host_epochs_visit_each_row_once_with_windows_inside_the_rows(kind):
             assert seen == {0, 1, 2}
 
 
+@pytest.mark.parametrize("kind", ["transitions", "padded", "ring"])
+def test_host_epochs_take_samples_of_a_limited_table_as_jitted_epochs_do(kind):
+    """With max_times_sampled=2 each row is in two epochs, then retired, whichever way the epochs run."""
+    trajectory = kind != "transitions"
+    window = 2 if trajectory else None
+    max_steps = 4 if trajectory else 1
+    ring = 64 if kind == "ring" else None
+    spec = gj.TableSpec(FIELDS, capacity=16, max_steps=max_steps, step_capacity=ring)
+    for jitted in (False, True):
+        with gj.Table.create(spec, max_times_sampled=2) as table:
+            fill(table, 10)
+            rng = np.random.default_rng(1)
+            seen = []
+            for e in range(3):
+                if jitted:
+                    picks, ids, valid = jit_epoch(table, jax.random.key(e), 4, drop_last=False, window=window)
+                    ids, valid = flat(ids), flat(valid)
+                    starts = flat(picks.starts)
+                else:
+                    epoch = gj.host.epoch(table, rng, 4, drop_last=False, window=window)
+                    batches = [gj.host.gather(table, s) for s in epoch]
+                    ids = np.concatenate([b["id"] for b in batches])
+                    valid = np.concatenate([b["valid"] for b in batches])
+                    starts = np.concatenate([s.starts for s in epoch])
+                if trajectory:
+                    real = valid[:, 0]
+                    lengths = 1 + (ids[:, 0] // 100) % 4
+                    assert (starts[real] <= np.maximum(lengths[real] - window, 0)).all()
+                    assert (ids[real, 0] % 100 == starts[real]).all()
+                    ids, valid = ids[:, 0] // 100, real
+                seen.append(sorted(ids[valid].tolist()))
+            assert seen == [list(range(10)), list(range(10)), []], (jitted, seen)
+            status = table.row_status()
+            assert (status["times_sampled"][status["length"] > 0] == 2).all()
+            assert (status["priority"] == 0).all()
+
+
 def held_row_of(table, row_id):
     """The row that holds the trajectory whose id is row_id."""
     for row in range(table.capacity):
@@ -290,3 +327,13 @@ def test_a_bad_key_or_sample_is_refused_by_name():
                 gj.host.retire(table, bad)
         # numpy's bools are bools
         assert len(gj.host.epoch(table, np.random.default_rng(0), 4, drop_last=np.bool_(True))) == 4
+
+
+def test_a_host_retire_of_a_list_checks_every_sample_before_it_retires_any():
+    with make("transitions") as table:
+        good = gj.host.sample(table, np.random.default_rng(0), 3, method="fifo")
+        with pytest.raises(gj.InvalidArgumentError, match="must be a gear_jax.Sample, got int"):
+            gj.host.retire(table, [good, 5])
+        assert (table.row_status()["priority"][:10] == 1).all()  # nothing retired
+        assert gj.host.retire(table, [good]) == 3
+        assert (table.row_status()["priority"][good.indices] == 0).sum() == 3

@@ -273,6 +273,54 @@ def test_queue_misuse_is_refused_by_name(make_table):
         gj.consume(queue, s, np.ones(3, bool))
 
 
+def test_a_queues_priorities_cannot_be_set(make_table):
+    """Priority 0 is what consumed means in a queue, and only dequeue may decide it: an update would
+    bring consumed rows back (delivered twice) or drop unconsumed ones the queue's limiter still counts."""
+    queue = make_table(fields=IDS, queue=True)
+    queue.insert(ids(4))
+    taken, batch = gj.dequeue(queue, 2)
+    assert np.asarray(batch["valid"]).all()
+    waiting = host.sample(queue, np.random.default_rng(0), 2, method="fifo")  # rows 2 and 3, not consumed
+    refusals = [
+        ("update_priorities", lambda: gj.update_priorities(queue, taken, np.ones(2, np.float32))),
+        ("sample", lambda: gj.sample(queue, jax.random.key(0), 2, priority_update=(taken, np.ones(2)))),
+        ("gear_jax.retire", lambda: gj.retire(queue, waiting)),
+        ("gear_jax.host.update_priorities", lambda: host.update_priorities(queue, taken, [1.0, 1.0])),
+        ("gear_jax.host.retire", lambda: host.retire(queue, [waiting])),
+    ]
+    for op, call in refusals:
+        with pytest.raises(gj.InvalidArgumentError, match=f"{op}: table .* is a queue"):
+            call()
+    # Nothing changed: the two consumed rows stay consumed, the two others come out once.
+    assert queue.unconsumed == 2
+    _, rest = host.dequeue(queue, 4)
+    assert rest["valid"].tolist() == [True, True, False, False] and rest["id"][:2].tolist() == [2, 3]
+    queue.insert(ids(4, start=10), timeout=10)  # the queue has its room back
+
+
+def test_a_queue_row_of_priority_zero_is_refused_and_nothing_is_counted(make_table):
+    """A queue row of priority 0 would never be dequeued while the limiter counts it: refused natively,
+    by every insert path, before anything is claimed or admitted."""
+    queue = make_table(fields=IDS, queue=True)
+    writer = queue.writer()
+    writer.append({"id": 7})
+    refusals = [
+        lambda: queue.insert(ids(2), priorities=np.zeros(2, np.float32)),
+        lambda: queue.insert(ids(1), priorities=0.0),  # the one-row short path
+        lambda: queue.add({"id": 1}, priority=0.0),
+        lambda: queue.insert(ids(3), priorities=[1.0, 0.0, 1.0]),
+        lambda: writer.end_episode(priority=0.0),
+    ]
+    for call in refusals:
+        with pytest.raises(gj.InvalidArgumentError, match="a queue: a row of priority 0 is never dequeued"):
+            call()
+    assert queue.unconsumed == 0 and queue.size == 0
+    assert writer.end_episode(priority=0.5) >= 0  # the refused commit left the episode's row held
+    queue.insert(ids(3, start=1), priorities=[2.0, 1.0, 3.0])
+    _, batch = host.dequeue(queue, 4)
+    assert batch["valid"].all() and batch["id"].tolist() == [7, 1, 2, 3]
+
+
 # -- sharded tables ------------------------------------------------------------------------------------
 
 
