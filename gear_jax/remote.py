@@ -42,11 +42,13 @@ A writer that stays idle for `idle_close_s` closes its stream (the next call ope
 
 from __future__ import annotations
 
+import errno
 import hmac
 import ipaddress
 import json
 import logging
 import math
+import socket
 import threading
 import time
 import weakref
@@ -93,6 +95,8 @@ WAIT_SLICE_S = 0.25  # a server's waits for the rate limiter, between checks of 
 WRITER_WAIT_SLICE_S = 1.0  # a writer's: the longest wait one message asks the server for
 AUTH_HEADER = "authorization"
 _log = logging.getLogger("gear_jax.remote")
+# The schemes of a gear_jax server's address (what Arrow Flight's gRPC client speaks).
+_SCHEMES = ("grpc", "grpc+tls", "grpc+tcp", "grpc+unix")
 # What the server raises by name, so that the writer raises the same class (anything else: RemoteError).
 _ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls
@@ -311,6 +315,82 @@ class _Service(flight.FlightServerBase):
                 writer.write(pa.py_buffer(ack))
 
 
+def _text(error: BaseException) -> str:
+    """An Arrow error's message, printable (Arrow's URI errors can name a NUL character)."""
+    return str(error).replace("\x00", "\\0")
+
+
+def _tls_problem(cert_file: str, key_file: str) -> str | None:
+    """Why (cert_file, key_file) cannot serve TLS, as far as this process's OpenSSL tells (gRPC's own
+    reason goes only to its log); None when nothing was found."""
+    import ssl
+
+    try:
+        with open(cert_file, "rb") as f:
+            cert = f.read()
+        with open(key_file, "rb") as f:
+            key = f.read()
+    except OSError as e:
+        return f"cannot be read: {e}"
+    if b"-----BEGIN CERTIFICATE-----" not in cert:
+        return f"the certificate file {cert_file!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+    if b"PRIVATE KEY-----" not in key:
+        return f"the key file {key_file!r} holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
+    if b"ENCRYPTED" in key:
+        return f"the private key {key_file!r} is encrypted; gRPC takes only an unencrypted key"
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert_file, key_file, password=lambda: b"")  # never a password prompt
+    except (ssl.SSLError, OSError, ValueError) as e:
+        return f"OpenSSL refuses the pair: {e}"
+    return None
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on, found by binding a socket there now (as gRPC does, with
+    SO_REUSEADDR) and closing it; None when it can."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, ValueError) as e:
+        return f"host={host!r} is not an address this machine can listen on ({e}); pass one of its addresses"
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"port={port} is in use (another server listens there); pass another port, or 0"
+            if e.errno == errno.EADDRNOTAVAIL:
+                return f"host={host!r} is not an address of this machine; pass one of its addresses"
+            if e.errno == errno.EACCES:
+                return f"port={port} needs privileges this process lacks; pass a port >= 1024, or 0"
+            return f"cannot listen on {host}:{port}: {e}"
+    return None
+
+
+def _start_failure(
+    host: str, port: int, cert_file: str | None, key_file: str | None, error: BaseException
+) -> InvalidArgumentError:
+    """The error of a server that failed to start (`error`: Arrow Flight's, which seldom says why)."""
+    if cert_file is not None and key_file is not None:
+        problem = _tls_problem(cert_file, key_file)
+        if problem is not None:
+            return InvalidArgumentError(
+                f"serve: tls=({cert_file!r}, {key_file!r}) cannot serve TLS: {problem}. Pass a PEM "
+                "certificate and its unencrypted PEM private key (e.g. made by openssl req -x509 -newkey "
+                "rsa:2048 -nodes)"
+            )
+    problem = _bind_problem(host, port)
+    if problem is not None:
+        return InvalidArgumentError(f"serve: {problem}")
+    what = f"host={host!r}, port={port}" + (f", tls=({cert_file!r}, {key_file!r})" if cert_file else "")
+    return InvalidArgumentError(
+        f"serve: the server did not start with {what}: {_text(error)}. gRPC's log (stderr) says why; "
+        "check the host, the port" + (" and the TLS certificate and key" if cert_file else "")
+    )
+
+
 class Server:
     """Serves a table, or this process's shards of a `ShardedTable`, to remote writers
     (`gj.remote.Writer`). Made by `gj.serve`; a context manager; `close()` stops it (the table stays)."""
@@ -352,6 +432,7 @@ class Server:
             )
         kwargs: dict[str, Any] = {}
         scheme = "grpc"
+        cert_file = key_file = None
         if tls is not None:
             try:
                 cert_file, key_file = tls
@@ -375,13 +456,12 @@ class Server:
         self._streams = 0
         self.stats = {"messages": 0, "rows": 0, "refused": 0, "streams": 0}
         self._host = host
+        shown = f"[{host}]" if ":" in host else host  # an IPv6 address
         try:
-            shown = f"[{host}]" if ":" in host else host  # an IPv6 address
+            # A server that fails to start has nothing running (gRPC built no server) and holds no port.
             self._service = _Service(self, f"{scheme}://{shown}:{port}", **kwargs)
-        except flight.FlightError as e:
-            raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e}") from None
-        except OSError as e:
-            raise InvalidArgumentError(f"serve: cannot listen on {host}:{port}: {e}") from None
+        except (pa.ArrowException, flight.FlightError, OSError) as e:  # Flight's errors say little: see why
+            raise _start_failure(host, port, cert_file, key_file, e) from None
         self.port = int(self._service.port)
         self.address = f"{scheme}://{shown}:{self.port}"
         self._closed = False
@@ -576,7 +656,9 @@ def serve(
       The running `Server` (a context manager): `server.address` is what writers connect to.
 
     Raises:
-      InvalidArgumentError: a bad argument, a non-loopback host without a token, a port in use.
+      InvalidArgumentError: a bad argument, a non-loopback host without a token, a port in use, a host
+        that is not an address of this machine, a TLS certificate or key that cannot be read or used
+        (the server did not start: nothing of it is left running).
     """
     return Server(table, host, port, token, tls, max_message_bytes)
 
@@ -661,10 +743,16 @@ class Writer:
         idle_close_s: float = 1.0,
         casting: str | None = None,
     ):
-        if not isinstance(address, str) or "://" not in address:
+        scheme, _, rest = address.partition("://") if isinstance(address, str) else ("", "", "")
+        if not scheme or not rest or (scheme != "grpc+unix" and rest[0] in ":/?#"):  # no host
             raise InvalidArgumentError(
                 f"Writer: address={address!r} must be a server's address such as 'grpc://127.0.0.1:5005' "
                 "(server.address)"
+            )
+        if scheme not in _SCHEMES:  # Arrow Flight's schemes are lowercase
+            raise InvalidArgumentError(
+                f"Writer: address={address!r} has the scheme {scheme!r}, which a gear_jax server does not "
+                "speak; use grpc://host:port, or grpc+tls://host:port for a TLS server (server.address)"
             )
         for name, value, low in (("batch_rows", batch_rows, 1), ("retries", retries, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -696,8 +784,21 @@ class Writer:
         self._closed = False
         try:
             self._client = flight.FlightClient(address, **kwargs)
-        except (flight.FlightError, OSError, ValueError, TypeError) as e:
-            raise InvalidArgumentError(f"Writer: cannot connect to {address!r}: {e}") from None
+        except (pa.ArrowException, flight.FlightError, OSError, ValueError, TypeError) as e:
+            raise InvalidArgumentError(
+                f"Writer: address={address!r} is not a server's address ({_text(e)}); pass server.address, "
+                "such as 'grpc://127.0.0.1:5005'"
+            ) from None
+        try:
+            self._connect(address, shard, casting)
+        except BaseException:  # a writer that failed to start keeps no connection
+            self._closed = True
+            self._client.close()
+            raise
+        _Idle.watch(self)
+
+    def _connect(self, address: str, shard: int | None, casting: str | None) -> None:
+        """Asks the server for its tables and takes the one of `shard` (Writer's arguments)."""
         described = self._retrying(self._describe, "describe")
         tables = {t["shard"]: t for t in described["tables"]}
         if shard is None and len(tables) == 1:
@@ -721,7 +822,6 @@ class Writer:
         self._descriptor = flight.FlightDescriptor.for_command(
             json.dumps({"protocol": PROTOCOL, "shard": shard, "spec": self.spec.spec_hash}).encode()
         )
-        _Idle.watch(self)
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -1009,11 +1109,16 @@ class RemoteEpisodeWriter:
     def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
         """Sends the episode (one row of its steps); returns its row id. Raises as `Writer.insert`; the
         episode is kept when the insert fails (call end_episode again, or close() to drop it)."""
+        p = _rows.priority(priority)  # checked in EpisodeWriter.end_episode's order: priority, steps, timeout
         if not self._steps:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
-        p = _rows.priority(priority)
-        names = list(self._writer.spec.fields)
-        batch = {n: np.stack([s[i] for s in self._steps])[None] for i, n in enumerate(names)}
+        if timeout is not None:
+            timeout = check_timeout(timeout, "RemoteEpisodeWriter.end_episode")
+        spec = self._writer.spec
+        if spec.is_trajectory:  # one row of T steps: [1, T, *shape]
+            batch = {n: np.stack([s[i] for s in self._steps])[None] for i, n in enumerate(spec.fields)}
+        else:  # a transition table's row is its one step: [1, *shape] (append allows no second step)
+            batch = {n: self._steps[0][i][None] for i, n in enumerate(spec.fields)}
         row = int(self._writer.insert(batch, [p], timeout=timeout)[0])
         self._steps = []
         return row

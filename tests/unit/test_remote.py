@@ -4,6 +4,7 @@ nothing), the rate limiter reaching remote writers, TLS, and reconnecting to a r
 in other processes (killed mid-stream among them) are in tests/multiprocess/test_remote_processes.py."""
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -777,3 +778,204 @@ def test_threads_sharing_a_writer_insert_batches_of_many_sizes(served):
         t.join(timeout=60)
     assert not errors, errors
     assert len(counts) == 160 and server.stats["rows"] == sum(counts) and table.size == 64
+
+
+# -- episodes of a transition table; servers that do not start; addresses a writer refuses --------------
+
+
+def end_one_episode(table, remote_writer=None, steps=1, priority=2.5):
+    """Appends `steps` steps with a local EpisodeWriter (`remote_writer` None) or a RemoteEpisodeWriter
+    and ends the episode; what it leaves: (end_episode's result, the row's length, priority and columns,
+    the table's size)."""
+    episode = table.writer() if remote_writer is None else remote_writer.episode_writer()
+    with episode:
+        for t in range(steps):
+            obs = np.array([t, t + 0.5, -t], np.float32)
+            episode.append({"obs": obs, "action": np.int32(10 + t), "done": np.bool_(t == steps - 1)})
+        row = episode.end_episode(priority=priority)
+    status = table.row_status()
+    length = int(status["length"][row])  # the steps beyond it are not the row's (a reused table's bytes)
+    columns = (
+        None if table.spec.step_ring else {n: c[row, :length].tolist() for n, c in table.columns.items()}
+    )
+    return (type(row), row, length, float(status["priority"][row]), columns, table.size)
+
+
+@pytest.mark.parametrize(
+    "kind, steps",
+    [("transition", 1), ("trajectory", 4), ("trajectory", 6), ("step ring", 3)],
+)
+def test_a_remote_episode_ends_as_a_local_one(make_table, kind, steps):
+    """RemoteEpisodeWriter.end_episode writes the row a local EpisodeWriter writes (its values, length and
+    priority) and returns the same: on a transition table (one step a row: sent as [1, *shape], not
+    [1, 1, *shape]) as on trajectory tables."""
+    results = []
+    for remote_side in (False, True):
+        if kind == "step ring":
+            table = gj.Table.create(gj.TableSpec(FIELDS, capacity=8, step_capacity=64, max_steps=6))
+        else:
+            table = make_table(fields=FIELDS, capacity=8, max_steps=1 if kind == "transition" else 6)
+        try:
+            first = rows(1) if kind == "transition" else {n: v[:, None] for n, v in rows(1).items()}
+            table.insert(first)  # the episode's row is not row 0
+            if remote_side:
+                with gj.serve(table) as server, remote.Writer(server.address) as writer:
+                    results.append(end_one_episode(table, writer, steps))
+                    episode = writer.episode_writer()
+                    episode.append({"obs": np.zeros(3, np.float32), "action": 0, "done": False})
+                    with pytest.raises(gj.InvalidArgumentError, match="RemoteEpisodeWriter.end_episode"):
+                        episode.end_episode(timeout=-1)
+            else:
+                results.append(end_one_episode(table, None, steps))
+        finally:
+            if kind == "step ring":
+                table.close()
+    local, served = results
+    assert local == served
+    assert local[:4] == (int, 1, steps, 2.5) and local[5] == 2
+    if kind == "transition":
+        assert local[4] == {"obs": [[0.0, 0.5, 0.0]], "action": [10], "done": [True]}
+
+
+def free_tcp_port_held():
+    """A socket listening on a free port of 127.0.0.1 (the caller closes it)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def port_is_free(port):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_serving_on_a_port_in_use_names_the_port(make_table):
+    table = make_table(fields=FIELDS, capacity=16)
+    with gj.serve(table) as server:
+        threads = set(threading.enumerate())
+        in_use = f"port={server.port} is in use.*another port, or 0"
+        with pytest.raises(gj.InvalidArgumentError, match=in_use):
+            gj.serve(table, port=server.port)
+        assert set(threading.enumerate()) == threads  # nothing of the failed server runs
+        with remote.Writer(server.address) as writer:  # the server that holds the port still serves
+            writer.insert(rows(2))
+    held = free_tcp_port_held()  # a port another program listens on
+    try:
+        port = held.getsockname()[1]
+        with pytest.raises(gj.InvalidArgumentError, match=f"port={port} is in use"):
+            gj.serve(table, port=port)
+    finally:
+        held.close()
+    with gj.serve(table, port=port) as server:  # the failed tries left the port free
+        assert server.port == port
+    assert table.size == 2
+
+
+@pytest.mark.parametrize(
+    "host, message",
+    [("not a host!", "host='not a host!' is not an address"), ("192.0.2.1", "host='192.0.2.1' is not an")],
+)
+def test_serving_on_a_host_that_is_not_this_machines_names_the_host(make_table, host, message):
+    table = make_table(fields=FIELDS, capacity=16)
+    with pytest.raises(gj.InvalidArgumentError, match=message):
+        gj.serve(table, host=host, token=TOKEN)
+
+
+def self_signed(tmp_path, name):
+    """A self-signed certificate of 127.0.0.1 and its unencrypted key (EC: quick to make): two paths."""
+    cert, key = tmp_path / f"{name}-cert.pem", tmp_path / f"{name}-key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command for a certificate")
+def test_serving_with_a_certificate_or_key_that_cannot_be_used_names_tls(make_table, tmp_path):
+    cert, key = self_signed(tmp_path, "good")
+    _, other_key = self_signed(tmp_path, "other")
+    encrypted = str(tmp_path / "encrypted-key.pem")
+    subprocess.run(
+        ["openssl", "pkey", "-in", key, "-aes256", "-passout", "pass:secret", "-out", encrypted],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    table = make_table(fields=FIELDS, capacity=16)
+    port = free_port()
+    threads = set(threading.enumerate())
+    for tls, reason in [
+        ((str(garbage), str(garbage)), "holds no PEM certificate"),
+        ((key, cert), "holds no PEM certificate"),  # the files swapped
+        ((cert, cert), "holds no PEM private key"),
+        ((cert, other_key), "OpenSSL refuses the pair.*mismatch"),  # another certificate's key
+        ((cert, encrypted), "is encrypted"),
+    ]:
+        with pytest.raises(gj.InvalidArgumentError, match=f"serve: tls=.*cannot serve TLS: .*{reason}"):
+            gj.serve(table, port=port, tls=tls)
+        assert set(threading.enumerate()) == threads and port_is_free(port)  # nothing left running
+    with gj.serve(table, port=port, tls=(cert, key), token=TOKEN) as server:
+        with remote.Writer(server.address, token=TOKEN, tls_root_cert=cert) as writer:
+            writer.insert(rows(1))
+    assert table.size == 1
+
+
+@pytest.mark.parametrize(
+    "address, message",
+    [
+        ("http://127.0.0.1:5005", "scheme 'http', which a gear_jax server does not speak; use grpc://"),
+        ("GRPC://127.0.0.1:5005", "scheme 'GRPC', which"),
+        ("foo://bar", "scheme 'foo', which"),
+        ("garbage", "must be a server's address such as 'grpc://"),
+        ("127.0.0.1:5005", "must be a server's address"),  # a bare host:port
+        ("grpc://", "must be a server's address"),
+        ("grpc://:5005", "must be a server's address"),  # no host
+        ("://127.0.0.1:5005", "must be a server's address"),
+        ("grpc://127.0.0.1:notaport", r"is not a server's address \(Cannot parse URI.*pass server.address"),
+        ("grpc://127.0.0.1:99999", r"is not a server's address \(Invalid port"),
+        ("grpc:// 127.0.0.1:5005", "is not a server's address"),
+        (None, "must be a server's address"),
+    ],
+)
+def test_a_writer_refuses_an_address_it_cannot_use(address, message):
+    named = f"Writer: address={re.escape(repr(address))} .*{message}"
+    with pytest.raises(gj.InvalidArgumentError, match=named):
+        remote.Writer(address, retries=0)
+
+
+def test_a_writer_takes_every_grpc_scheme_and_keeps_no_connection_when_it_fails(make_table, monkeypatch):
+    table = make_table(fields=FIELDS, capacity=16)
+    clients = []
+
+    class Client(flight.FlightClient):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.closed = False
+            clients.append(self)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    monkeypatch.setattr(remote.flight, "FlightClient", Client)
+    with gj.serve(table) as server:
+        for scheme in ("grpc", "grpc+tcp"):
+            with remote.Writer(f"{scheme}://127.0.0.1:{server.port}") as writer:
+                writer.insert(rows(1))
+        with pytest.raises(gj.RemoteUnavailableError):  # TLS to a plain server: no handshake
+            remote.Writer(f"grpc+tls://127.0.0.1:{server.port}", retries=0)
+        with pytest.raises(gj.InvalidArgumentError, match="shard=3"):  # the server answered, then refused
+            remote.Writer(server.address, shard=3)
+    with pytest.raises(gj.RemoteUnavailableError):  # nothing listens there
+        remote.Writer(f"grpc://127.0.0.1:{free_port()}", retries=0)
+    assert len(clients) == 5 and all(c.closed for c in clients)
+    assert table.size == 2
