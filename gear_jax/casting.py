@@ -57,12 +57,7 @@ _KIND_NAMES = {"b": "bools", "i": "integers", "f": "floats"}
 def to_numpy(value: Any, what: str) -> np.ndarray:
     """A host numpy array for a numpy, JAX or PyTorch array (or anything array-like)."""
     if type(value).__module__.startswith("torch"):
-        tensor = value.detach().cpu()
-        if str(tensor.dtype) == "torch.bfloat16":
-            import torch
-
-            return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return tensor.numpy()
+        return _tensor_to_numpy(value, what)
     try:
         return np.asarray(value)
     except jax.errors.TracerArrayConversionError:
@@ -72,6 +67,33 @@ def to_numpy(value: Any, what: str) -> np.ndarray:
         ) from None
     except Exception as e:  # noqa: BLE001 - report what could not be converted
         raise InvalidArgumentError(f"{what} could not be converted to an array: {e}") from e
+
+
+def _tensor_to_numpy(value: Any, what: str) -> np.ndarray:
+    """A PyTorch tensor as a host numpy array; InvalidArgumentError naming `what` for one numpy cannot
+    hold (sparse, quantized, a dtype numpy lacks)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return np.asarray(value)
+    if value.is_quantized:
+        raise InvalidArgumentError(
+            f"{what} is a quantized torch tensor ({value.dtype}); pass {what}.dequantize() (or .int_repr() "
+            "for its integers) instead"
+        )
+    if value.layout != torch.strided:
+        raise InvalidArgumentError(
+            f"{what} is a torch tensor of layout {value.layout}; pass a dense one ({what}.to_dense())"
+        )
+    tensor = value.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError) as e:
+        raise InvalidArgumentError(
+            f"{what} is a {tensor.dtype} torch tensor, which numpy cannot hold: {e}"
+        ) from e
 
 
 def _limits(dtype: np.dtype) -> tuple[float, float]:

@@ -7,9 +7,9 @@
   (torch passes its current stream to JAX's `__dlpack__`, JAX makes it wait on an event): no host
   synchronisation. Every dtype gear_jax tables hold crosses without a copy in both directions, bool and
   bfloat16 included. JAX has no 64-bit types unless `jax_enable_x64` is set, so `from_torch` of an int64
-  or float64 tensor makes a narrowed copy; a non-contiguous tensor is copied too (JAX imports compact
-  layouts only). A copy is never silent: it raises `CopyWarning`, or `InvalidArgumentError` with
-  `allow_copy=False`.
+  or float64 tensor makes a narrowed copy (an int64 or uint64 value that does not fit 32 bits is refused,
+  never wrapped); a non-contiguous tensor is copied too (JAX imports compact layouts only). A copy is
+  never silent: it raises `CopyWarning`, or `InvalidArgumentError` with `allow_copy=False`.
 - `Sampler(table, batch_size, ...)`: an iterator of batches (dicts of tensors), with
   `update_priorities(tensor)` for the last batch. For a GPU, a jitted `gj.sample` + `gj.gather` (the CUDA
   kernels read the pinned table into device memory); for the CPU, `gj.host.sample_gather` and
@@ -32,7 +32,7 @@ import torch
 
 from gear_jax import _args, _rows, host, ops
 from gear_jax.casting import cast_rule, refuse
-from gear_jax.errors import InvalidArgumentError
+from gear_jax.errors import AllRowsHeldError, InvalidArgumentError
 from gear_jax.selection import Sample
 from gear_jax.table import Table
 from gear_jax.writers import AdmittedInserts
@@ -94,14 +94,33 @@ def to_torch(tree: Any) -> Any:
     Returns:
       The same pytree with `torch.Tensor` leaves. On a GPU, torch's current stream is made to wait for
       the work that produces each array (no host synchronisation).
+
+    Raises:
+      InvalidArgumentError: a JAX array torch cannot take (a PRNG key, a deleted array), named by its
+        path in `tree`.
     """
 
-    def convert(x: Any) -> Any:
+    def convert(path: Any, x: Any) -> Any:
         if not isinstance(x, jax.Array):
             return x
-        return torch.from_dlpack(x)
+        if not isinstance(x.dtype, np.dtype):  # an extended dtype: PRNG keys
+            raise InvalidArgumentError(
+                f"{_leaf(path)} is a JAX array of dtype {x.dtype} (a PRNG key), which has no torch "
+                "counterpart: pass its data (jax.random.key_data(key)) or leave it out of the tree"
+            )
+        try:
+            return torch.from_dlpack(x)
+        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+            raise InvalidArgumentError(
+                f"{_leaf(path)} (a {x.dtype} array of shape {x.shape}) could not be handed to torch: {e}"
+            ) from e
 
-    return jax.tree_util.tree_map(convert, tree)
+    return jax.tree_util.tree_map_with_path(convert, tree)
+
+
+def _leaf(path: Any) -> str:
+    """A leaf of `to_torch`'s tree, named by its path."""
+    return f"to_torch: tree{jax.tree_util.keystr(path)}" if path else "to_torch: the array"
 
 
 def from_torch(tree: Any, allow_copy: bool = True) -> Any:
@@ -115,6 +134,10 @@ def from_torch(tree: Any, allow_copy: bool = True) -> Any:
 
     Returns:
       The same pytree with `jax.Array` leaves.
+
+    Raises:
+      InvalidArgumentError: a copy `allow_copy=False` forbids; an int64 / uint64 tensor, without
+        `jax_enable_x64`, holding a value outside int32's / uint32's range (JAX would wrap it).
     """
 
     def convert(t: Any) -> Any:
@@ -130,6 +153,7 @@ def from_torch(tree: Any, allow_copy: bool = True) -> Any:
                 raise InvalidArgumentError(f"from_torch: {reason}; pass .contiguous() or allow_copy=True")
             source = source.contiguous()
         x = jax.dlpack.from_dlpack(source)
+        narrowed = x.dtype.itemsize < source.element_size()  # int64 / float64 without jax_enable_x64
         if reason is None and _pointer(x) != source.data_ptr() and source.numel() > 0:
             if x.dtype != _jax_dtype_of(source.dtype):
                 reason = f"JAX holds {source.dtype} as {x.dtype} (jax_enable_x64 is off)"
@@ -137,11 +161,42 @@ def from_torch(tree: Any, allow_copy: bool = True) -> Any:
                 reason = "JAX could not take the tensor's memory as it is (CPU memory not 64-byte aligned)"
             if not allow_copy:
                 raise InvalidArgumentError(f"from_torch: {reason}; a copy would be needed")
+        if narrowed and x.dtype.kind in "iu":
+            _check_narrowed_range(source, x.dtype)
         if reason is not None:
             warnings.warn(f"from_torch copied: {reason}", CopyWarning, stacklevel=3)
         return x
 
     return jax.tree_util.tree_map(convert, tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+
+
+def _check_narrowed_range(t: torch.Tensor, dtype: np.dtype) -> None:
+    """InvalidArgumentError when the int64 / uint64 tensor `t` holds a value outside `dtype`, the
+    32-bit type JAX narrowed it to (values outside would have wrapped). Run by torch on `t`'s device."""
+    if not t.numel():
+        return
+    info = np.iinfo(dtype)
+    if t.dtype == torch.uint64:  # torch has no min / max for uint64: as int64, values >= 2**63 are < 0
+        signed = t.view(torch.int64)
+        wide = signed < 0
+        small = signed[~wide]
+        lo = int(small.min()) if small.numel() else int(signed.min()) % 2**64
+        hi = int(signed[wide].max()) % 2**64 if bool(wide.any()) else int(small.max())
+    else:
+        lo, hi = (int(v) for v in torch.aminmax(t))
+    if info.min <= lo and hi <= info.max:
+        return
+    cast = (
+        f"(e.g. t.clamp({info.min}, {info.max}).to(torch.{dtype}))"
+        if t.dtype == torch.int64
+        else f"once its values fit (t.to(torch.{dtype}))"
+    )
+    raise InvalidArgumentError(
+        f"from_torch: the {t.dtype} tensor of shape {tuple(t.shape)} holds values in [{lo}, {hi}], outside "
+        f"{dtype}'s range [{info.min}, {info.max}]; JAX holds {t.dtype} as {dtype} (jax_enable_x64 is off), "
+        f"so they would wrap: enable 64-bit types (jax.config.update('jax_enable_x64', True)) or cast the "
+        f"tensor first {cast}"
+    )
 
 
 def _jax_dtype_of(dtype: torch.dtype) -> np.dtype | None:
@@ -159,6 +214,16 @@ def _column_tensor(column: np.ndarray) -> torch.Tensor:
     if column.dtype == np.dtype(ml_dtypes.bfloat16):
         return torch.from_numpy(column.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(column)
+
+
+def _not_plain(t: torch.Tensor, what: str) -> str:
+    """Why the sparse or quantized tensor `what` is refused, with the fix."""
+    if t.is_quantized:
+        return (
+            f"{what} is a quantized torch tensor ({t.dtype}); pass {what}.dequantize() (or .int_repr() for "
+            "its integers) instead"
+        )
+    return f"{what} is a torch tensor of layout {t.layout}; pass a dense one ({what}.to_dense())"
 
 
 def _runs(rows: np.ndarray) -> Iterator[tuple[int, int, int]]:
@@ -209,9 +274,13 @@ def insert_tensors(
 ) -> np.ndarray:
     """Inserts a batch of torch tensors by copying each straight into the table's rows.
 
-    This is how `Table.insert` takes CUDA tensors: rows are claimed first, then each field is copied
-    from the device into the claimed rows (one copy per run of consecutive rows), then the rows are
-    published. It works for CPU tensors too (and is tested with them).
+    This is how `Table.insert` takes CUDA tensors: a chunk of rows (at most an eighth of the table) is
+    claimed, each field is copied from the device into the claimed rows (one copy per run of consecutive
+    rows), then the rows are published, and so on, as the host insert claims, copies and publishes its
+    chunks. So the rows stored and the ids returned are those of `Table.insert` of the same batch on the
+    host: a batch larger than the table, or one that meets rows held by writers, overwrites rows of its
+    own earlier chunks (the ids of those rows appear twice; the rows hold the later values), and rows held
+    by writers are skipped. It works for CPU tensors too (and is tested with them).
 
     Args and returns as `Table.insert`. Tensors are cast to the fields' dtypes by the table's casting
     policy, as host arrays are (`gear_jax.casting`), with the value checks run by torch on the tensors'
@@ -219,9 +288,12 @@ def insert_tensors(
     claimed.
 
     Raises:
-      InvalidArgumentError: missing or unknown fields, wrong dtypes or shapes, tensors on different
-        devices, bad priorities or lengths. Nothing is written then; rows claimed before a failing copy
-        are given back empty.
+      InvalidArgumentError: missing or unknown fields, wrong dtypes or shapes, sparse or quantized
+        tensors, tensors on different devices, bad priorities or lengths. Nothing is written then.
+      AllRowsHeldError: every row of the table is held by writers when a chunk is claimed: the chunks
+        before it stay published (as with the host insert); nothing else changed.
+      A failing copy (a CUDA error, KeyboardInterrupt): the rows of its chunk are given back empty (at
+      most an eighth of the table); earlier chunks stay published.
     """
     table = _args.check_table(table, "insert_tensors")
     native = table.native
@@ -239,6 +311,9 @@ def insert_tensors(
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"batch[{name!r}] is a {type(t).__name__}, expected a torch.Tensor")
         devices.add(t.device)
+        if t.layout != torch.strided or t.is_quantized:
+            problems.append(_not_plain(t, f"batch[{name!r}]"))
+            continue
         problem = batches.shape_problem(name, tuple(t.shape), lead_shape)
         if problem:
             problems.append(problem)
@@ -265,29 +340,56 @@ def insert_tensors(
     p = _rows.priorities(priorities, rows)
     n = np.full((rows,), steps, np.int32) if lengths is None else _rows.lengths(lengths, rows, steps)
 
-    claimed: list[int] = []
-    committed = 0
+    ids = np.empty((rows,), np.int32)
+    # Claimed, copied and published a chunk at a time, as the host insert does (SharedTable::Insert): at
+    # most an eighth of the ring is held at once, so that a batch larger than the table, or one that
+    # meets rows held by writers, overwrites rows of its own earlier chunks instead of claiming every
+    # row of the table (and giving them all back empty when the next claim finds none left).
+    chunk = max(1, table.capacity // 8)
     with AdmittedInserts(table, rows, timeout) as admitted:
-        try:
-            for _ in range(rows):
+        done = 0
+        while done < rows:
+            claimed = _claim_rows(native, min(chunk, rows - done))
+            committed = 0
+            try:
+                for name in spec.fields:
+                    source = tensors[name].detach()[done : done + len(claimed)]
+                    column = _column_tensor(table.columns[name])
+                    for first, row, count in _runs(claimed):
+                        piece = source[first : first + count]
+                        if not spec.is_trajectory:
+                            piece = piece.unsqueeze(1)
+                        column[row : row + count, :steps].copy_(piece)
+                for i, row in enumerate(claimed):
+                    admitted.commit(int(row), int(n[done + i]), float(p[done + i]))
+                    committed = i + 1
+            except BaseException:
+                for row in claimed[committed:]:
+                    native.abandon(int(row))
+                raise
+            ids[done : done + len(claimed)] = claimed
+            done += len(claimed)
+    return ids
+
+
+def _claim_rows(native: Any, want: int) -> np.ndarray:
+    """Up to `want` rows claimed by this process, at least one: fewer when every other row is held (by
+    writers, or by this claim), as the host insert publishes what it holds rather than wait. Raises
+    AllRowsHeldError when no row at all can be claimed; the rows claimed are given back on any error."""
+    claimed: list[int] = []
+    try:
+        while len(claimed) < want:
+            try:
                 claimed.append(int(native.claim()))
-            ids = np.asarray(claimed, np.int64)
-            for name in spec.fields:
-                source = tensors[name].detach()
-                column = _column_tensor(table.columns[name])
-                for first, row, count in _runs(ids):
-                    piece = source[first : first + count]
-                    if not spec.is_trajectory:
-                        piece = piece.unsqueeze(1)
-                    column[row : row + count, :steps].copy_(piece)
-            for i, row in enumerate(claimed):
-                admitted.commit(row, int(n[i]), float(p[i]))
-                committed = i + 1
-        except BaseException:
-            for row in claimed[committed:]:
-                native.abandon(row)
-            raise
-    return np.asarray(claimed, np.int32)
+            except AllRowsHeldError:
+                if not claimed:
+                    raise
+                break
+    except BaseException:
+        for row in claimed:
+            native.abandon(row)
+        raise
+    return np.asarray(claimed, np.int64)
 
 
 def check_step(table: Table, name: str, value: torch.Tensor) -> torch.Tensor:
@@ -313,21 +415,35 @@ def copy_step(table: Table, name: str, row: int, step: int, value: torch.Tensor)
 # -- batches out ------------------------------------------------------------------------------------
 
 
-def _jax_device(device: Any) -> jax.Device:
+def _seed(seed: Any, op: str) -> int:
+    """`seed` as an int in [0, 2**63 - 1] (what both numpy's Generator and `jax.random.key` take), or
+    InvalidArgumentError naming `op`'s `seed`."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**63:
+        raise InvalidArgumentError(f"{op}: seed={seed!r} must be an int in [0, 2**63 - 1]")
+    return int(seed)
+
+
+def _jax_device(device: Any, op: str) -> jax.Device:
     """The JAX device for a torch device (or name): cpu, or cuda:N -> the N-th GPU."""
-    d = torch.device(device) if device is not None else torch.device("cpu")
+    try:
+        d = torch.device(device) if device is not None else torch.device("cpu")
+    except (RuntimeError, TypeError, ValueError):
+        raise InvalidArgumentError(
+            f"{op}: device={device!r} is not a torch device; expected 'cpu', 'cuda', 'cuda:N' or a "
+            "torch.device"
+        ) from None
     if d.type == "cpu":
         return jax.devices("cpu")[0]
     if d.type == "cuda":
         try:
             gpus = jax.devices("gpu")
         except RuntimeError as e:
-            raise InvalidArgumentError(f"device={device!r}: JAX sees no GPU") from e
+            raise InvalidArgumentError(f"{op}: device={device!r}: JAX sees no GPU") from e
         index = d.index or 0
         if index >= len(gpus):
-            raise InvalidArgumentError(f"device={device!r}: JAX sees {len(gpus)} GPUs")
+            raise InvalidArgumentError(f"{op}: device={device!r}: JAX sees {len(gpus)} GPUs")
         return gpus[index]
-    raise InvalidArgumentError(f"device={device!r}: expected 'cpu' or 'cuda[:N]'")
+    raise InvalidArgumentError(f"{op}: device={device!r}: expected 'cpu' or 'cuda[:N]'")
 
 
 class Sampler:
@@ -376,9 +492,10 @@ class Sampler:
             raise InvalidArgumentError(
                 f"Sampler: `table` must be a gear_jax.Table, got {type(table).__name__}"
             )
+        seed = _seed(seed, "Sampler")
         self._table = table
         self._batch_size = int(batch_size)
-        self._device = _jax_device(device)
+        self._device = _jax_device(device, "Sampler")
         self._prefetch = bool(prefetch) and self._device.platform != "cpu"
         self._key = jax.device_put(jax.random.key(seed), self._device)
         self._after = jax.device_put(jnp.zeros((), jnp.int32), self._device)
@@ -513,12 +630,13 @@ class EpochSampler:
                 f"EpochSampler: `table` must be a gear_jax.Table, got {type(table).__name__}"
             )
         op = "EpochSampler"
+        seed = _seed(seed, op)
         mb, rows = epochs.check_epoch(table, minibatch_size, num_rows, drop_last, op, window)
         drop_last = bool(drop_last)
         self._table = table
         self._options = {"minibatch_size": mb, "num_rows": rows, "drop_last": drop_last, "window": window}
         self._fields = fields
-        self._device = _jax_device(device)
+        self._device = _jax_device(device, op)
         self._on_host = self._device.platform == "cpu"
         self._rng = np.random.default_rng(seed)
         self._key = jax.device_put(jax.random.key(seed), self._device)

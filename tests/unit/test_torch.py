@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -296,3 +297,179 @@ def test_insert_tensors_cast_by_the_tables_casting_policy(make_table):
     with pytest.raises(gj.InvalidArgumentError, match=strict):
         gjt.insert_tensors(table, {"y": torch.tensor([1]), "x": torch.zeros(1)})
     assert table.size == 3
+
+
+def held_by_writers(table, count):
+    """`count` episode writers, each holding one row (an episode begun, not ended)."""
+    writers = [table.writer() for _ in range(count)]
+    for w in writers:
+        w.append({name: np.zeros(f.shape, f.dtype) for name, f in table.spec.fields.items()})
+    return writers
+
+
+def stored(table):
+    status = table.row_status()
+    return table.size, table.columns["x"].copy(), status["length"].copy(), status["priority"].copy()
+
+
+@pytest.mark.parametrize(
+    "capacity, steps, held, batch",
+    [
+        (8, 1, 0, 9),  # one row more than the table (the review's first case)
+        (64, 1, 0, 200),  # several laps of the ring, in chunks of 8
+        (8, 2, 1, 8),  # capacity rows while a writer holds one (the review's second case)
+        (8, 2, 1, 7),  # exactly the free room while a writer holds a row
+        (64, 1, 56, 8),  # exactly the free room, a whole chunk, with most rows held
+        (64, 1, 60, 8),  # a chunk finds fewer free rows than it asks for: publishes those, goes on
+    ],
+)
+def test_insert_tensors_that_do_not_fit_store_what_the_host_insert_stores(
+    make_table, capacity, steps, held, batch
+):
+    """A batch larger than the free room (the table, or the rows writers do not hold) is stored as the
+    host insert stores it: the same ids, sizes, rows; no committed row is lost to a failed claim."""
+    lead = (batch, steps) if steps > 1 else (batch,)
+    values = (np.arange(np.prod(lead), dtype=np.float32) + 100).reshape(lead)
+    priorities = np.arange(1, batch + 1, dtype=np.float32)
+    results = []
+    for via in ("torch", "host"):
+        table = make_table(fields={"x": gj.Field((), "float32")}, capacity=capacity, max_steps=steps)
+        table.insert({"x": np.arange(capacity * steps, dtype=np.float32).reshape(capacity, *lead[1:])})
+        writers = held_by_writers(table, held)
+        assert table.size == capacity - held
+        if via == "torch":
+            ids = gjt.insert_tensors(table, {"x": torch.from_numpy(values)}, priorities=priorities)
+        else:
+            ids = table.insert({"x": values}, priorities=priorities)
+        results.append((ids, *stored(table)))
+        for w in writers:
+            w.close()
+    (ids, size, x, length, priority), host = results[0], results[1]
+    np.testing.assert_array_equal(ids, host[0])
+    assert size == host[1] == capacity - held  # no committed row lost
+    np.testing.assert_array_equal(x, host[2])
+    np.testing.assert_array_equal(length, host[3])
+    np.testing.assert_array_equal(priority, host[4])
+    last = {int(row): i for i, row in enumerate(ids)}  # each row holds the last batch row written to it
+    assert len(last) == min(batch, capacity - held)
+    for row, i in last.items():
+        np.testing.assert_array_equal(x[row, :steps], values[i].reshape(-1))
+        assert priority[row] == priorities[i]
+
+
+def test_insert_tensors_into_rows_all_held_changes_nothing(make_table):
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=8)
+    table.insert({"x": np.arange(8, dtype=np.float32)})
+    writers = held_by_writers(table, 8)
+    before = stored(table)
+    with pytest.raises(gj.AllRowsHeldError):
+        gjt.insert_tensors(table, {"x": torch.ones(3)})
+    after = stored(table)
+    assert after[0] == before[0] == 0
+    for a, b in zip(after[1:], before[1:]):
+        np.testing.assert_array_equal(a, b)
+    for w in writers:
+        w.close()
+    rows = gjt.insert_tensors(table, {"x": torch.ones(3)})  # the rows are free again
+    assert table.size == 3 and (table.columns["x"][rows, 0] == 1).all()
+
+
+def test_a_failing_copy_gives_back_only_its_chunk(make_table, monkeypatch):
+    """A copy that fails (a CUDA error, say) after earlier chunks were published leaves those published
+    and gives back the rows of its own chunk (capacity // 8 rows at most) empty, never the table."""
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=16)
+    table.insert({"x": np.arange(16, dtype=np.float32)})
+    calls = []
+
+    def failing_column(column):
+        calls.append(column)
+        if len(calls) == 3:  # the third chunk (of 2 rows) of a one-field table
+            raise RuntimeError("copy failed")
+        return torch.from_numpy(column)
+
+    monkeypatch.setattr(gjt, "_column_tensor", failing_column)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        gjt.insert_tensors(table, {"x": torch.full((6,), -1.0)})
+    status = table.row_status()
+    assert table.size == 14 and (status["generation"] % 2 == 0).all()
+    np.testing.assert_array_equal(table.columns["x"][:4, 0], [-1.0] * 4)  # the published chunks
+    np.testing.assert_array_equal(status["length"][4:6], [0, 0])  # the failing chunk's rows, empty
+    np.testing.assert_array_equal(table.columns["x"][6:, 0], np.arange(6, 16))  # untouched
+
+
+@pytest.mark.parametrize(
+    "tensor, values",
+    [
+        (torch.tensor([2**40 + 5, 2**31], dtype=torch.int64), r"\[2147483648, 1099511627781\]"),
+        (torch.tensor([-(2**31) - 1, 0], dtype=torch.int64), r"\[-2147483649, 0\]"),
+        (torch.tensor([2**63, 3], dtype=torch.uint64), r"\[3, 9223372036854775808\]"),
+        (torch.tensor([2**32, 2**33], dtype=torch.uint64), r"\[4294967296, 8589934592\]"),
+        (torch.tensor([[1, 2**35], [3, 4]], dtype=torch.int64).T, r"\[1, 34359738368\]"),  # not contiguous
+    ],
+)
+def test_from_torch_refuses_64_bit_integers_that_would_wrap(tensor, values):
+    """Without jax_enable_x64, JAX holds int64 / uint64 as 32 bits: a value outside is refused, never
+    wrapped; values inside are copied (with the CopyWarning), and with x64 every value crosses."""
+    with pytest.raises(gj.InvalidArgumentError, match=values + r", outside u?int32's range.*jax_enable_x64"):
+        gjt.from_torch({"t": tensor})
+    top = 2**31 - 1 if tensor.dtype == torch.int64 else 2**32 - 1  # the 32-bit type's largest value
+    fits = torch.tensor([0, top, 5], dtype=tensor.dtype)
+    with pytest.warns(gjt.CopyWarning, match="jax_enable_x64 is off"):
+        x = gjt.from_torch(fits)
+    assert x.dtype.itemsize == 4 and np.asarray(x).tolist() == [0, top, 5]
+    with jax.enable_x64(True):
+        wide = gjt.from_torch(tensor.contiguous(), allow_copy=False)
+        assert wide.dtype.itemsize == 8
+        np.testing.assert_array_equal(
+            np.asarray(wide).view(np.uint64), tensor.contiguous().numpy().view(np.uint64)
+        )
+
+
+def test_bad_tensors_seeds_devices_and_leaves_are_refused_by_name(make_table):
+    table = filled_table(make_table)
+    before = table.columns["obs"].copy()
+    sparse = torch.ones(3, 4).to_sparse()
+    with warnings.catch_warnings():  # torch deprecates quantize_per_tensor
+        warnings.simplefilter("ignore")
+        quantized = torch.quantize_per_tensor(torch.ones(3, 4), 0.1, 0, torch.quint8)
+    ids = torch.zeros(3, dtype=torch.int32)
+    for insert in (table.insert, lambda b: gjt.insert_tensors(table, b)):
+        with pytest.raises(
+            gj.InvalidArgumentError, match=r"batch\['obs'\] is a torch tensor of layout .*to_dense"
+        ):
+            insert({"obs": sparse, "id": ids})
+        with pytest.raises(
+            gj.InvalidArgumentError, match=r"batch\['obs'\] is a quantized torch tensor.*dequantize"
+        ):
+            insert({"obs": quantized, "id": ids})
+    with pytest.raises(gj.InvalidArgumentError, match=r"row\['obs'\] is a torch tensor of layout"):
+        table.add({"obs": torch.ones(4).to_sparse(), "id": 0})
+    with pytest.raises(
+        gj.InvalidArgumentError, match=r"batch\['obs'\] is a torch.float8_e4m3fn torch tensor"
+    ):
+        table.insert({"obs": torch.ones(3, 4).to(torch.float8_e4m3fn), "id": ids})
+    assert table.size == 32 and (table.columns["obs"] == before).all()
+
+    for seed in (-1, 2**63, 1.5, True, "0"):
+        with pytest.raises(
+            gj.InvalidArgumentError, match=r"Sampler: seed=.* must be an int in \[0, 2\*\*63 - 1\]"
+        ):
+            gjt.Sampler(table, 8, seed=seed)
+        with pytest.raises(gj.InvalidArgumentError, match=r"EpochSampler: seed=.* must be an int"):
+            gjt.EpochSampler(table, 8, seed=seed)
+    for device in ("garbage", "cuda:-1", True, 1.5):
+        with pytest.raises(gj.InvalidArgumentError, match=r"Sampler: device=.* is not a torch device"):
+            gjt.Sampler(table, 8, device=device)
+        with pytest.raises(gj.InvalidArgumentError, match=r"EpochSampler: device=.* is not a torch device"):
+            gjt.EpochSampler(table, 8, device=device)
+    assert next(gjt.Sampler(table, 8, seed=np.int64(2**63 - 1), device=torch.device("cpu")))["valid"].all()
+
+    with pytest.raises(
+        gj.InvalidArgumentError, match=r"to_torch: the array is a JAX array of dtype key<fry>"
+    ):
+        gjt.to_torch(jax.random.key(0))
+    with pytest.raises(gj.InvalidArgumentError, match=r"to_torch: tree\['state'\]\[1\] is .*key_data"):
+        gjt.to_torch({"x": jnp.zeros(2), "state": (jnp.ones(2), jax.random.key(0))})
+    assert torch.equal(
+        gjt.to_torch(jax.random.key_data(jax.random.key(0))), torch.tensor([0, 0], dtype=torch.uint32)
+    )
