@@ -7,9 +7,16 @@ every process attached to the table follows them:
   one of them per pick, by a compare-and-swap of the row's count (tagged with the contents' generation),
   so that however many learners sample at once no row is picked more than `k` times; the pick that takes
   the last one sets the row's priority to 0 (unselectable; the ring overwrites it in turn) and
-  `update_priorities` never raises it again. A pick of a row with no sample left (taken by another
-  learner, or earlier in the same batch, since uniform and prioritized picks are with replacement) fails:
-  `gather` returns it `valid=False`. Fifo, lifo and topk picks pass such a row over for the next one.
+  `update_priorities` never raises it again. A pick of a row with no sample left fails: `gather`
+  returns it `valid=False`. When that happens depends on the method. A uniform pick draws among the rows
+  still selectable when it is made; on the CPU a batch's picks are made one after another, so a row that
+  an earlier pick of the batch used up is not drawn again, and a pick fails only where another learner
+  took the row's last sample between the pick's look at the row and its take (on a GPU, whose picks are
+  made at once, also where another pick of the same batch did). A prioritized pick draws from the
+  priorities as the call found them, so one that lands on a row an earlier pick of the batch used up
+  fails. Fifo, lifo and topk picks pass a used-up row over for the next one. Priorities of 0 are refused
+  in a queue's inserts, and priority updates (`update_priorities`, `retire`) of a queue's rows: in a
+  queue, only `dequeue` consumes.
 - `queue=True`: a queue of rows, consumed once each, oldest first. Writers never overwrite a row that no
   consumer took: host inserts (`Table.insert`, `Table.add`, `EpisodeWriter`) wait while the queue is full
   (their `timeout=` bounds the wait), through the table's rate limiter, which counts consumed rows as

@@ -338,6 +338,7 @@ def insert_tensors(
     if rows == 0:
         return np.zeros((0,), np.int32)
     p = _rows.priorities(priorities, rows)
+    table.native.check_priorities(p)  # the native rules (a queue's rows > 0) before any row is claimed
     n = np.full((rows,), steps, np.int32) if lengths is None else _rows.lengths(lengths, rows, steps)
 
     ids = np.empty((rows,), np.int32)

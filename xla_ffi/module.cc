@@ -537,6 +537,16 @@ PYBIND11_MODULE(_native, m) {
       .def("cursors", &gear::Cursors)
       .def("max_priority", &gear::MaxPriority)
       .def(
+          "check_priorities",
+          [](OpenTable& self, py::array_t<float, py::array::c_style | py::array::forcecast> priorities) {
+            // SharedTable::CheckPriority over an array (InvalidArgumentError), for a caller that claims
+            // rows itself and must refuse a priority before it claims any (gear_jax.torch.insert_tensors).
+            const SharedTable& table = self.table();
+            for (py::ssize_t i = 0; i < priorities.size(); ++i)
+              table.CheckPriority(priorities.data()[i], "priorities[" + std::to_string(i) + "]");
+          },
+          py::arg("priorities"))
+      .def(
           "publish_restored_rows",
           [](OpenTable& self, int64_t start,
              py::array_t<uint64_t, py::array::c_style | py::array::forcecast> states) {

@@ -105,6 +105,35 @@ def test_a_batch_larger_than_what_is_left_fails_the_extra_picks(make_table):
         jax.block_until_ready(gj.sample(table, jax.random.key(1), 4))
 
 
+@pytest.mark.parametrize("method", ["uniform", "prioritized"])
+def test_picks_of_a_batch_and_the_rows_they_use_up(make_table, method):
+    """max_times_sampled=1, 4 rows, 4 picks with replacement. On the CPU a batch's picks are made one
+    after another, and a uniform pick draws among the rows still selectable: a row an earlier pick used
+    up is not drawn again, so the 4 picks are the 4 rows. A prioritized pick draws from the priorities as
+    the call found them: one that lands on a row an earlier pick used up fails, so the valid picks are the
+    distinct rows of 4 independent draws: 1, 2, 3 or 4 of them with probabilities 4, 84, 144 and 24 in
+    256."""
+    from scipy import stats
+
+    from tests.helpers.sampling import P_THRESHOLD
+
+    table = make_table(fields=IDS, capacity=4, max_times_sampled=1)
+    rng = np.random.default_rng(0)
+    counts = np.zeros(5)
+    for _ in range(600):
+        table.insert(ids(4))  # rewrites the 4 rows: each has its one sample again
+        s = host.sample(table, rng, 4, method=method)
+        valid = host.gather(table, s)["valid"]
+        assert len(set(s.indices[valid].tolist())) == int(valid.sum())  # no row delivered twice
+        counts[int(valid.sum())] += 1
+    if method == "uniform":
+        assert counts[4] == 600
+    else:
+        exact = np.array([4, 84, 144, 24]) / 256
+        assert counts[0] == 0
+        assert stats.chisquare(counts[1:], exact * counts.sum()).pvalue > P_THRESHOLD, counts
+
+
 def test_update_priorities_never_revives_a_used_up_row(make_table):
     table = make_table(fields=IDS, capacity=8, max_times_sampled=2)
     table.insert(ids(2))
@@ -436,3 +465,16 @@ def test_a_step_ring_uses_episodes_up_too():
         ring.insert({"id": np.full((1, 6), 9, np.int32)}, lengths=[4])
         s = gj.sample(ring, jax.random.key(99), 3, window=2)
         assert sorted(v for _, _, v in delivered(ring, s, gj.gather(ring, s))) == [9, 9]
+
+
+def test_a_torch_insert_into_a_queue_refuses_priority_zero_before_it_claims_a_row(make_table):
+    torch = pytest.importorskip("torch")
+    from gear_jax.torch import insert_tensors
+
+    queue = make_table(fields=IDS, capacity=16, queue=True)
+    batch = {"id": torch.arange(12, dtype=torch.int32)}
+    with pytest.raises(gj.InvalidArgumentError, match=r"priorities\[11\] = 0 .* a queue"):
+        insert_tensors(queue, batch, priorities=[1.0] * 11 + [0.0])  # chunks of 2 rows: the last is bad
+    assert queue.size == 0 and queue.unconsumed == 0
+    insert_tensors(queue, batch)
+    assert host.dequeue(queue, 12)[1]["id"].tolist() == list(range(12))
