@@ -19,11 +19,12 @@ wrappers that build the `shard_map` (`ShardedTable.sampler`, `ShardedTable.updat
   capacities (`exchange_capacities`: ceil(1.5 B / S^2) + 4, larger ones, then B / S, which always fits)
   that holds the fullest block; every device takes the same branch (`exchange_branch`), so the result
   is exactly that of full-size blocks whatever the shards' shares.
-  fifo, lifo and topk in `global` mode are decentralized: each shard's B best rows are its candidates
-  (`gear_jax.ops.ordered_candidates`), their 8-byte order keys are all-gathered (S x B keys), every
-  device sorts them the same way and keeps the B best, and only the winners' rows move, through the same
-  exchange. topk equals one table holding every shard's rows in shard-major order (priority
-  descending, ties to the lower global row id). Shards have no common clock, so fifo orders by each
+  fifo, lifo and topk in `global` mode are decentralized: each shard's K = min(B, capacity) best rows
+  are its candidates (`gear_jax.ops.ordered_candidates`), their 8-byte order keys are all-gathered (S x K
+  keys), every device sorts them the same way and keeps the B best, and only the winners' rows move,
+  through the same exchange; B may exceed one shard's capacity, up to the S x capacity rows of all.
+  topk equals one table holding every shard's rows in shard-major order (priority descending, ties to
+  the lower global row id). Shards have no common clock, so fifo orders by each
   shard's commit count, ties to the lower shard: the k-th row committed to any shard comes before the
   (k+1)-th row of any shard (time order when shards fill at the same rate); lifo is fifo's reverse.
 - `local`: each device draws B / S picks from its own shard; no row moves. `probabilities` is the true
@@ -39,7 +40,8 @@ of the step's branch):
   in all but a tiny share of steps (at S = 4, B = 1024: C = 100, S C = 400 rows sent for 256 picked,
   where full-size blocks sent 1,024; a step overflows 100 with probability under 5e-6), and a shard
   holding more of the weight takes a larger C;
-- global fifo / lifo / topk: the same plus the all_gather of S x B order keys (8 S B bytes);
+- global fifo / lifo / topk: the same plus the all_gather of S x K order keys (8 S K bytes, K =
+  min(B, capacity));
 - local: the psum of one count; no rows move.
 
 `ShardedSample.selectable` is the global count N of selectable rows; `importance_weights` forms
@@ -74,9 +76,9 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from gear_jax import _agreement, _args, ops
+from gear_jax import _agreement, _args, _ffi, _rows, ops
 from gear_jax.selection import ORDERED_METHODS, Sample
-from gear_jax.errors import InvalidArgumentError
+from gear_jax.errors import InvalidArgumentError, TableClosedError
 from gear_jax.spec import TableSpec
 from gear_jax.table import Table
 
@@ -315,6 +317,18 @@ class ShardedTable:
 
     def shard(self, s: int) -> Table:
         """This process's shard `s` (raises for a shard another process owns)."""
+        op = "ShardedTable.shard"
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise InvalidArgumentError(
+                f"{op}: s must be a shard index, an int in [0, {self.num_shards}), got {type(s).__name__}; "
+                "local_shards maps this process's shard indices to their tables"
+            )
+        if not 0 <= s < self.num_shards:
+            raise InvalidArgumentError(
+                f"{op}: s={s} is not a shard of {self.name!r}, whose {self.num_shards} shards (one per "
+                f"device along {self.axis!r}) are numbered 0 to {self.num_shards - 1}; local_shards maps "
+                "this process's shard indices to their tables"
+            )
         if s not in self._shards:
             raise InvalidArgumentError(
                 f"ShardedTable.shard: shard {s} of {self.name!r} lives in process "
@@ -330,6 +344,17 @@ class ShardedTable:
         """(shard, row) of global row ids."""
         g = np.asarray(global_rows, np.int64)
         return g // self.capacity, g % self.capacity
+
+    def _check_open(self, op: str) -> None:
+        """Refuses a call on a table whose shards (this process's) were closed: a compiled call would
+        dispatch, fail asynchronously on the devices, and its failure would come back at exit."""
+        for s, table in self._shards.items():
+            if table.closed:
+                raise TableClosedError(
+                    f"{op}: shard {s} of the sharded table {self.name!r} is closed; a compiled sampler or "
+                    "updater reads the shards it was made for: create or load the sharded table again and "
+                    "make new ones from it"
+                )
 
     # -- inside shard_map -------------------------------------------------------------------------
 
@@ -366,7 +391,9 @@ class ShardedTable:
         jitted = jax.jit(mapped)
 
         def call(key: Any) -> tuple[ShardedSample, dict]:
-            return jitted(_key_data(key))
+            key_data = _key_data(key, "ShardedTable.sampler")
+            self._check_open("ShardedTable.sampler")
+            return jitted(key_data)
 
         return call
 
@@ -381,6 +408,8 @@ class ShardedTable:
         jitted: dict[int, Callable] = {}  # by window
 
         def call(smp: ShardedSample, priorities: Any) -> jax.Array:
+            smp, priorities = self._updater_arguments(smp, priorities)
+            self._check_open("ShardedTable.updater")
             if smp.window not in jitted:
                 specs = (ShardedSample(row, row, row, row, P(), window=smp.window), row)
                 mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=row, check_vma=False)
@@ -389,14 +418,58 @@ class ShardedTable:
 
         return call
 
+    def _updater_arguments(self, smp: Any, priorities: Any) -> tuple[ShardedSample, Any]:
+        """The updater's (sample, priorities), checked before the shard_map splits them: a sample of B
+        picks, B a multiple of the shards, and one priority per pick (their dtype: update_priorities)."""
+        op = "ShardedTable.updater"
+        if not isinstance(smp, ShardedSample):
+            raise InvalidArgumentError(
+                f"{op}: the sample must be a gear_jax.sharded.ShardedSample (what a sampler of this table "
+                f"returns), got {type(smp).__name__}"
+            )
+        shape = tuple(np.shape(smp.indices))
+        if len(shape) != 1 or shape[0] % self.num_shards:
+            raise InvalidArgumentError(
+                f"{op}: the sample's indices have shape {shape}; the updater takes a sampler's sample, B "
+                f"picks with B a multiple of the {self.num_shards} shards (for an epoch's picks use "
+                "sharded.update_priorities or sharded.retire inside jax.shard_map)"
+            )
+        if not isinstance(priorities, jax.Array):
+            priorities = np.asarray(priorities)  # lists and numpy: one array, of their dtype
+        if tuple(priorities.shape) != shape:
+            raise InvalidArgumentError(
+                f"{op}: priorities has shape {tuple(priorities.shape)}, the sample has {shape} picks: pass "
+                "one priority per pick, in the sample's order"
+            )
+        return smp, priorities
 
-def _key_data(key: Any) -> np.ndarray:
-    """Raw key data as a host array (the same on every process), from a typed key, raw key or int."""
+
+def _key_data(key: Any, op: str) -> Any:
+    """Raw key data (uint32, the default PRNG implementation's shape) as a host array, the same on every
+    process, from a typed key, raw key data or an int seed; a traced key stays traced."""
+    expected = jax.random.key_data(jax.random.key(0))
+    problem = (
+        f"{op}: key must be a JAX PRNG key (jax.random.key(seed)), its raw key data (uint32 of shape "
+        f"{expected.shape}, as jax.random.key_data gives it) or an int seed, the same on every process"
+    )
+    if isinstance(key, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{problem}; got {key!r}")
     if isinstance(key, (int, np.integer)):
-        key = jax.random.key(int(key))
-    if jnp.issubdtype(getattr(key, "dtype", np.uint32), jax.dtypes.prng_key):
+        try:
+            key = jax.random.key(int(key))
+        except (OverflowError, TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"{problem}; the seed {key} does not fit ({e})") from None
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        if jnp.shape(key) != ():
+            raise InvalidArgumentError(f"{problem}; got an array of {jnp.shape(key)} keys: pass one")
         key = jax.random.key_data(key)
-    return np.asarray(key)
+    elif not isinstance(key, (jax.Array, np.ndarray, list, tuple)):
+        raise InvalidArgumentError(f"{problem}; got {type(key).__name__}")
+    data = key if isinstance(key, jax.core.Tracer) else np.asarray(key)
+    if data.dtype != expected.dtype or data.shape != expected.shape:
+        raise InvalidArgumentError(f"{problem}; got {data.dtype} of shape {data.shape}")
+    return data
 
 
 def mesh_devices(spec: TableSpec | None, mesh: Mesh, axis: str, op: str) -> list[Any]:
@@ -449,8 +522,23 @@ def agreed_name(spec: TableSpec | None, name: str | None, error: BaseException |
 
 
 def _check(table: Any, op: str) -> ShardedTable:
+    """`table` when it is a ShardedTable and the call runs inside `jax.shard_map` over its axis, with one
+    device per shard."""
     if not isinstance(table, ShardedTable):
         raise InvalidArgumentError(f"{op}: table must be a gear_jax.ShardedTable, got {type(table).__name__}")
+    try:
+        size = lax.axis_size(table.axis)
+    except NameError:
+        raise InvalidArgumentError(
+            f"{op} runs on every device at once: call it inside jax.shard_map over the axis {table.axis!r} "
+            "of the table's mesh (jax.shard_map(step, mesh=table.mesh, ...)), or use "
+            "ShardedTable.sampler / ShardedTable.updater, which build that shard_map"
+        ) from None
+    if size != table.num_shards:
+        raise InvalidArgumentError(
+            f"{op}: the shard_map's axis {table.axis!r} has {size} devices, the table {table.num_shards} "
+            "shards; map over the table's own mesh (mesh=table.mesh)"
+        )
     return table
 
 
@@ -494,7 +582,9 @@ def sample(
       `valid`.
 
     Raises:
-      InvalidArgumentError: bad batch size, method, mode or window (at trace time).
+      InvalidArgumentError: bad batch size, method, mode or window, or a call outside shard_map (at
+        trace time); for fifo, lifo and topk, a batch_size no table could fill: more than the S x
+        capacity rows of every shard (global) or B / S more than one shard's capacity (local).
       gear_jax.EXECUTION_ERRORS: at run time, when every shard is empty (global) or this device's
         shard is (local); for fifo, lifo and topk, when the shards together hold fewer than B selectable
         rows (global: every shard's table raises the single-table error) or this device's shard holds
@@ -517,6 +607,19 @@ def sample(
             f"sharded.sample: batch_size={batch_size!r} must be a positive multiple of the {num_shards} "
             f"shards (each device consumes batch_size / {num_shards} picks)"
         )
+    if method in ORDERED_METHODS:  # distinct rows: at most what the shards (local: one shard) can hold
+        most = st.capacity * (num_shards if mode == "global" else 1)
+        if batch_size // (1 if mode == "global" else num_shards) > most:
+            where = (
+                f"the {num_shards} shards' {most} rows in all (capacity {st.capacity} each)"
+                if mode == "global"
+                else f"one shard's capacity ({most}): each device takes batch_size / {num_shards} "
+                "distinct rows of its own shard"
+            )
+            raise InvalidArgumentError(
+                f"sharded.sample: batch_size={batch_size} in {mode} mode exceeds {where}; {method} picks "
+                "distinct rows: lower batch_size"
+            )
     win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
     _args.method_word(st.spec, method, win, short_episodes, "sharded.sample")  # its checks
     capacity_factor = _args.check_capacity_factor(capacity_factor, "sharded.sample")
@@ -860,10 +963,11 @@ def _merge_ordered(
     selectable: jax.Array,
     after: Any,
 ) -> tuple[jax.Array, Sample]:
-    """fifo, lifo and topk over every shard, decentralized: each shard's B best rows are its candidates;
-    their order keys (8 bytes each) are all-gathered, and every device sorts the S x B keys the same way
-    and keeps the B best. (owner shard of each pick, this shard's Sample of B slots as in _draw_global;
-    probabilities 1.)
+    """fifo, lifo and topk over every shard, decentralized: each shard's K = min(B, capacity) best rows
+    are its candidates (no shard offers more than its capacity, and B <= S x capacity: `sample` checks
+    it); their order keys (8 bytes each) are all-gathered, and every device sorts the S x K keys the same
+    way and keeps the B best. (owner shard of each pick, this shard's Sample of K slots as in
+    _draw_global; probabilities 1.)
 
     The answer is the one-table answer for a table holding every shard's rows: topk by priority, ties to
     the lower global row id; fifo by each shard's commit order with ties to the lower shard (the k-th row
@@ -871,23 +975,26 @@ def _merge_ordered(
     """
     num_shards = st.num_shards
     me = lax.axis_index(st.axis)
+    per_shard = min(batch_size, st.capacity)
 
     def candidates(t: Table) -> tuple[Sample, jax.Array]:
-        return ops.ordered_candidates(t, window_key, batch_size, method, window=window, after=after)
+        return ops.ordered_candidates(t, window_key, per_shard, method, window=window, after=after)
 
     def too_few(t: Table) -> tuple[Sample, jax.Array]:
-        # Raises at run time with the single-table error: every shard has fewer than B rows.
-        smp = ops.sample(t, window_key, batch_size, method=method, window=window, after=after)
-        return dataclasses.replace(smp, selectable=None, lengths=None), jnp.full(
-            (batch_size, 2), 0xFFFFFFFF, jnp.uint32
-        )
+        # The shards together hold fewer than B selectable rows: every shard raises the single-table
+        # error at run time (each holds fewer than B), so that no device goes on to wait in the
+        # all_gather below for one that failed.
+        smp = _sample_unfillable(t, window_key, batch_size, method, window, after)
+        smp = dataclasses.replace(smp, selectable=None, lengths=None)
+        head = jax.tree_util.tree_map(lambda x: x[:per_shard], smp)  # the candidates' shapes
+        return head, jnp.full((per_shard, 2), 0xFFFFFFFF, jnp.uint32)
 
     local, keys = lax.cond(
         selectable >= batch_size, lambda: st._on_my_shard(candidates), lambda: st._on_my_shard(too_few)
     )
-    every = lax.all_gather(keys, st.axis)  # [S, B, 2]: low and high words, the same on every device
+    every = lax.all_gather(keys, st.axis)  # [S, K, 2]: low and high words, the same on every device
     low, high = every[..., 0].reshape(-1), every[..., 1].reshape(-1)
-    shard = jnp.repeat(jnp.arange(num_shards, dtype=jnp.uint32), batch_size)
+    shard = jnp.repeat(jnp.arange(num_shards, dtype=jnp.uint32), per_shard)
     if method == "topk":  # (priority descending, shard, row): the global row id breaks ties
         order = jnp.lexsort((low, shard, high))
     elif method == "fifo":  # (commit order, shard)
@@ -895,8 +1002,8 @@ def _merge_ordered(
     else:  # lifo: the reverse of fifo
         order = jnp.lexsort((jnp.uint32(num_shards - 1) - shard, low, high))
     winners = order[:batch_size]
-    owner = (winners // batch_size).astype(jnp.int32)
-    slot = winners % batch_size
+    owner = (winners // per_shard).astype(jnp.int32)
+    slot = winners % per_shard
     mine = owner == me
     smp = Sample(
         jnp.where(mine, local.indices[slot], 0),
@@ -908,6 +1015,24 @@ def _merge_ordered(
     return owner, smp
 
 
+def _sample_unfillable(
+    t: Table, key: jax.Array, batch_size: int, method: str, window: int | None, after: Any
+) -> Sample:
+    """`ops.sample(t, key, batch_size, method=method, ...)` where the shard holds fewer than `batch_size`
+    selectable rows, whose handler then raises the single-table error at run time ("the table holds n
+    selectable rows, fewer than batch_size B"). A batch larger than the shard's capacity (a global fifo,
+    lifo or topk request that the shards together can fill) is refused by `ops.sample` at trace time,
+    since one table can never fill it: the call is then made here, with the arguments `ops` checks for
+    the largest batch it accepts; the handler takes the batch size from its outputs, and even a full
+    shard holds fewer rows than such a batch."""
+    if batch_size <= t.capacity:
+        return ops.sample(t, key, batch_size, method=method, window=window, after=after)
+    args, attrs, _, win = ops._sample_call(t, key, t.capacity, method, 1.0, window, after, "sample")
+    out_types = (*ops._pick_types(batch_size), *ops._count_and_lengths(batch_size))
+    picks = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False)(*args, **attrs)
+    return Sample(*picks, window=win, table_handle=t.handle)
+
+
 def update_priorities(
     table: ShardedTable, sample: ShardedSample, priorities: jax.Array, after: Any = None
 ) -> jax.Array:
@@ -916,35 +1041,56 @@ def update_priorities(
 
     Returns the number of rows this device's shard updated (int32 scalar); pass it as `after=` to the
     next `sample` to order the two.
+
+    Raises:
+      InvalidArgumentError: called outside shard_map, a sample that is not a ShardedSample, or priorities
+        of another shape than this device's picks or of a dtype other than float or int (at trace time).
+      gear_jax.EXECUTION_ERRORS: at run time, on every device and with no row changed, for a global row
+        id outside [0, S x capacity) (each shard's update refuses it as an index outside its rows) or a
+        priority that is NaN, infinite or negative; or a table closed since the function was traced.
     """
-    st = _check(table, "sharded.update_priorities")
+    op = "sharded.update_priorities"
+    st = _check(table, op)
     if not isinstance(sample, ShardedSample):
+        raise InvalidArgumentError(f"{op}: sample must be a ShardedSample, got {type(sample).__name__}")
+    shape = jnp.shape(sample.indices)
+    if len(shape) != 1:
         raise InvalidArgumentError(
-            f"sharded.update_priorities: sample must be a ShardedSample, got {type(sample).__name__}"
+            f"{op}: the sample's indices have shape {shape}, expected (b,): this device's picks (flatten "
+            "an epoch's [M, b] picks first, as sharded.retire does)"
         )
-    priorities = jnp.asarray(priorities)
-    if priorities.shape != sample.indices.shape:
-        raise InvalidArgumentError(
-            f"sharded.update_priorities: priorities has shape {priorities.shape}, the sample has "
-            f"{sample.indices.shape} picks on this device: one priority per pick"
-        )
+    for name in ("indices", "generations"):  # a cast to 32 bits must not name another row
+        dtype = np.dtype(jnp.result_type(getattr(sample, name)))
+        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4:
+            raise InvalidArgumentError(
+                f"{op}: the sample's {name} have dtype {dtype}; they must be integers of at most 32 bits "
+                "(a ShardedSample holds int32 global row ids and uint32 generations)"
+            )
+    # Their dtype and shape as the one-table update checks them (bools refused, say).
+    priorities = _rows.traced_priorities(
+        priorities, shape[0], op, "priorities", broadcast=False, matched="the sample's picks on this device"
+    )
     me = lax.axis_index(st.axis)
     indices, generations, values = _all_gather_words(
-        [sample.indices.astype(jnp.int32), sample.generations, priorities.astype(jnp.float32)],
+        [sample.indices.astype(jnp.int32), sample.generations.astype(jnp.uint32), priorities],
         st.axis,
         tiled=True,
     )
-    mine = indices // st.capacity == me
+    # A global row id outside [0, S x capacity) goes, as it is, to every shard, whose update refuses it as
+    # one table refuses an index outside its rows: the call fails on every device (none is left waiting in
+    # a later collective) and no shard changes a row. Every shard also takes every priority (its checks
+    # refuse a bad one wherever its row lies); the picks of other shards carry the odd generation 1,
+    # which is never applied.
+    in_range = (indices >= 0) & (indices < st.num_shards * st.capacity)
+    mine = in_range & (indices // st.capacity == me)
     local = Sample(
-        jnp.where(mine, indices % st.capacity, 0).astype(jnp.int32),
+        jnp.where(mine, indices % st.capacity, jnp.where(in_range, 0, indices)).astype(jnp.int32),
         jnp.where(mine, generations, jnp.uint32(1)),  # odd: never applied
         jnp.zeros(indices.shape, jnp.float32),
         jnp.zeros(indices.shape, jnp.int32),
         window=sample.window,
     )
-    return st._on_my_shard(
-        lambda t: ops.update_priorities(t, local, jnp.where(mine, values, 0.0), after=after)
-    )
+    return st._on_my_shard(lambda t: ops.update_priorities(t, local, values, after=after))
 
 
 def epoch(
@@ -1004,6 +1150,7 @@ def retire(table: ShardedTable, sample: ShardedSample, after: Any = None) -> jax
     """Inside `jax.shard_map`: makes the rows of `sample` (any shape, e.g. an epoch's) unselectable,
     priority 0, where they still hold what was picked, on the shards that own them; returns the count
     this device's shard retired."""
+    _check(table, "sharded.retire")
     if not isinstance(sample, ShardedSample):
         raise InvalidArgumentError(
             f"sharded.retire: sample must be a ShardedSample (an epoch's), got {type(sample).__name__}"
@@ -1017,6 +1164,11 @@ def importance_weights(table: ShardedTable, sample: ShardedSample, beta: float) 
     global batch (a `pmax`); 0 for a pick that holds no row. `beta` may be traced (annealed in the
     jitted step)."""
     st = _check(table, "sharded.importance_weights")
+    if not isinstance(sample, ShardedSample):
+        raise InvalidArgumentError(
+            "sharded.importance_weights: sample must be a ShardedSample (what sharded.sample returns), got "
+            f"{type(sample).__name__}"
+        )
     n = sample.selectable.astype(jnp.float32)
     held = sample.probabilities > 0
     raw = jnp.where(
