@@ -86,7 +86,7 @@ def _plan(table: Table, batch: int, fields: tuple[str, ...], window: int | None,
     return plan
 
 
-def _outputs(plan: _Plan, out: Mapping[str, np.ndarray] | None, op: str) -> list[np.ndarray]:
+def _outputs(plan: _Plan, out: Mapping[str, np.ndarray] | None, op: str, table: Table) -> list[np.ndarray]:
     """The arrays the gather writes: those of `out` (checked), new ones for the rest."""
     specs = plan.outputs
     if out is None:
@@ -124,7 +124,24 @@ def _outputs(plan: _Plan, out: Mapping[str, np.ndarray] | None, op: str) -> list
                 f"{dtype}{list(shape)}"
             )
         arrays.append(given)
+    _refuse_overlaps([(name, a) for (name, _, _), a in zip(specs, arrays) if name in out], table, op)
     return arrays
+
+
+def _refuse_overlaps(given: list[tuple[str, np.ndarray]], table: Table, op: str) -> None:
+    """Refuses `out` arrays that share bytes with one another or with the table's own memory: the gather
+    would write one field over another, or over the rows it reads (their status words included)."""
+    spans = [(a.__array_interface__["data"][0], a.nbytes, f"out[{name!r}]") for name, a in given if a.nbytes]
+    start, size = table.memory_span
+    spans.append((start, size, f"the memory of table {table.name!r}"))
+    spans.sort()
+    for (a, a_bytes, a_name), (b, _, b_name) in zip(spans, spans[1:]):
+        if b < a + a_bytes:
+            first, second = sorted((a_name, b_name), key=lambda n: n.startswith("the memory"))
+            raise InvalidArgumentError(
+                f"{op}: {first} overlaps {second}; give every output array memory of its own (a view of "
+                "the table's columns or of another output would be written over)"
+            )
 
 
 def _batch(plan: _Plan, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -277,7 +294,7 @@ def gather(
     b = _args.check_sample(sample, op, table)
     win = _args.check_window(window, table.max_steps, op) or None
     plan = _plan(table, b, _args.check_fields(table.spec, fields, op), win, sample.window)
-    arrays = _outputs(plan, out, op)
+    arrays = _outputs(plan, out, op, table)
     table.native.host_gather(
         np.asarray(sample.indices, np.int32),
         np.asarray(sample.generations, np.uint32),
@@ -321,7 +338,7 @@ def sample_gather(
     b, method_id, exponent, win, plan = _checked_selection(
         table, batch_size, method, priority_exponent, window, fields, True, op, short_episodes
     )
-    arrays = _outputs(plan, out, op)
+    arrays = _outputs(plan, out, op, table)
     seed0, seed1 = _seed_words(rng, op)
     picks = table.native.host_sample(
         seed0, seed1, b, method_id, exponent, win, plan.field_ids, plan.steps, arrays

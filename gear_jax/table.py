@@ -114,6 +114,7 @@ class Table:
         if self._queue:
             self._rate_limiter = None  # the queue's own (inserts less consumed rows within the capacity)
         memory = np.frombuffer(native.mapping(), dtype=np.uint8)  # views keep the mapping alive
+        self._memory_span = (memory.__array_interface__["data"][0], memory.nbytes)
         layout = native.layout()
         capacity, steps = spec.capacity, spec.max_steps
 
@@ -368,6 +369,12 @@ class Table:
         return self._spec.max_steps
 
     @property
+    def memory_span(self) -> tuple[int, int]:
+        """(address, bytes) of the table's mapping in this process: what no array a call writes may
+        overlap."""
+        return self._memory_span
+
+    @property
     def closed(self) -> bool:
         return self._native.closed
 
@@ -513,15 +520,21 @@ class Table:
     def row_status(self) -> dict[str, np.ndarray]:
         """A snapshot of every row's status: generation, priority, length, insert_seq, times_sampled (and
         first_step in a step ring)."""
+        # The views taken once: a close() on another thread meanwhile drops the attributes, but views
+        # held here keep the mapping (module.cc's TableMapping) until the copies are made.
+        views = (self._state, self._length, self._insert_seq, self._times_sampled)
+        first_step = self._first_step
         self._live()
-        state = self._state.copy()
-        ring = {} if self._first_step is None else {"first_step": self._first_step.copy()}
+        if any(v is None for v in views):
+            raise TableClosedError(f"table {self._native.name!r} was closed while its status was read")
+        state, length, insert_seq, times_sampled = (v.copy() for v in views)
+        ring = {} if first_step is None else {"first_step": first_step.copy()}
         return {
             "generation": state_generation(state).astype(np.uint32),
             "priority": state_priority(state),
-            "length": self._length.copy(),
-            "insert_seq": self._insert_seq.copy(),
-            "times_sampled": self.times_sampled_counts(self._times_sampled.copy()),
+            "length": length,
+            "insert_seq": insert_seq,
+            "times_sampled": self.times_sampled_counts(times_sampled),
             **ring,
         }
 
@@ -540,6 +553,11 @@ class Table:
         timeout: float | None = None,
     ) -> np.ndarray:
         """Inserts a batch of rows; returns their row ids, int32[B].
+
+        The rows go into the ring in batch order, so a batch larger than the table (or than the rows
+        writers do not hold) keeps its last rows, as later inserts would: ids[i] and ids[j] (i < j) are
+        then the same row, which holds row j of the batch. A step ring's episodes likewise retire the
+        oldest steps, those of the batch's own first episodes included.
 
         Args:
           batch: one array per field (numpy, JAX or PyTorch), `[B, *shape]` for a transition table,

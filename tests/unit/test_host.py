@@ -72,6 +72,7 @@ def _children_succeed_during(call, check, children, hung):
         stop.set()
         thread.join(timeout=30)
 
+
 @pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "lifo", "topk"])
 def test_a_key_picks_what_the_custom_call_picks(make_table, method):
     table, _ = prioritized_table(make_table)
@@ -185,6 +186,37 @@ def test_results_go_into_the_arrays_given_as_out(make_table):
     np.testing.assert_array_equal(out["obs"][:, 0], s.indices.astype(np.float32))
     assert out["valid"].all()
     assert batch["action"].shape == (4,)  # not given: allocated
+
+
+def test_out_arrays_that_overlap_each_other_or_the_table_are_refused_before_anything_is_written(make_table):
+    table = make_table()
+    table.insert(transitions(10))
+    s = gj.host.sample(table, np.random.default_rng(0), 4, method="fifo")
+    shared = np.zeros(4 * 3 + 4, np.float32)
+    status = table.row_status()
+    state = table.status_columns["state"]
+    cases = [
+        (
+            {"obs": shared[:12].reshape(4, 3), "valid": shared[11:15].view(np.bool_)[:4]},
+            r"out\['obs'\] overlaps out\['valid'\]",
+        ),
+        ({"valid": state.view(np.bool_)[:4]}, r"out\['valid'\] overlaps the memory of table"),
+        ({"obs": state[:6].view(np.float32).reshape(4, 3)}, r"out\['obs'\] overlaps the memory of table"),
+    ]
+    for out, message in cases:
+        for call in (
+            lambda: gj.host.gather(table, s, out=out),
+            lambda: gj.host.sample_gather(table, np.random.default_rng(0), 4, out=out),
+        ):
+            with pytest.raises(gj.InvalidArgumentError, match=message):
+                call()
+    after = table.row_status()
+    assert all(np.array_equal(status[k], after[k]) for k in status)
+    np.testing.assert_array_equal(table.columns["obs"][:10, 0, 0], np.arange(10, dtype=np.float32))
+    assert not shared.any()
+    # Neighbours that only touch are fine.
+    out = {"obs": shared[:12].reshape(4, 3), "valid": shared[12:13].view(np.bool_)}
+    assert gj.host.gather(table, s, out=out)["valid"].all()
 
 
 def test_a_jitted_sample_gathers_on_the_host_and_a_host_sample_updates_in_jit(make_table):

@@ -428,3 +428,33 @@ def test_names_that_are_not_tables_are_refused_with_the_reason(make_table, tmp_p
                 call()
     with pytest.raises(gj.InvalidArgumentError, match="names the pool's closed tables"):
         make_table(name="gear_jax_pool_123_4_mine")
+
+
+def test_row_status_racing_a_close_on_another_thread_raises_table_closed():
+    import threading
+    import time
+
+    failures = []
+    for _ in range(20):
+        table = gj.Table.create(gj.TableSpec({"x": gj.Field((64,), "float32")}, capacity=4096))
+        started = threading.Event()
+
+        def read(table=table, started=started):
+            started.set()
+            while True:
+                try:
+                    table.row_status()
+                except gj.TableClosedError:
+                    return
+                except Exception as e:  # noqa: BLE001 - any other error is the failure looked for
+                    failures.append(repr(e))
+                    return
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        started.wait()
+        time.sleep(0.02)
+        table.close()
+        thread.join(30)
+        assert not thread.is_alive()
+    assert failures == []
