@@ -24,6 +24,7 @@ from gear_jax.spec import TableSpec
 from gear_jax.table import Table
 
 MAX_BATCH_SIZE = 2**31 - 1  # picks are counted and indexed in int32
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_table(table: Any, op: str) -> Table:
@@ -120,8 +121,11 @@ def check_exponent(priority_exponent: Any, op: str) -> float:
         exponent = float(priority_exponent)
     except (TypeError, ValueError):
         exponent = math.nan
-    if not math.isfinite(exponent) or exponent < 0:
-        raise InvalidArgumentError(f"{op}: priority_exponent={priority_exponent!r} must be finite and >= 0")
+    if not math.isfinite(exponent) or exponent < 0 or exponent > _FLOAT32_MAX:
+        raise InvalidArgumentError(
+            f"{op}: priority_exponent={priority_exponent!r} must be finite and >= 0 (at most 3.4e38, the "
+            "largest float32: the kernels raise priorities to it in float32)"
+        )
     return exponent
 
 
@@ -183,12 +187,20 @@ def check_sample(sample: Any, op: str, table: Table, name: str = "sample") -> in
         raise InvalidArgumentError(f"{op}: the Sample's arrays must all have shape (B,); got {shapes}")
     for name in ("indices", "generations", "starts"):  # a cast to 32 bits must not pick another row
         value = getattr(sample, name)
-        dtype = np.dtype(value.dtype if hasattr(value, "dtype") else jnp.result_type(value))  # numpy: as is
-        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4:
+        if not hasattr(value, "dtype"):
             raise InvalidArgumentError(
-                f"{op}: the Sample's {name} have dtype {dtype}; they must be integers of at most 32 bits "
-                f"(gj.sample makes int32 indices and starts, uint32 generations), so that no value is "
-                "truncated or wrapped into another row's"
+                f"{op}: the Sample's {name} is a {type(value).__name__}; a Sample holds numpy or JAX arrays "
+                "(gj.sample makes int32 indices and starts, uint32 generations)"
+            )
+        dtype = np.dtype(value.dtype)
+        # Row ids and starts are int32 in the kernels: a uint32 of 2**31 or more would wrap to a negative.
+        wraps = name != "generations" and dtype.kind == "u" and dtype.itemsize == 4
+        if not jnp.issubdtype(dtype, jnp.integer) or dtype.itemsize > 4 or wraps:
+            rule = "signed integers of at most 32 bits" if wraps else "integers of at most 32 bits"
+            raise InvalidArgumentError(
+                f"{op}: the Sample's {name} have dtype {dtype}; they must be {rule} (gj.sample makes int32 "
+                "indices and starts, uint32 generations), so that no value is truncated or wrapped into "
+                "another row's"
             )
     return shapes["indices"][0]
 

@@ -72,7 +72,13 @@ def _after(after: Any) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(after)
     if not leaves:
         return jnp.zeros((), jnp.int32)
-    return jnp.asarray(leaves[0])
+    try:
+        return jnp.asarray(leaves[0])
+    except TypeError:
+        raise InvalidArgumentError(
+            f"after= must be an array (or a pytree of arrays) the call must run after, such as the result "
+            f"of a gear_jax call; got {type(leaves[0]).__name__}"
+        ) from None
 
 
 def sample(
@@ -113,6 +119,13 @@ def sample(
         has no JAX effect and keeps JAX's fast dispatch path (ARCHITECTURE, "The update as an effect,
         and the fast path"). A sample nothing uses is dropped together with its update, and inside
         `jax.checkpoint` both may run again in the backward pass.
+      short_episodes: with a window, what becomes of episodes shorter than it (static): "pad" (the
+        default: such an episode gives one window, its steps past the episode's end zeroed and
+        `valid` False) or "skip" (it is never picked; not for prioritized windows). Without a window
+        it changes nothing.
+
+    Under `jax.vmap` the call runs once per element, one after another: each element's picks are
+    those its key gives alone.
 
     Returns:
       A `Sample`.
@@ -130,7 +143,9 @@ def sample(
     _args.check_fits("sample", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
     out_types = (*_pick_types(b), *_count_and_lengths(b))
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
-    results = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False)(*args, **attrs)
+    results = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False, vmap_method="sequential")(
+        *args, **attrs
+    )
     return Sample(*results, window=win, table_handle=table.handle)
 
 
@@ -209,7 +224,7 @@ def gather(
     table = _args.check_table(table, "gather")
     b = _args.check_sample(sample, "gather", table)
     chosen, out_types, attrs = _gather_plan(table, b, fields, window, sample.window, "gather")
-    results = jax.ffi.ffi_call(_ffi.GATHER, out_types)(
+    results = jax.ffi.ffi_call(_ffi.GATHER, out_types, vmap_method="sequential")(
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),
         sample.starts.astype(jnp.int32),
@@ -287,12 +302,16 @@ def sample_gather(
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
 
     def fused(*args: jax.Array) -> tuple[jax.Array, ...]:
-        call = jax.ffi.ffi_call(_ffi.SAMPLE_GATHER, (*pick_types, *field_types), has_side_effect=False)
+        call = jax.ffi.ffi_call(
+            _ffi.SAMPLE_GATHER, (*pick_types, *field_types), has_side_effect=False, vmap_method="sequential"
+        )
         return tuple(call(*args, **attrs, **gather_attrs))
 
     def separate(*args: jax.Array) -> tuple[jax.Array, ...]:
-        picks = jax.ffi.ffi_call(_ffi.SAMPLE, pick_types, has_side_effect=False)(*args, **attrs)
-        data = jax.ffi.ffi_call(_ffi.GATHER, field_types)(
+        picks = jax.ffi.ffi_call(_ffi.SAMPLE, pick_types, has_side_effect=False, vmap_method="sequential")(
+            *args, **attrs
+        )
+        data = jax.ffi.ffi_call(_ffi.GATHER, field_types, vmap_method="sequential")(
             picks[0],
             picks[1],
             picks[3],
@@ -350,7 +369,10 @@ def _update_call(table: Table, operands: tuple[jax.Array, ...], after: Any, effe
     """The update_priorities custom call; `effect` declares it side-effecting (JAX and XLA never drop
     it) or not (it lives as long as something uses its count)."""
     return jax.ffi.ffi_call(
-        _ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=effect
+        _ffi.UPDATE_PRIORITIES,
+        jax.ShapeDtypeStruct((), jnp.int32),
+        has_side_effect=effect,
+        vmap_method="sequential",
     )(*operands, _after(after), **_attrs(table))
 
 
@@ -425,7 +447,9 @@ def insert(
         raise InvalidArgumentError("insert: lengths are for trajectory tables (max_steps > 1) only")
     else:
         length_array = _rows.traced_lengths(lengths, b, "insert")
-    return jax.ffi.ffi_call(_ffi.INSERT, jax.ShapeDtypeStruct((b,), jnp.int32), has_side_effect=True)(
+    return jax.ffi.ffi_call(
+        _ffi.INSERT, jax.ShapeDtypeStruct((b,), jnp.int32), has_side_effect=True, vmap_method="sequential"
+    )(
         priority_array,
         length_array,
         _after(after),
@@ -476,7 +500,9 @@ def total_weight(
     win = _args.check_window(window, table.max_steps, "total_weight")
     law = _args.window_law(table.spec, win, short_episodes, "total_weight")
     out_types = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
-    total, count = jax.ffi.ffi_call(_ffi.TOTAL_WEIGHT, out_types, has_side_effect=False)(
+    total, count = jax.ffi.ffi_call(
+        _ffi.TOTAL_WEIGHT, out_types, has_side_effect=False, vmap_method="sequential"
+    )(
         _after(after),
         priority_exponent=np.float32(exponent),
         window=np.int32(win),
@@ -539,7 +565,7 @@ def sample_at(
     _args.check_fits("sample_at", b * PICK_BYTES, f"{b} targets", on_host=False)
     out_types = _pick_types(b)
     indices, generations, probabilities, starts = jax.ffi.ffi_call(
-        _ffi.SAMPLE_AT, out_types, has_side_effect=False
+        _ffi.SAMPLE_AT, out_types, has_side_effect=False, vmap_method="sequential"
     )(
         seed,
         jnp.asarray(targets),
@@ -580,7 +606,7 @@ def ordered_candidates(
     _args.check_fits("ordered_candidates", b * (PICK_BYTES + 8), f"batch_size={b} picks", on_host=False)
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((b, 2), jnp.uint32))  # and order keys
     indices, generations, probabilities, starts, order_keys = jax.ffi.ffi_call(
-        _ffi.ORDERED_CANDIDATES, out_types, has_side_effect=False
+        _ffi.ORDERED_CANDIDATES, out_types, has_side_effect=False, vmap_method="sequential"
     )(
         seed,
         _after(after),

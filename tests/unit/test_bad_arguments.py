@@ -117,3 +117,26 @@ def test_priorities_whose_weights_underflow_are_named(make_table):
     empty = make_table(fields={"x": gj.Field((), "float32")}, capacity=8)
     with pytest.raises(gj.EXECUTION_ERRORS, match=r"holds no selectable rows"):
         jax.block_until_ready(gj.sample(empty, jax.random.key(0), 4, method="prioritized"))
+
+
+def test_exponents_after_and_hand_made_samples_that_escaped_as_raw_errors(table):
+    rng = np.random.default_rng(0)
+    for call in (
+        lambda: gj.sample(table, jax.random.key(0), 2, method="prioritized", priority_exponent=1e39),
+        lambda: gj.host.sample(table, rng, 2, method="prioritized", priority_exponent=1e39),
+    ):
+        with pytest.raises(gj.InvalidArgumentError, match=r"priority_exponent=1e\+39 .*\(at most 3.4e38"):
+            call()
+    with pytest.raises(gj.InvalidArgumentError, match=r"after= must be an array .* got str"):
+        gj.sample(table, jax.random.key(0), 2, after="abc")
+    with pytest.raises(gj.InvalidArgumentError, match=r"the Sample's indices is a list"):
+        gj.gather(table, gj.Sample([1, 0], [2, 2], [1.0, 1.0], [0, 0]))
+    wraps = gj.Sample(
+        np.array([2**31, 0], np.uint32),
+        np.array([2, 2], np.uint32),
+        np.ones(2, np.float32),
+        np.zeros(2, np.int32),
+    )
+    for call in (lambda: gj.host.gather(table, wraps), lambda: gj.gather(table, wraps)):
+        with pytest.raises(gj.InvalidArgumentError, match=r"indices have dtype uint32; they must be signed"):
+            call()

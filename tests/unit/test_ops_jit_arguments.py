@@ -141,3 +141,39 @@ def test_a_hand_built_sample_of_other_dtypes_is_refused_not_truncated(make_table
     with pytest.raises(gj.InvalidArgumentError, match="must be integers of at most 32 bits"):
         gj.update_priorities(table, smp, np.ones(2, np.float32))
     assert (table.row_status()["priority"][:4] == 1).all()
+
+
+def test_vmap_runs_each_call_once_per_element_in_order(make_table):
+    """Under jax.vmap the custom calls run once per element, one after another (vmap_method
+    "sequential"): the picks of each key are those of the key alone, and effects land in element order."""
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=64)
+    table.insert({"x": np.arange(64, dtype=np.float32)})
+    keys = jax.random.split(jax.random.key(0), 3)
+    for method in ("uniform", "prioritized", "topk"):
+        s, batch = jax.jit(jax.vmap(lambda k, m=method: gj.sample_gather(table, k, 4, method=m)))(keys)
+        for i, key in enumerate(keys):
+            alone = gj.sample(table, key, 4, method=method)
+            np.testing.assert_array_equal(s.indices[i], alone.indices)
+            np.testing.assert_array_equal(batch["x"][i], np.asarray(alone.indices, np.float32))
+    ids = jax.jit(jax.vmap(lambda v: gj.insert(table, {"x": v})))(100 + jnp.arange(6.0).reshape(3, 2))
+    np.testing.assert_array_equal(ids, [[0, 1], [2, 3], [4, 5]])
+    np.testing.assert_array_equal(table.columns["x"][:6, 0], 100 + np.arange(6.0))
+    picks = gj.Sample(
+        jnp.arange(6, dtype=jnp.int32).reshape(3, 2),
+        jnp.asarray(table.row_status()["generation"][:6]).reshape(3, 2),
+        jnp.ones((3, 2)),
+        jnp.zeros((3, 2), jnp.int32),
+    )
+    update = jax.vmap(lambda s, p: gj.update_priorities(table, s, p))
+    counts = update(picks, jnp.arange(1.0, 7.0).reshape(3, 2))
+    np.testing.assert_array_equal(counts, [2, 2, 2])
+    np.testing.assert_array_equal(table.row_status()["priority"][:6], np.arange(1.0, 7.0))
+    queue = make_table(fields={"x": gj.Field((), "float32")}, capacity=8, queue=True)
+    queue.insert({"x": np.arange(6, dtype=np.float32)})
+    # Each call of a dequeue runs for every element before its next call does: the 3 dequeues pick the
+    # same 2 oldest rows, as 3 consumers at once would, and exactly one of them takes each. (A call that
+    # takes nothing batched is not batched by vmap at all: it runs once, its results broadcast.)
+    _, batches = jax.vmap(lambda a: gj.dequeue(queue, 2, after=a))(jnp.arange(3))
+    valid = np.asarray(batches["valid"])
+    assert valid.tolist() == [[True, True], [False, False], [False, False]]
+    assert np.asarray(batches["x"])[valid].tolist() == [0, 1] and queue.unconsumed == 4
