@@ -47,8 +47,9 @@ std::string KernelStatus::message() const {
   switch (site) {
     case ErrorSite::kNone: return "";
     case ErrorSite::kSampleEmpty:
-      return "the table holds no selectable rows (every row is empty, being written, or has priority 0); "
-             "insert rows before sampling";
+      return "the table holds no selectable rows (every row is empty, being written, or has priority 0, or "
+             "with short_episodes=\"skip\" is shorter than the window); insert rows before sampling, or "
+             "sample shorter windows";
     case ErrorSite::kSampleTooFew:
       return "the table holds " + v + " selectable rows, fewer than batch_size " + l +
              "; fifo, lifo and topk return distinct rows: lower batch_size or insert more rows";

@@ -140,3 +140,12 @@ def test_exponents_after_and_hand_made_samples_that_escaped_as_raw_errors(table)
     for call in (lambda: gj.host.gather(table, wraps), lambda: gj.gather(table, wraps)):
         with pytest.raises(gj.InvalidArgumentError, match=r"indices have dtype uint32; they must be signed"):
             call()
+
+
+def test_no_window_long_enough_to_skip_to_is_named(make_table):
+    table = make_table(fields={"x": gj.Field((), "float32")}, capacity=8, max_steps=4)
+    table.insert({"x": np.ones((3, 4), np.float32)}, lengths=[1, 1, 1])  # 3 rows of priority 1
+    with pytest.raises(gj.EXECUTION_ERRORS, match=r'no selectable rows .*short_episodes="skip" is shorter'):
+        jax.block_until_ready(gj.sample(table, jax.random.key(0), 2, window=3, short_episodes="skip"))
+    with pytest.raises(gj.NotEnoughRowsError, match=r'short_episodes="skip" is shorter than the window'):
+        gj.host.sample(table, np.random.default_rng(0), 2, window=3, short_episodes="skip")
