@@ -3,6 +3,7 @@
 // writer is about to reuse. The read side is the rows' seqlock (kernels/gather.*): an episode's state
 // word changes before any of its steps is overwritten.
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstring>
@@ -92,12 +93,25 @@ void SharedTable::RetireSteps(uint64_t below, bool* reclaimed) {
         const int64_t now = MonotonicNs();
         if (waiting_since == 0) waiting_since = now;
         if (now - waiting_since > kHolderWaitNs) {
+          const bool unjudged = !PidsComparable(h);
           throw std::runtime_error(
               "table '" + name_ + "': the writer holding episode row " + std::to_string(row) +
               " has not finished copying its steps for " + std::to_string(kHolderWaitNs / 1'000'000'000) +
-              " s (stopped?), and the ring needs them; nothing of this insert was published");
+              " s (stopped?), and the ring needs them; nothing of this insert was published" +
+              (unjudged ? ". Processes of other PID namespaces use this table, so a writer that died cannot "
+                          "be told from a live one: if the writer of that row was killed, the ring takes no "
+                          "episode again; create the table again (or load its checkpoint), and run its "
+                          "processes in one PID namespace (docs/ARCHITECTURE.md, \"PID namespaces\")"
+                        : ""));
         }
-        sched_yield();
+        // A copy takes microseconds to milliseconds: yield at first, then sleep up to 1 ms between looks
+        // rather than keep a core busy for the whole wait.
+        if (now - waiting_since < 1'000'000) {
+          sched_yield();
+        } else {
+          const struct timespec pause{0, 1'000'000};
+          nanosleep(&pause, nullptr);
+        }
         continue;
       }
       if ((StateGeneration(before) & 1u) == 0) {
