@@ -136,11 +136,15 @@ def actor(index: int, queue_name: str, params_name: str, config: dict[str, Any],
         key, unroll_key = jax.random.split(key)
         env_state, last_obs, (o, a, lg, r, d, ret) = run(flat, env_state, obs, unroll_key)
 
-        # time-major [t, n] -> rows [n, t + 1]: the last step holds the bootstrap observation
+        # time-major [t, n] -> rows [n, t + 1]: the last step holds the bootstrap observation. The rows
+        # are copied into a new C-contiguous array, which the insert's native short path takes (an
+        # np.concatenate of the swapped axes would keep their strides and take the slow general path).
         def rows(x, last=None):
-            x = np.swapaxes(np.asarray(x), 0, 1)
-            pad = np.zeros_like(x[:, :1]) if last is None else np.asarray(last)[:, None]
-            return np.concatenate([x, pad], axis=1)  # a new, C-contiguous array
+            x = np.asarray(x)
+            out = np.empty((x.shape[1], x.shape[0] + 1, *x.shape[2:]), x.dtype)
+            out[:, :-1] = np.swapaxes(x, 0, 1)
+            out[:, -1] = 0 if last is None else np.asarray(last)
+            return out
 
         ids = index * 2**20 + number + np.arange(n)
         batch = {

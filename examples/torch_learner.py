@@ -3,10 +3,13 @@
 What this shows:
   * experience made with JAX (vectorized gymnax CartPole-v1, a good controller with epsilon noise)
     inserted into a gear_jax transition table;
-  * a PyTorch model trained from `gj.torch.Sampler` batches: dicts of torch tensors handed over from
-    the jitted sample + gather through DLPack, without a copy; prioritized replay on the per-example
-    loss, with importance weights (N * P)^-beta from the batch's `probabilities` and `selectable`;
-  * priorities written back with `sampler.update_priorities(torch_tensor)`;
+  * a PyTorch model trained from `gj.torch.Sampler` batches (dicts of torch tensors), with prioritized
+    replay on the per-example loss and importance weights (N * P)^-beta from the batch's `probabilities`
+    and `selectable`. With the default `--device=cpu` each batch is one `gj.host.sample_gather` call
+    into numpy arrays that torch shares (no JAX dispatch); with `--device=cuda` it is a jitted
+    `gj.sample` + `gj.gather` on the GPU, handed to torch through DLPack without a copy;
+  * priorities written back with `sampler.update_priorities(torch_tensor)` (`gj.host.update_priorities`
+    on the CPU, a jitted `gj.update_priorities` on the GPU);
   * the torch policy evaluated in the JAX environment, observations and actions crossing with
     `gj.torch.to_torch` / `gj.torch.from_torch`.
 

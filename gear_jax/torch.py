@@ -447,6 +447,34 @@ def _jax_device(device: Any, op: str) -> jax.Device:
     raise InvalidArgumentError(f"{op}: device={device!r}: expected 'cpu' or 'cuda[:N]'")
 
 
+# The keys each sampler adds to a batch of the gathered fields (`valid` is reserved by every TableSpec).
+_SAMPLER_KEYS = {
+    "indices": "the int32 row ids of the picks",
+    "probabilities": "the picks' sampling probabilities",
+    "selectable": "the count of selectable rows",
+}
+_EPOCH_SAMPLER_KEYS = {"indices": "the int32 row ids of the picks"}
+
+
+def _check_batch_keys(table: Table, fields: Any, keys: Mapping[str, str], op: str, instead: str) -> None:
+    """Refuses (InvalidArgumentError) gathering a field that has the name of one of the keys `op` adds
+    to each batch: the field's values would be replaced by the sampler's own without a word. `instead`
+    names the calls that return the picks apart from the fields."""
+    clash = [name for name in _args.check_fields(table.spec, fields, op) if name in keys]
+    if not clash:
+        return
+    plural, it = ("s", "them") if len(clash) > 1 else ("", "it")
+    own = "; ".join(f"{key!r}: {what}" for key, what in keys.items())
+    others = [name for name in table.spec.fields if name not in keys]
+    leave_out = f", or leave {it} out with fields={others!r}" if others else ""
+    raise InvalidArgumentError(
+        f"{op}: the table's field{plural} {', '.join(map(repr, clash))} would be replaced in every batch "
+        f"by the sampler's own key{plural} of that name ({own}); rename {it} in the TableSpec (to a name "
+        f"other than {', '.join(map(repr, [*keys, 'valid']))}){leave_out}, or draw with {instead}, which "
+        "return the picks apart from the fields"
+    )
+
+
 class Sampler:
     """Batches of a gear_jax table as dicts of torch tensors, for a PyTorch learner.
 
@@ -461,7 +489,8 @@ class Sampler:
 
     Besides the fields and `valid`, a batch holds `indices` (int32[B] row ids) and `probabilities`
     (float32[B]) and `selectable` (int64, the count N of selectable rows when the batch was drawn), so a
-    learner can form importance weights (N * P)^-beta.
+    learner can form importance weights (N * P)^-beta. Gathering a field of one of these names is
+    refused at construction (InvalidArgumentError): rename the field, or leave it out with `fields=`.
 
     With `prefetch=True` the next batch is enqueued before the current one is returned (on a GPU, JAX
     draws it while the consumer works on this one); its sample then runs before this batch's priority
@@ -494,6 +523,9 @@ class Sampler:
                 f"Sampler: `table` must be a gear_jax.Table, got {type(table).__name__}"
             )
         seed = _seed(seed, "Sampler")
+        _check_batch_keys(
+            table, fields, _SAMPLER_KEYS, "Sampler", "gj.host.sample_gather or gj.sample_gather"
+        )
         self._table = table
         self._batch_size = int(batch_size)
         self._device = _jax_device(device, "Sampler")
@@ -602,7 +634,8 @@ class EpochSampler:
     device that matches `device`, handed to torch without a copy. `minibatch_size`, `num_rows`,
     `drop_last` and `window` are those of `gj.epoch`, `fields` that of `gj.gather`. A minibatch holds
     the fields, `valid` (False for the failed picks that fill an epoch over fewer rows than `num_rows`)
-    and `indices` (int32 row ids). `retire()` makes the rows of the last epoch unselectable.
+    and `indices` (int32 row ids; gathering a field named `indices` is refused at construction).
+    `retire()` makes the rows of the last epoch unselectable.
 
     Example:
       sampler = gj.torch.EpochSampler(rollouts, 64, num_rows=2048)
@@ -643,7 +676,7 @@ class EpochSampler:
         self._key = jax.device_put(jax.random.key(seed), self._device)
         self._last: list[Sample] = []
         self._minibatches = epochs.epoch_shape(rows, mb, drop_last)[0]
-        _args.check_fields(table.spec, fields, op)
+        _check_batch_keys(table, fields, _EPOCH_SAMPLER_KEYS, op, "gj.host.epoch or gj.epoch and a gather")
         _args.check_window(window, table.max_steps, op)
 
         def draw(key: jax.Array) -> tuple[jax.Array, Sample]:

@@ -234,6 +234,55 @@ def test_sampler_rejects_bad_priorities(make_table):
         gjt.Sampler(table, 8, window=9)
 
 
+def test_samplers_refuse_fields_their_own_keys_would_replace(make_table):
+    """A field named as a key the sampler adds (`indices`, `probabilities`, `selectable`; `indices` for the
+    EpochSampler) is refused at construction; the samplers never hand over their keys in its place."""
+    table = make_table(
+        fields={
+            "obs": gj.Field((), "float32"),
+            "probabilities": gj.Field((3,), "float32"),  # e.g. a policy's action probabilities
+            "indices": gj.Field((), "int32"),
+            "selectable": gj.Field((), "bool"),
+        },
+        capacity=16,
+    )
+    table.insert(
+        {
+            "obs": np.arange(10, dtype=np.float32),
+            "probabilities": np.full((10, 3), 7.0, np.float32),
+            "indices": np.full(10, 1000, np.int32),
+            "selectable": np.ones(10, bool),
+        }
+    )
+    with pytest.raises(
+        gj.InvalidArgumentError,
+        match=r"Sampler: the table's fields 'probabilities', 'indices', 'selectable' would be replaced .*"
+        r"rename them in the TableSpec .*or leave them out with fields=\['obs'\]",
+    ):
+        gjt.Sampler(table, 4)
+    with pytest.raises(gj.InvalidArgumentError, match=r"Sampler: the table's field 'probabilities' would"):
+        gjt.Sampler(table, 4, fields=["obs", "probabilities"])
+    with pytest.raises(
+        gj.InvalidArgumentError,
+        match=r"EpochSampler: the table's field 'indices' would be replaced .*rename it in the TableSpec",
+    ):
+        gjt.EpochSampler(table, 4)
+    with pytest.raises(gj.InvalidArgumentError, match=r"EpochSampler: the table's field 'indices' would"):
+        gjt.EpochSampler(table, 4, fields="indices")
+
+    batch = next(gjt.Sampler(table, 4, fields=["obs"]))  # left out: the sampler's keys, as documented
+    assert sorted(batch) == ["indices", "obs", "probabilities", "selectable", "valid"]
+    assert batch["indices"].lt(10).all() and torch.equal(batch["obs"], batch["indices"].float())
+    assert torch.allclose(batch["probabilities"], torch.full((4,), 0.1)) and int(batch["selectable"]) == 10
+    # The EpochSampler adds only `indices`: the table's `probabilities` and `selectable` come through.
+    seen = []
+    for batch in gjt.EpochSampler(table, 5, num_rows=10, fields=["obs", "probabilities", "selectable"]):
+        assert batch["valid"].all() and torch.equal(batch["probabilities"], torch.full((5, 3), 7.0))
+        assert batch["selectable"].all() and torch.equal(batch["obs"], batch["indices"].float())
+        seen += batch["indices"].tolist()
+    assert sorted(seen) == list(range(10))
+
+
 def test_sampler_on_a_missing_gpu_is_refused(make_table):
     table = filled_table(make_table)
     try:
