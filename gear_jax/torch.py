@@ -292,8 +292,9 @@ def insert_tensors(
         tensors, tensors on different devices, bad priorities or lengths. Nothing is written then.
       AllRowsHeldError: every row of the table is held by writers when a chunk is claimed: the chunks
         before it stay published (as with the host insert); nothing else changed.
-      A failing copy (a CUDA error, KeyboardInterrupt): the rows of its chunk are given back empty (at
-      most an eighth of the table); earlier chunks stay published.
+
+    A copy that fails (a CUDA error, a KeyboardInterrupt) gives the rows of its chunk back empty (at most
+    an eighth of the table); the earlier chunks stay published.
     """
     table = _args.check_table(table, "insert_tensors")
     native = table.native
