@@ -11,7 +11,6 @@ time for traced ones (xla_ffi/handler_checks.h), with the same message.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -60,14 +59,15 @@ def holds_device_tensor(values: Any) -> bool:
 
 
 def priority(value: Any, what: str = "priority") -> float:
-    """`value` as a float that is finite and >= 0 (a priority), or InvalidArgumentError naming `what`."""
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        p = math.nan
-    if not math.isfinite(p) or p < 0 or p > _FLOAT32_MAX:
-        raise InvalidArgumentError(f"{what} = {value!r}; it must be finite (as a float32) and >= 0")
-    return p
+    """One priority (`Table.add`, `EpisodeWriter.end_episode`) as a float, by the rule of `priorities`
+    (`_host_priorities`): a number (not a bool, str or bytes) whose float32 is finite and >= 0; the
+    float32's value is returned, as the table stores it. InvalidArgumentError naming `what` otherwise."""
+    if (type(value) is float or type(value) is int) and 0 <= value <= _FLOAT32_MAX:  # the common case
+        return float(np.float32(value))
+    given = _host_priorities(value, what, "")
+    if given.ndim != 0:
+        raise InvalidArgumentError(f"{what} has shape {given.shape}; expected one number, finite and >= 0")
+    return float(_checked_priorities(given, what, ""))
 
 
 def names_max_priority(value: Any, op: str = "", rows: str = "an array of one per row") -> bool:
@@ -92,12 +92,28 @@ def priorities(
     value: Any, rows: int, op: str = "", broadcast: bool = True, matched: str = "the batch"
 ) -> np.ndarray:
     """Host priorities as float32[rows]: None gives 1 each, a scalar is broadcast (with `broadcast`), and
-    every value must be finite and >= 0 (nothing is written otherwise). Messages name `op` and say the
-    rows are to match `matched`."""
+    every value must be a number whose float32 is finite and >= 0 (`_host_priorities`; nothing is written
+    otherwise). Messages name `op` and say the rows are to match `matched`."""
     what = "priorities"
     prefix = f"{op}: " if op else ""
     if value is None:
         return np.ones((rows,), np.float32)
+    given = _host_priorities(value, what, prefix)
+    if given.ndim == 0 and broadcast:
+        return np.full((rows,), _checked_priorities(given, what, prefix), np.float32)
+    if given.shape != (rows,):
+        raise InvalidArgumentError(
+            f"{prefix}{what} has shape {given.shape}, expected ({rows},) to match {matched}"
+        )
+    return _checked_priorities(given, what, prefix)
+
+
+def _host_priorities(value: Any, what: str, prefix: str) -> np.ndarray:
+    """The one rule of host priorities, for `priority` (one) and `priorities` (one per row) alike, part
+    one: `value` as a numpy array of numbers, refusing by name what is not numbers (bools, strings,
+    bytes, objects; InvalidArgumentError "has dtype ...; expected floats"). A torch tensor must lie on
+    the CPU. A Python number numpy holds as an object (an int beyond 64 bits, a Decimal, a Fraction) is
+    read as its float, as `Table.add`'s native short path reads it. `_checked_priorities` is part two."""
     if hasattr(value, "detach") and hasattr(value, "device"):  # a torch tensor
         if value.device.type != "cpu":
             raise InvalidArgumentError(
@@ -106,23 +122,47 @@ def priorities(
         value = value.detach()
         if value.is_floating_point():  # numpy has no torch.bfloat16: all floats as float32
             value = value.float()
-    p = to_numpy(value, what)
-    if not _priority_dtype_ok(p.dtype):
-        raise InvalidArgumentError(f"{prefix}{what} has dtype {p.dtype}; expected floats")
-    if p.ndim == 0 and broadcast:
-        p = np.full((rows,), p)
-    if p.shape != (rows,):
-        raise InvalidArgumentError(
-            f"{prefix}{what} has shape {p.shape}, expected ({rows},) to match {matched}"
-        )
+    given = to_numpy(value, f"{prefix}{what}")
+    if given.dtype == object and given.ndim == 0:
+        number = given.item()
+        if not isinstance(number, (str, bytes, bytearray, bool)) and hasattr(type(number), "__float__"):
+            try:
+                given = np.asarray(float(number))
+            except OverflowError:  # beyond float64: beyond float32 as well
+                raise _refused(f"{prefix}{what}", _clip(number), True) from None
+            except (TypeError, ValueError):
+                pass
+    if not _priority_dtype_ok(given.dtype):
+        shown = f" = {_clip(value)}" if given.ndim == 0 else ""
+        raise InvalidArgumentError(f"{prefix}{what}{shown} has dtype {given.dtype}; expected floats")
+    return given
+
+
+def _checked_priorities(given: np.ndarray, what: str, prefix: str) -> np.ndarray:
+    """Part two of the rule (`_host_priorities`): the float32 of every value, which must be finite and
+    >= 0 (-0.0, the float32 of a tiny negative, is 0); InvalidArgumentError naming the first that is not,
+    as the value given, and saying so when only its float32 is out of range."""
     with np.errstate(over="ignore", invalid="ignore"):
-        p = p.astype(np.float32)
+        p = given.astype(np.float32)
     bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
     if bad.size:
-        raise InvalidArgumentError(
-            f"{prefix}{what}[{bad[0]}] = {p[bad[0]]}; priorities must be finite and >= 0"
-        )
+        i = int(bad[0])
+        where = f"[{i}]" if given.ndim else ""
+        original = given.reshape(-1)[i]
+        overflow = bool(np.isfinite(original)) and not np.isfinite(p.reshape(-1)[i])
+        raise _refused(f"{prefix}{what}{where}", str(original), overflow)
     return p
+
+
+def _refused(label: str, shown: str, overflow: bool) -> InvalidArgumentError:
+    """The refusal of the priority `label` = `shown`; `overflow`: finite, but not as a float32."""
+    note = f" (as a float32, which holds at most {np.finfo(np.float32).max!s})" if overflow else ""
+    return InvalidArgumentError(f"{label} = {shown}; priorities must be finite and >= 0{note}")
+
+
+def _clip(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def traced_priorities(value: Any, rows: int, op: str, what: str, broadcast: bool, matched: str) -> jax.Array:
@@ -238,6 +278,40 @@ class Batches:
                 f"fields have {lead_shape}"
             )
         return ""
+
+    def row_as_batch(self, row: Mapping[str, Any], what: str = "row") -> dict[str, Any]:
+        """One row of `Table.add` (values without the batch axis: `[*shape]`, or `[T, *shape]` in a
+        trajectory table) as a batch of one row for `insert`: every value with a leading axis of 1 (a
+        device tensor as a view, anything else through numpy). A value of another shape is refused here,
+        by the shape the caller gave and the row's layout (InvalidArgumentError naming `what[name]`,
+        one message for every such field): `insert` would name the batch it was given instead."""
+        problem = self.fields_problem(row, what)
+        if problem:
+            raise InvalidArgumentError(problem)
+        layout = "[T, *shape]" if self.spec.is_trajectory else "[*shape]"
+        batch: dict[str, Any] = {}
+        problems: list[str] = []
+        steps = None
+        for name, field in self.spec.fields.items():
+            value = row[name]
+            if not is_device_tensor(value):
+                value = to_numpy(value, f"{what}[{name!r}]")
+            shape = tuple(value.shape)
+            if len(shape) != self.lead - 1 + len(field.shape) or shape[self.lead - 1 :] != field.shape:
+                rows = f" (T steps, 1 <= T <= max_steps={self.spec.max_steps})" if self.lead == 2 else ""
+                problems.append(
+                    f"{what}[{name!r}] has shape {shape}; expected {layout} with shape={field.shape}{rows}"
+                )
+                continue
+            if self.lead == 2:
+                if steps is not None and shape[0] != steps:
+                    problems.append(f"{what}[{name!r}] has {shape[0]} steps, but earlier fields have {steps}")
+                    continue
+                steps = shape[0]
+            batch[name] = value[None]
+        if problems:
+            raise InvalidArgumentError("; ".join(problems))
+        return batch
 
     def rows_and_steps(self, lead_shape: tuple[int, ...], op: str = "") -> tuple[int, int]:
         """The batch's rows and steps per row, refusing more steps than a row holds."""

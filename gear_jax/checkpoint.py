@@ -186,7 +186,65 @@ def checkpoint_path(path: Any, op: str) -> Path:
             f"{op}: path={path!r} must be a non-empty str or os.PathLike (e.g. pathlib.Path) naming the "
             "checkpoint directory"
         )
+    problem = _path_problem(text)
+    if problem:
+        raise InvalidArgumentError(f"{op}: path={_shown_path(text)} {problem}")
     return Path(text)
+
+
+def _shown_path(text: str, limit: int = 120) -> str:
+    """repr(text) for a message, its middle cut out when long (an over-long path is the fault)."""
+    shown = repr(text)
+    if len(shown) <= limit:
+        return shown
+    return f"{shown[: limit // 2]}...{shown[-limit // 2 :]} ({len(text)} characters)"
+
+
+def _path_problem(text: str) -> str:
+    """Why no file system can hold the checkpoint path `text` ("" when one may): a NUL byte, a name
+    longer than the file system where it would be made takes, or a path longer than the system takes.
+    The limits are those of the nearest existing directory above the path (os.pathconf)."""
+    if "\0" in text:
+        return "holds a NUL byte ('\\0'), which no file name can hold; remove it"
+    try:
+        raw = os.fsencode(text)
+    except UnicodeEncodeError as e:
+        return (
+            f"holds {text[e.start : e.end]!r}, which the file system encoding ({e.encoding}) cannot write; "
+            "use other characters"
+        )
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if _is_directory(p)), Path("."))
+    name_max, path_max = _limit(existing, "PC_NAME_MAX", 255), _limit(existing, "PC_PATH_MAX", 4096)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > name_max and part != os.sep:
+            return (
+                f"has a name of {size} bytes ({part[:24]!r}...); the file system there takes names of at "
+                f"most {name_max} bytes: use a shorter name"
+            )
+    if len(raw) >= path_max:
+        return (
+            f"is {len(raw)} bytes long; the system takes paths shorter than {path_max} bytes: use a shorter "
+            "path (or a relative one from a nearer working directory)"
+        )
+    return ""
+
+
+def _is_directory(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):  # too long a path, say
+        return False
+
+
+def _limit(directory: Path, name: str, default: int) -> int:
+    """os.pathconf(directory, name), or `default` where the system does not say."""
+    try:
+        value = os.pathconf(directory, name)
+    except (OSError, ValueError):
+        return default
+    return value if value > 0 else default
 
 
 def save(table: Table, path: str | os.PathLike[str]) -> None:

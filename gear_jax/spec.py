@@ -7,6 +7,7 @@ import hashlib
 import json
 import keyword
 import math
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,10 +35,19 @@ RESERVED_FIELD_NAMES = ("valid",)
 MAX_FIELDS = 64
 MAX_TABLE_BYTES = 2**50
 SPEC_FORMAT = 1
+# The bytes a table header keeps for the spec's JSON, its terminating NUL included (kSpecJsonCapacity in
+# xla_ffi/table_layout.h): `to_json()` must be shorter. Field names take most of it.
+SPEC_JSON_CAPACITY = 16384
 
 
 def canonical_dtype(dtype: Any) -> np.dtype:
-    """The numpy dtype for a numpy, JAX, PyTorch or string dtype; raises SpecError if unsupported."""
+    """The numpy dtype for a numpy, JAX, PyTorch or string dtype; raises SpecError if unsupported (None
+    included: numpy reads it as float64, which is no dtype the caller named)."""
+    if dtype is None:
+        raise SpecError(
+            f"dtype None is not a dtype; pass one of {', '.join(SUPPORTED_DTYPES)} (Field's default, when "
+            "dtype is left out, is float32)"
+        )
     name = str(dtype).removeprefix("torch.")
     if name == "bfloat16":
         return np.dtype(ml_dtypes.bfloat16)
@@ -145,7 +155,8 @@ class TableSpec:
     is full, the oldest episodes make room.
 
     Args:
-      fields: mapping of field name to `Field`, in the order the columns are laid out.
+      fields: mapping of field name to `Field`, in the order the columns are laid out. The spec keeps a
+        read-only copy (`types.MappingProxyType`): a spec, like the table made from it, never changes.
       capacity: rows in the table (a step ring: episodes in its index); when full, inserts overwrite
         the oldest rows.
       max_steps: steps per row. 1 (the default without `step_capacity`) makes a transition table (one
@@ -155,7 +166,8 @@ class TableSpec:
       step_capacity: None for padded rows; an int makes a step ring of that many steps per field.
 
     Raises:
-      SpecError: for an empty or reserved field name, a bad shape or dtype, or a bad size.
+      SpecError: for an empty or reserved field name, a bad shape or dtype, a bad size, or a spec whose
+        JSON (`to_json`) is too long for a table's header (long field names, many fields).
     """
 
     fields: Mapping[str, Field]
@@ -206,11 +218,32 @@ class TableSpec:
                 f"TableSpec of {total} bytes is larger than gear_jax addresses "
                 f"({MAX_TABLE_BYTES} bytes); lower {what} or the fields' sizes"
             )
-        object.__setattr__(self, "fields", dict(self.fields))
+        # A read-only copy: `table.spec.fields` must not be changed under a table made of it.
+        object.__setattr__(self, "fields", types.MappingProxyType(dict(self.fields)))
         object.__setattr__(self, "capacity", int(self.capacity))
         object.__setattr__(self, "max_steps", int(self.max_steps))
         if self.step_capacity is not None:
             object.__setattr__(self, "step_capacity", int(self.step_capacity))
+        size = len(self.to_json())  # ASCII: json.dumps escapes other characters
+        if size >= SPEC_JSON_CAPACITY:
+            names = sum(len(json.dumps(name)) - 2 for name in self.fields)  # without the quotes
+            raise SpecError(
+                f"TableSpec's JSON (to_json) is {size} bytes, and a table's header holds at most "
+                f"{SPEC_JSON_CAPACITY - 1} (gear_jax.spec.SPEC_JSON_CAPACITY, less its final NUL); the "
+                f"{len(self.fields)} field names take {names} of them: shorten the names, or use fewer "
+                "fields (one field of a larger shape for several alike)"
+            )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as its arguments (a mappingproxy does not pickle); unpickling checks them again.
+        return (type(self), (dict(self.fields), self.capacity, self.max_steps, self.step_capacity))
+
+    def __repr__(self) -> str:
+        ring = f", step_capacity={self.step_capacity}" if self.step_ring else ""
+        return (
+            f"TableSpec(fields={dict(self.fields)!r}, capacity={self.capacity}, max_steps={self.max_steps}"
+            f"{ring})"
+        )
 
     @classmethod
     def from_example(
@@ -232,8 +265,12 @@ class TableSpec:
         Args:
           example: mapping of field name to one value, in the order the columns are laid out: a numpy,
             JAX or PyTorch array, a numpy scalar, a Python bool, int or float, or a (nested) list.
-            Python values give bool, int32 and float32 (also with `narrow=False`). Arrays are read
-            by shape and dtype only: a JAX or PyTorch array is not copied to the host.
+            Python values give bool, int32 and float32 (also with `narrow=False`), or the 64-bit dtype
+            when a value does not fit the 32-bit one: int64 (uint64 above int64's range) for an int
+            beyond int32's range, float64 for a finite float beyond float32's. A table holds such a
+            field in host memory and `gather` returns it as int64 / float64 even without
+            `jax_enable_x64`; computing on it in JAX (and `gear_jax.insert` inside jit) needs x64.
+            Arrays are read by shape and dtype only: a JAX or PyTorch array is not copied to the host.
           capacity: rows in the table.
           max_steps: steps per row (see `TableSpec`).
           batched: the values carry a leading batch axis (of one size for all), which is dropped.
@@ -320,9 +357,15 @@ class TableSpec:
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> TableSpec:
-        """The spec of `to_json`'s text. Raises SpecError, saying what is wrong, for any other text (a
-        table header's, say, that another process damaged)."""
+    def from_json(cls, text: str | bytes) -> TableSpec:
+        """The spec of `to_json`'s text (str, or its UTF-8 bytes). Raises SpecError, saying what is wrong,
+        for any other text (a table header's, say, that another process damaged) and for a value that is
+        not text (None, a dict)."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise SpecError(
+                f"TableSpec.from_json needs the text of TableSpec.to_json() (a str or bytes), got "
+                f"{type(text).__name__}"
+            )
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as e:  # JSONDecodeError, digits past int's limit, nesting
@@ -374,8 +417,29 @@ class TableSpec:
 
 
 # Python values (bool, int, float and lists of them) give these dtypes whatever `narrow` says, by the
-# kind of numpy array they make (np.float64 subclasses float, but is a numpy value and narrows instead).
-_PYTHON_DTYPES = {"b": np.dtype("bool"), "i": np.dtype("int32"), "f": np.dtype("float32")}
+# kind of numpy array they make (np.float64 subclasses float, but is a numpy value and narrows instead),
+# unless their values do not fit: then the array's own 64-bit dtype (`_python_dtype`).
+_PYTHON_DTYPES = {
+    "b": np.dtype("bool"),
+    "i": np.dtype("int32"),
+    "u": np.dtype("int32"),  # ints above int64's range: numpy's uint64, kept by `_python_dtype`
+    "f": np.dtype("float32"),
+}
+
+
+def _python_dtype(array: np.ndarray) -> np.dtype:
+    """The dtype of a field for Python values read as `array`: `_PYTHON_DTYPES`'s 32-bit one when every
+    value fits it, else the array's 64-bit one (int64, uint64 for ints above int64's range, float64), so
+    that the example itself can be stored."""
+    dtype = _PYTHON_DTYPES[array.dtype.kind]
+    if array.size == 0 or dtype.kind == "b":
+        return dtype
+    if dtype.kind == "i":
+        info = np.iinfo(dtype)
+        return dtype if info.min <= array.min() and array.max() <= info.max else array.dtype
+    finite = array[np.isfinite(array)]
+    limit = np.finfo(dtype).max
+    return dtype if finite.size == 0 or np.abs(finite).max() <= limit else array.dtype
 
 
 def _python_values(value: Any) -> bool:
@@ -404,6 +468,13 @@ def _field_from_value(value: Any, name: str, batched: bool, narrow: bool) -> tup
             raise SpecError(f"{what}: {type(value).__name__} could not be read as an array ({e})") from None
         shape, dtype = array.shape, array.dtype
         python = dtype.kind in _PYTHON_DTYPES and _python_values(value)
+        if python:
+            dtype = _python_dtype(array)
+    if isinstance(dtype, np.dtype) and dtype.kind == "O" and _python_values(value):
+        raise SpecError(
+            f"{what} holds a Python int beyond 64 bits (no field dtype holds it: int64 and uint64 are the "
+            f"widest); store {name!r} in smaller numbers (split it into 64-bit parts, say)"
+        )
     if isinstance(dtype, np.dtype) and dtype.kind in "OUS":
         raise SpecError(
             f"{what} holds {type(value).__name__} values (dtype {dtype}); a table stores numbers only: "
@@ -417,7 +488,7 @@ def _field_from_value(value: Any, name: str, batched: bool, narrow: bool) -> tup
                 "batch axis, or pass one step with batched=False"
             )
         batch, shape = shape[0], shape[1:]
-    dtype = _PYTHON_DTYPES[dtype.kind] if python else _named(what, _narrow_dtype, dtype, narrow)
+    dtype = dtype if python else _named(what, _narrow_dtype, dtype, narrow)
     return _named(what, Field, shape, dtype), batch
 
 

@@ -167,23 +167,28 @@ class EpisodeWriter:
             raise
         self._held[1] = True
 
-    def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
+    def end_episode(self, priority: float | str = 1.0, timeout: float | None = None) -> int:
         """Publishes the episode; returns its row id.
 
         With a rate limiter, first waits (holding the row) until the limiter admits one insert: an
         episode counts when it is published, not when it starts.
 
         Args:
-          priority: finite and >= 0.
+          priority: finite and >= 0 (as `Table.add` takes it); or "max": the largest priority any row of
+            the table was given so far (`max_priority`, 1 while no row had one), read when the episode
+            is published, as `Table.add(..., priority="max")`.
           timeout: seconds to wait at most for the rate limiter; None waits as long as it takes.
 
         Raises:
-          InvalidArgumentError: no step was appended, or `priority` is not finite and >= 0.
+          InvalidArgumentError: no step was appended, or `priority` is neither "max" nor a number whose
+            float32 is finite and >= 0.
           TableClosedError: the table was closed (before or while waiting); the row is still held, and
             close() gives it back.
           RateLimiterTimeout: the limiter did not admit the episode in time; the episode is kept (call
             end_episode again, or close() to abandon it).
         """
+        if isinstance(priority, str):  # "max", as Table.add reads it
+            priority = self._table._named_priority(priority, "EpisodeWriter.end_episode", "priority")
         p = _rows.priority(priority)
         if self._table.spec.step_ring:
             if self._steps == 0:
