@@ -18,9 +18,9 @@ every process attached to the table follows them:
   in a queue's inserts, and priority updates (`update_priorities`, `retire`) of a queue's rows: in a
   queue, only `dequeue` consumes.
 - `queue=True`: a queue of rows, consumed once each, oldest first. Writers never overwrite a row that no
-  consumer took: host inserts (`Table.insert`, `Table.add`, `EpisodeWriter`) wait while the queue is full
-  (their `timeout=` bounds the wait), through the table's rate limiter, which counts consumed rows as
-  its samples. Learners consume with `dequeue` inside jit.
+  consumer took: host inserts (`Table.insert`, `Table.add`, and an `EpisodeWriter`'s first `append` of
+  an episode) wait while the queue is full (their `timeout=` bounds the wait), through the table's rate
+  limiter, which counts consumed rows as its samples. Learners consume with `dequeue` inside jit.
 
 How `dequeue` delivers each row once. It picks the oldest unconsumed rows (fifo, a partial batch when
 fewer are there), copies them out (`gather`), and only then consumes them: one compare-and-swap of each

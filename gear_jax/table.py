@@ -17,7 +17,7 @@ import numpy as np
 import jax
 
 from gear_jax import _native, _rows
-from gear_jax.casting import StepConverter, check_casting, to_numpy
+from gear_jax.casting import StepConverter, check_casting
 from gear_jax.errors import (
     GearJaxError,
     InvalidArgumentError,
@@ -594,7 +594,11 @@ class Table:
         ):
             # A batch of one row (a vector env of one env): the one-row short path, values checked natively.
             # -1: not a batch of one (or a value it does not take); -2: closed, refused by `_live` below.
+            # A float goes as it is (the native path checks it); an int is read as _rows reads it (one
+            # too large for a double is refused by name, not by pybind).
             priority = 1.0 if priorities is None else priorities
+            if type(priority) is int:
+                priority = _rows.priority(priority, "priorities")
             claimed = writer.add(batch, self._casting == "strict", priority, timeout, BATCH_OF_ONE)
             if claimed >= 0:
                 return np.array([claimed], np.int32)
@@ -644,6 +648,8 @@ class Table:
         if timeout is not None:
             timeout = check_timeout(timeout, "Table.add")
         writer = self._row_writer
+        if type(priority) not in _ONE_PRIORITY and not isinstance(priority, str):
+            priority = _rows.priority(priority)  # a bool, a numpy scalar, ...: the one rule of _rows
         if writer is not None and type(row) is dict:  # the short path: a row id, or -1 / -2
             try:
                 claimed = writer.add(row, self._casting == "strict", priority, timeout, BATCH_OF_ONE_OR_ROW)
@@ -683,10 +689,7 @@ class Table:
                     raise
                 admitted.commit(claimed, 1, priority)
             return claimed
-        batch = {
-            name: value[None] if _rows.is_device_tensor(value) else to_numpy(value, f"row[{name!r}]")[None]
-            for name, value in row.items()
-        }
+        batch = self._batches.row_as_batch(row)  # a value of another shape named as the caller gave it
         return int(self.insert(batch, priorities=[_rows.priority(priority)], timeout=timeout)[0])
 
     def _named_priority(self, priority: str, op: str, name: str) -> float:

@@ -106,15 +106,24 @@ class EpisodeWriter:
             )
         self._steps += 1
 
-    def append(self, step: Mapping[str, Any]) -> None:
+    def append(self, step: Mapping[str, Any], timeout: float | None = None) -> None:
         """Appends one step: a mapping of every field name to a value of the field's shape, cast by the
         table's `casting` policy (`gear_jax.casting`), as `insert` casts.
+
+        In a queue (`Table.create(..., queue=True)`) the first step of an episode waits while the queue
+        is full: the episode's row is taken only once the queue has room for it. `timeout` bounds that
+        wait (None: as long as it takes); other steps, and other tables, never wait here.
 
         Raises:
           InvalidArgumentError: missing or unknown fields, wrong shapes or dtypes (one message names
             every refused field), or an episode that
             would exceed `max_steps` (end it first).
+          RateLimiterTimeout: a full queue had no room within `timeout`; the step was not appended
+            (append it again later).
+          TableClosedError: the table was closed (before or while the step waited).
         """
+        if timeout is not None:
+            timeout = check_timeout(timeout, "EpisodeWriter.append")
         table = self._table
         native = _live(table)
         spec = table.spec
@@ -128,7 +137,7 @@ class EpisodeWriter:
                 self._packer = row_writer(native, spec)
             if self._packer.pack(step, table.casting == "strict"):
                 if self._row is None:
-                    self._claim(native)
+                    self._claim(native, timeout)
                 self._packer.write_packed(self._row, self._steps)
                 self._steps += 1
                 return
@@ -145,7 +154,7 @@ class EpisodeWriter:
             if type(step) is dict:
                 self._convert.warn_general_path(step, table.casting, "step")
         if self._row is None:
-            self._claim(native)
+            self._claim(native, timeout)
         for name, value in values.items():
             if device and _rows.is_device_tensor(value):
                 copy_step(table, name, self._row, self._steps, value)
@@ -153,13 +162,13 @@ class EpisodeWriter:
                 table.columns[name][self._row, self._steps] = value
         self._steps += 1
 
-    def _claim(self, native: Any) -> None:
+    def _claim(self, native: Any, timeout: float | None) -> None:
         """Claims the row the episode goes to. A queue admits the episode first (waiting while the queue
         is full): a writer never holds a row the queue has no room for."""
         if not self._table.queue:
             self._row = int(native.claim())
             return
-        native.reserve_inserts(1, None)
+        native.reserve_inserts(1, timeout)
         try:
             self._row = int(native.claim())
         except BaseException:

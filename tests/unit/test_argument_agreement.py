@@ -249,22 +249,12 @@ def test_add_and_insert_agree_on_priorities(make_table, row, value, stored):
     assert priority[added] == priority[inserted[0]] == np.float32(stored)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Table.add hands a bool priority to the native short path (RowWriter::Add reads True as 1.0) "
-    "before _rows.priority sees it: gear_jax/table.py must refuse it first (not this change's file)",
-)
 def test_add_refuses_a_bool_priority_as_insert_does(make_table):
     table = make_table({"x": gj.Field((), "float32")}, capacity=8)
     with pytest.raises(gj.InvalidArgumentError, match="has dtype bool"):
         table.add({"x": 1.0}, priority=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Table.insert hands an int priority to the native one-row path as it is; pybind refuses 10**400 "
-    "with a raw TypeError: gear_jax/table.py must read it with _rows first (not this change's file)",
-)
 def test_insert_refuses_a_priority_beyond_float64_by_name(make_table):
     table = make_table({"x": gj.Field((), "float32")}, capacity=8)
     with pytest.raises(gj.InvalidArgumentError, match="priorities = 1000.*; priorities must be finite"):
@@ -291,11 +281,6 @@ def test_a_trajectory_rows_shape_is_refused_as_the_row_given():
         flat.row_as_batch({"x": [1.0, 2.0, 3.0]})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Table._add_general builds the batch itself, so insert names batch['x'] of shape (1,): "
-    "gear_jax/table.py must build it with _rows.Batches.row_as_batch (not this change's file)",
-)
 def test_trajectory_add_names_the_row_given(make_table):
     table = make_table({"x": gj.Field((), "float32")}, capacity=8, max_steps=3)
     with pytest.raises(gj.InvalidArgumentError, match=r"row\['x'\] has shape \(\)"):

@@ -478,3 +478,24 @@ def test_a_torch_insert_into_a_queue_refuses_priority_zero_before_it_claims_a_ro
     assert queue.size == 0 and queue.unconsumed == 0
     insert_tensors(queue, batch)
     assert host.dequeue(queue, 12)[1]["id"].tolist() == list(range(12))
+
+
+def test_an_episode_writer_waits_for_room_at_its_first_append_as_long_as_its_timeout(make_table):
+    import time
+
+    queue = make_table(fields=IDS, capacity=2, max_steps=3, queue=True)
+    queue.insert({"id": np.zeros((2, 3), np.int32)})  # full
+    writer = queue.writer()
+    start = time.monotonic()
+    with pytest.raises(gj.RateLimiterTimeout, match="queue is full"):
+        writer.append({"id": 7}, timeout=0.3)
+    assert 0.25 < time.monotonic() - start < 10
+    assert writer.steps == 0 and queue.unconsumed == 2  # nothing appended, nothing held
+    with pytest.raises(gj.InvalidArgumentError, match="EpisodeWriter.append"):
+        writer.append({"id": 7}, timeout=-1)
+    host.dequeue(queue, 1)  # room for one episode
+    writer.append({"id": 7}, timeout=10)
+    writer.append({"id": 8}, timeout=0)  # later steps of the episode never wait
+    assert writer.end_episode() >= 0
+    _, batch = host.dequeue(queue, 2)
+    assert batch["valid"][:, 0].tolist() == [True, True] and batch["id"][1, :2].tolist() == [7, 8]
