@@ -73,7 +73,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gear_jax import _agreement, _args, _ffi, _rows, ops
@@ -375,7 +375,9 @@ class ShardedTable:
     def sampler(self, batch_size: int, **kwargs: Any) -> Callable[[Any], tuple[ShardedSample, dict]]:
         """A jitted function key -> (ShardedSample, batch) over the whole mesh: `sample` inside a
         shard_map. Outputs are global arrays of B picks sharded along the axis; `selectable` is
-        replicated. `kwargs` are `sample`'s (method, mode, priority_exponent, window, fields)."""
+        replicated. `kwargs` are `sample`'s (method, mode, priority_exponent, window, fields). The key is
+        a PRNG key (`jax.random.key`), its raw key data or an int seed, the same on every process, on any
+        device or sharding (a traced key in the caller's jit too); it is replicated on the mesh."""
         window = _args.check_window(kwargs.get("window"), self.spec.max_steps, "ShardedTable.sampler")
 
         def body(key_data: jax.Array) -> tuple[ShardedSample, dict]:
@@ -388,7 +390,9 @@ class ShardedTable:
             {f: row for f in [*fields, "valid"]},
         )
         mapped = jax.shard_map(body, mesh=self.mesh, in_specs=P(), out_specs=out_specs, check_vma=False)
-        jitted = jax.jit(mapped)
+        # The key replicated on the mesh, as the shard_map takes it (a traced key of the caller's jit may
+        # carry another sharding, which a mesh of Explicit axes would refuse).
+        jitted = jax.jit(lambda key_data: mapped(self._on_mesh(key_data, P())))
 
         def call(key: Any) -> tuple[ShardedSample, dict]:
             key_data = _key_data(key, "ShardedTable.sampler")
@@ -398,8 +402,15 @@ class ShardedTable:
         return call
 
     def updater(self) -> Callable[[ShardedSample, Any], jax.Array]:
-        """A jitted function (ShardedSample, priorities) -> rows updated on each shard ([S], sharded),
-        for a sample and priorities of B picks sharded along the axis (as `sampler` returns them)."""
+        """A jitted function (ShardedSample, priorities) -> rows updated on each shard ([S], sharded).
+
+        The sample is a sampler's of this table (B picks, either mode) and `priorities` one number per
+        pick, in the sample's order: a numpy array or list, or a jax array of any placement (a sampler's
+        sharding, one device, replicated), placed on the mesh with the picks' sharding (B / S on each
+        device) before the update; an array already sharded so is taken as it is, without a copy. In a
+        job of several processes a host value (numpy, a list, or a jax array on this process's devices
+        only) is taken as the global array of B priorities and must be the same on every process.
+        """
 
         def body(smp: ShardedSample, priorities: jax.Array) -> jax.Array:
             return update_priorities(self, smp, priorities)[None]
@@ -407,16 +418,41 @@ class ShardedTable:
         row = P(self.axis)
         jitted: dict[int, Callable] = {}  # by window
 
+        def placed(smp: ShardedSample, priorities: jax.Array) -> tuple[ShardedSample, jax.Array]:
+            # The shard_map's in_specs: a mesh of Explicit axes refuses an argument of another sharding
+            # (numpy, jnp.ones: unsharded) instead of moving it. A no-op where it is placed already.
+            specs = ShardedSample(row, row, row, row, P(), window=smp.window)
+            return jax.tree_util.tree_map(self._on_mesh, (smp, priorities), (specs, row))
+
         def call(smp: ShardedSample, priorities: Any) -> jax.Array:
             smp, priorities = self._updater_arguments(smp, priorities)
             self._check_open("ShardedTable.updater")
             if smp.window not in jitted:
                 specs = (ShardedSample(row, row, row, row, P(), window=smp.window), row)
                 mapped = jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=row, check_vma=False)
-                jitted[smp.window] = jax.jit(mapped)
+                jitted[smp.window] = jax.jit(lambda smp, priorities: mapped(*placed(smp, priorities)))
+            smp, priorities = jax.tree_util.tree_map(self._off_other_devices, (smp, priorities))
             return jitted[smp.window](smp, priorities)
 
         return call
+
+    def _on_mesh(self, x: Any, spec: P) -> jax.Array:
+        """Inside the sampler's or updater's jit: `x` with the sharding NamedSharding(mesh, spec), as the
+        shard_map's in_specs require on a mesh of Explicit axes (with Auto axes jit would move it)."""
+        return jax.device_put(x, NamedSharding(self.mesh, spec))
+
+    def _off_other_devices(self, x: Any) -> Any:
+        """`x` where the updater's jit can take it: jit refuses an array committed to devices other than
+        the mesh's (jax.device_put(x, device)), which then goes onto the mesh with the picks' sharding
+        (or, in a job of several processes, where that array is this process's value, to the host: a host
+        value is the global one, as for numpy). Anything else is taken as it is (placed inside the jit)."""
+        if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array) or not x.committed:
+            return x
+        if x.sharding.device_set == set(self.mesh.devices.flat):
+            return x
+        if jax.process_count() > 1 and x.is_fully_addressable:
+            return np.asarray(x)
+        return jax.device_put(x, NamedSharding(self.mesh, P(self.axis) if np.ndim(x) else P()))
 
     def _updater_arguments(self, smp: Any, priorities: Any) -> tuple[ShardedSample, Any]:
         """The updater's (sample, priorities), checked before the shard_map splits them: a sample of B

@@ -349,3 +349,122 @@ def test_a_closed_one_shard_table_refuses_its_compiled_calls(one_shard):
         sampler(0)
     with pytest.raises(gj.TableClosedError, match="is closed"):
         update(smp, jnp.ones(2))
+
+
+# -- A5: the updater and the sampler take arrays of any placement, on meshes of Explicit and Auto axes -----
+
+# A mesh built as the README builds it (jax.make_mesh: Explicit axes by default) or with Auto axes, its
+# table's shards of 8 rows holding 4 each. Each update writes one value to the picks of a global or local
+# fifo sample (shard 0's rows 0 and 1 and shard 1's rows 0 and 1, always), the value given as one kind of
+# array; the shards' priorities are read back after each.
+PLACEMENTS = """
+from collections import Counter
+import re
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+st.close()
+mesh = jax.make_mesh((2,), ("replay",), axis_types=(getattr(jax.sharding.AxisType, AXIS_TYPE),))
+assert str(mesh.axis_types[0]).endswith(AXIS_TYPE)
+st = gj.ShardedTable.create(gj.TableSpec({"x": gj.Field((), "float32")}, capacity=8), mesh)
+for s in range(2):
+    st.shard(s).insert({"x": np.arange(4, dtype=np.float32)})
+row = NamedSharding(mesh, P("replay"))
+update = st.updater()
+kinds = {
+    "numpy": lambda smp, batch, v: np.full(4, v, np.float32),
+    "list": lambda smp, batch, v: [v] * 4,
+    "jnp.full": lambda smp, batch, v: jnp.full(4, v),
+    "committed to device 1": lambda smp, batch, v: jax.device_put(jnp.full(4, v), jax.devices()[1]),
+    "replicated on the mesh": lambda smp, batch, v: jax.device_put(jnp.full(4, v), NamedSharding(mesh, P())),
+    "from the sharded batch": lambda smp, batch, v: batch["x"] * 0 + v,
+    "sharded by hand": lambda smp, batch, v: jax.device_put(np.full(4, v, np.float32), row),
+}
+cases, value = [], 2.0
+for mode in ("global", "local"):
+    smp, batch = st.sampler(4, method="fifo", mode=mode)(0)
+    numpy_sample = jax.tree_util.tree_map(np.asarray, smp)  # a sample of host arrays
+    calls = [(kind, smp, lambda s, p: update(s, p), make) for kind, make in kinds.items()]
+    calls.append(("numpy sample", numpy_sample, lambda s, p: update(s, p), kinds["numpy"]))
+    calls.append(("inside the caller's jit", smp, jax.jit(lambda s, p: update(s, jnp.zeros(4) + p)),
+                  lambda smp, batch, v: np.float32(v)))
+    for kind, s, call, make in calls:
+        before = priorities()
+        try:
+            counts, problem = np.asarray(call(s, make(smp, batch, value))).tolist(), ""
+        except Exception as e:
+            counts, problem = None, f"{type(e).__name__}: {str(e)[:300]}"
+        cases.append({"mode": mode, "kind": kind, "value": value, "indices": np.asarray(s.indices).tolist(),
+                      "counts": counts, "problem": problem, "before": before, "after": priorities()})
+        value += 1.0
+
+# Placed already: no device_put of a concrete array outside the jit, and the compiled update is the
+# plain shard_map's (no copy, no collective added).
+smp, batch = st.sampler(4, method="fifo")(0)
+placed = batch["x"] + 1.0
+concrete_puts, real_put = [], jax.device_put
+def counting_put(x, *args, **kwargs):
+    if any(not isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x)):
+        concrete_puts.append(type(x).__name__)
+    return real_put(x, *args, **kwargs)
+jax.device_put = counting_put
+jax.block_until_ready(update(smp, placed))
+puts_when_placed = list(concrete_puts)
+jax.block_until_ready(update(smp, real_put(np.asarray(placed), jax.devices()[1])))
+puts_when_on_device_1 = concrete_puts[len(puts_when_placed):]
+jax.device_put = real_put
+plain = jax.jit(jax.shard_map(
+    lambda s, p: sh.update_priorities(st, s, p)[None], mesh=mesh,
+    in_specs=(sh.ShardedSample(P("replay"), P("replay"), P("replay"), P("replay"), P()), P("replay")),
+    out_specs=P("replay"), check_vma=False,
+))
+def operations(f):
+    text = f.lower(smp, placed).compile().as_text()
+    found = re.findall(r"\\b(copy|copy-start|all-gather|all-to-all|all-reduce|collective-permute|"
+                       r"dynamic-slice|slice|custom-call|send|recv)\\(", text)
+    return dict(Counter(found))
+
+# The sampler takes its key data as the caller's jit holds it, sharded along the axis too.
+sampler = st.sampler(4)
+data = np.asarray(jax.random.key_data(jax.random.key(3)))
+keys = {}
+for name, key in (("numpy", data), ("sharded", jax.device_put(data, row)),
+                  ("on device 1", jax.device_put(data, jax.devices()[1]))):
+    try:
+        keys[name] = np.asarray(sampler(key)[0].indices).tolist()
+    except Exception as e:
+        keys[name] = f"{type(e).__name__}: {str(e)[:300]}"
+for name, key in (("numpy in jit", data), ("sharded in jit", jax.device_put(data, row))):
+    try:
+        keys[name] = np.asarray(jax.jit(lambda k: sampler(k)[0].indices)(key)).tolist()
+    except Exception as e:
+        keys[name] = f"{type(e).__name__}: {str(e)[:300]}"
+result(cases=cases, puts_when_placed=puts_when_placed, puts_when_on_device_1=puts_when_on_device_1,
+       plain=operations(plain), updater=operations(jax.jit(lambda s, p: update(s, p))), keys=keys)
+"""
+
+
+@pytest.mark.parametrize("axis_type", ["Explicit", "Auto"])
+def test_updater_and_sampler_take_arrays_of_any_placement(axis_type):
+    """numpy, lists, unsharded and single-device jax arrays, replicated and sharded ones: the updater
+    places them with the picks' sharding and applies them (read back from the shards) on both axis types
+    and both sampling modes; placed ones go through without a copy; the sampler takes a key sharded
+    along the axis inside the caller's jit."""
+    out, _ = run_on_two_shards(f"AXIS_TYPE = {axis_type!r}\n" + textwrap.dedent(PLACEMENTS))
+    assert len(out["cases"]) == 2 * 9
+    for case in out["cases"]:
+        name = (case["mode"], case["kind"])
+        assert case["problem"] == "", (name, case["problem"])
+        assert case["counts"] == [2, 2], name  # each shard updated its two picked rows
+        ids = sorted(case["indices"])
+        assert ids == [0, 1, 8, 9], name  # fifo, either mode: the two oldest rows of each shard
+        expected = [list(shard) for shard in case["before"]]
+        for g in ids:
+            expected[g // 8][g % 8] = case["value"]
+        assert case["after"] == expected, name
+        assert case["after"] != case["before"], name  # every case writes a new value
+    assert out["puts_when_placed"] == []
+    assert out["puts_when_on_device_1"] == ["ArrayImpl"]  # the counter sees the one it must
+    assert out["updater"] == out["plain"]
+    keys = out["keys"]
+    assert all(isinstance(v, list) for v in keys.values()), keys
+    assert all(v == keys["numpy"] for v in keys.values()), keys
