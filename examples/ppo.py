@@ -18,7 +18,7 @@ What this shows:
 Both comparisons run in turns, one call (`--iterations_per_call` iterations) of each per round, so that
 the changing load of a shared machine falls on both alike. Compilation is timed apart.
 
-Run (CPU by default; about 25 seconds on a 2-core CPU):
+Run (CPU by default; about 10 seconds on a 2-core CPU):
 
     python examples/ppo.py --plot ppo.png
     python examples/ppo.py --smoke          # 60 iterations (30,720 env steps): for tests
