@@ -245,9 +245,9 @@ void SharedTable::CheckPriority(float priority, const std::string& what) const {
   }
   if (priority == 0.0f && queue()) {
     throw InvalidArgument(what + " = 0 in table '" + name_ +
-                                "', a queue: a row of priority 0 is never dequeued, and the queue would "
-                                "keep its room for good; give queue rows a priority > 0 (any: the queue "
-                                "is consumed in commit order)");
+                          "', a queue: a row of priority 0 is never dequeued, and the queue would "
+                          "keep its room for good; give queue rows a priority > 0 (any: the queue "
+                          "is consumed in commit order)");
   }
 }
 
