@@ -38,16 +38,26 @@ What crosses the network, and what is checked where:
 
 A writer that stays idle for `idle_close_s` closes its stream (the next call opens another): a server's
 `close()` waits for open streams, which an idle writer would otherwise hold.
+
+Writers and servers left open when the interpreter exits are closed by an exit hook, which runs before
+the finalizers of tables and of Arrow Flight's servers: each writer's stream ends (what `add` kept is not
+sent; a warning says how many rows), then each server stops once its streams have ended, and the exit
+waits for the threads of this module that call into Arrow Flight (up to `EXIT_END_S` for the stream of a
+server that stopped answering). A thread still inside Arrow Flight when the interpreter finalizes is
+ended by Python in mid-call, and that aborts the process ("terminate called without an active
+exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import hmac
 import ipaddress
 import json
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -465,6 +475,10 @@ class Server:
         self.port = int(self._service.port)
         self.address = f"{scheme}://{shown}:{self.port}"
         self._closed = False
+        self._shutdown: threading.Thread | None = None  # close()'s, which may outlive close() (streams open)
+        self._pid = os.getpid()
+        _open_servers.add(self)
+        _close_at_exit_first()
 
     def shard_list(self) -> list[int | None]:
         return list(self.tables)
@@ -606,6 +620,7 @@ class Server:
         self._closed = True
         self.closing = True
         done = threading.Thread(target=self._service.shutdown, name="gear_jax-serve-close", daemon=True)
+        self._shutdown = done
         done.start()
         done.join(self._close_timeout_s)
         if done.is_alive():
@@ -616,6 +631,24 @@ class Server:
                 self._streams,
                 self._close_timeout_s,
             )
+
+    def _close_at_exit(self) -> None:
+        """Closes the server at the interpreter's exit (the exit hook: this process's writers have ended
+        their streams by then), and waits for its shutdown to finish, however long other processes'
+        writers keep their streams open (as Arrow Flight's own finalizer would): a shutdown thread still
+        inside Arrow Flight when the interpreter finalizes would abort the process."""
+        if self._pid != os.getpid():  # a copy of the parent's server in a forked child
+            return
+        self.close()
+        done = self._shutdown
+        if done is not None and done.is_alive():
+            _log.warning(
+                "gear_jax server %s: the process exits once its %d open streams end (their writers close "
+                "them after their idle_close_s)",
+                self.address,
+                self._streams,
+            )
+            done.join()
 
     @property
     def closed(self) -> bool:
@@ -687,27 +720,129 @@ def _end(stream: tuple[Any, Any]) -> None:
         pass
 
 
+class _Ending:
+    """A writer's stream ended in a thread of its own (gear_jax-remote-end): an idle writer's (whose server
+    may have stopped answering), and at the interpreter's exit every open writer's. The exit waits for
+    all of them (`wait_all`): one still inside Arrow Flight when the interpreter finalizes is ended by
+    Python in mid-call, which aborts the process."""
+
+    _lock = threading.Lock()
+    _all: list[_Ending] = []
+
+    def __init__(self, stream: tuple[Any, Any]):
+        self.stream: tuple[Any, Any] | None = stream
+        self.thread = threading.Thread(target=self._run, name="gear_jax-remote-end", daemon=True)
+
+    def _run(self) -> None:
+        stream = self.stream
+        if stream is not None:
+            _end(stream)
+        self.stream = None
+        del stream  # freed in this thread (Arrow Flight's destructors run while the exit waits for it)
+
+    @classmethod
+    def start(cls, stream: tuple[Any, Any]) -> _Ending:
+        ending = cls(stream)
+        with cls._lock:  # started under the lock: a thread not yet started is never dropped as ended
+            cls._all = [e for e in cls._all if e.thread.is_alive()]
+            cls._all.append(ending)
+            ending.thread.start()
+        return ending
+
+    @classmethod
+    def wait_all(cls, deadline: float) -> None:
+        """Waits until `deadline` (time.monotonic()) for every stream being ended. One whose server stopped
+        answering is left (pyarrow cannot cancel a DoPut stream): its thread stays blocked, and the
+        process exits without it (its stream is never freed, which would block the exit for good)."""
+        with cls._lock:
+            endings = list(cls._all)
+        for ending in endings:
+            ending.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = sum(e.thread.is_alive() for e in endings)
+        if stuck:
+            _log.warning(
+                "gear_jax: %d writer streams did not end within %.0f s (their servers do not answer); "
+                "exiting without them",
+                stuck,
+                EXIT_END_S,
+            )
+
+
 class _Idle:
-    """Closes the streams of writers idle for longer than their `idle_close_s` (one daemon thread)."""
+    """Closes the streams of writers idle for longer than their `idle_close_s` (one daemon thread, which
+    the exit hook stops)."""
 
     _lock = threading.Lock()
     _writers: weakref.WeakSet[Writer] = weakref.WeakSet()
     _thread: threading.Thread | None = None
+    _stop = threading.Event()
 
     @classmethod
     def watch(cls, writer: Writer) -> None:
         with cls._lock:
             cls._writers.add(writer)
+            if cls._stop.is_set():  # the interpreter is exiting: no thread starts any more
+                return
             if cls._thread is None or not cls._thread.is_alive():
                 cls._thread = threading.Thread(target=cls._run, name="gear_jax-remote-idle", daemon=True)
                 cls._thread.start()
 
     @classmethod
     def _run(cls) -> None:
-        while True:
-            time.sleep(0.1)
+        while not cls._stop.wait(0.1):
             for writer in list(cls._writers):
                 writer._close_if_idle()
+
+    @classmethod
+    def stop(cls) -> None:
+        """Stops the thread (it starts no stream's end after this returns)."""
+        with cls._lock:
+            cls._stop.set()
+            thread = cls._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+# -- the interpreter's exit ----------------------------------------------------------------------------
+
+EXIT_END_S = 5.0  # the longest the exit waits for writers' streams to end (servers that stopped answering)
+_open_servers: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+def _close_at_exit_first() -> None:
+    """Makes `_close_at_exit` the next exit hook to run (atexit runs the last registered first): before
+    the finalizers of tables and of Arrow Flight's servers (weakref.finalize's exit hook). A server's
+    finalizer waits for its open streams, so an open writer's stream would hold the exit up for the
+    writer's idle_close_s, and the thread that then ends it would race the interpreter's finalization."""
+    atexit.unregister(_close_at_exit)
+    atexit.register(_close_at_exit)
+
+
+def _close_at_exit() -> None:
+    """Closes the writers and servers of this process left open (see the module's docstring), in the
+    order that lets each finish: no stream starts ending any more (the idle thread stops), the writers
+    end their streams, then the servers stop."""
+    _Idle.stop()
+    pid = os.getpid()
+    deadline = time.monotonic() + EXIT_END_S
+    writers = [w for w in list(_Idle._writers) if w._pid == pid and not w.closed]
+    closing = [(w, *w._close_at_exit(deadline)) for w in writers]
+    _Ending.wait_all(deadline)
+    for writer, held, ending in closing:
+        if not held and (ending is None or not ending.thread.is_alive()):
+            writer._close_client()
+    for server in list(_open_servers):
+        server._close_at_exit()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has copies of the parent's writers, servers and threads, none of them its own (the
+    exit hook leaves them), and of locks that a thread of the parent may have held: new locks."""
+    _Ending._lock = threading.Lock()
+    _Idle._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Writer:
@@ -724,6 +859,9 @@ class Writer:
       retry_wait_s: the first wait between tries (doubling, at most 5 s).
       idle_close_s: the writer closes its stream after this long without a call.
       casting: the casting policy of inserts ("fit" or "strict"); None: the served table's.
+
+    Close a writer (`close()`, or a `with` block): one left open when the interpreter exits is closed
+    then, without sending the rows `add` kept (a warning says how many).
 
     Raises:
       RemoteUnavailableError: the server cannot be reached after `retries` tries.
@@ -782,6 +920,7 @@ class Writer:
         self._seq = 0
         self._pending: list[tuple[list[np.ndarray], float]] = []
         self._closed = False
+        self._pid = os.getpid()
         try:
             self._client = flight.FlightClient(address, **kwargs)
         except (pa.ArrowException, flight.FlightError, OSError, ValueError, TypeError) as e:
@@ -796,6 +935,7 @@ class Writer:
             self._client.close()
             raise
         _Idle.watch(self)
+        _close_at_exit_first()
 
     def _connect(self, address: str, shard: int | None, casting: str | None) -> None:
         """Asks the server for its tables and takes the one of `shard` (Writer's arguments)."""
@@ -884,12 +1024,43 @@ class Writer:
         finally:
             self._lock.release()
         if stream is not None:  # ended in a thread of its own: a server that stopped answering stalls it
-            threading.Thread(target=_end, args=(stream,), name="gear_jax-remote-end", daemon=True).start()
+            _Ending.start(stream)
 
     def _end_stream(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
             _end(stream)
+
+    def _close_at_exit(self, deadline: float) -> tuple[bool, _Ending | None]:
+        """Closes a writer left open at the interpreter's exit (the exit hook): drops what `add` kept
+        (sending it could wait for good: a full table, a gone server) and ends the stream in a thread,
+        which the hook waits for until `deadline` (time.monotonic()). Returns whether another thread's call
+        still holds the writer (its client is then left open) and the stream's ending."""
+        if self._pending:
+            _log.warning(
+                "a gj.remote.Writer to %s was left open at exit: the %d rows add() kept were not sent "
+                "(call flush() or close() before the end)",
+                self.address,
+                len(self._pending),
+            )
+        self._pending = []
+        self._closed = True  # another thread's call stops within WRITER_WAIT_SLICE_S (or a retry's wait)
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            _log.warning(  # its server stopped answering: the call stays blocked, the process exits
+                "a gj.remote.Writer to %s: another thread's call did not end by the exit", self.address
+            )
+            return True, None
+        try:
+            stream, self._stream = self._stream, None
+        finally:
+            self._lock.release()
+        return False, None if stream is None else _Ending.start(stream)
+
+    def _close_client(self) -> None:
+        try:
+            self._client.close()
+        except (flight.FlightError, OSError, pa.ArrowException):
+            pass
 
     def _send(self, batch: Any, meta: bytes) -> bytes:
         """Sends one message (`meta`: its metadata, JSON) and returns the server's answer, reconnecting
