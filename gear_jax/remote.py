@@ -1277,20 +1277,37 @@ class RemoteEpisodeWriter:
         check_room_for_a_step(len(self._steps), spec)
         self._steps.append(writer._convert(step, writer.casting))
 
-    def end_episode(self, priority: float = 1.0, timeout: float | None = None) -> int:
+    def end_episode(self, priority: float | str = 1.0, timeout: float | None = None) -> int:
         """Sends the episode (one row of its steps); returns its row id. Raises as `Writer.insert`; the
-        episode is kept when the insert fails (call end_episode again, or close() to drop it)."""
-        p = _rows.priority(priority)  # checked in EpisodeWriter.end_episode's order: priority, steps, timeout
+        episode is kept when the insert fails (call end_episode again, or close() to drop it).
+
+        Args:
+          priority: finite and >= 0 (as `EpisodeWriter.end_episode` takes it); or "max": the largest
+            priority any row of the served table was given so far (its `max_priority`, 1 while no row had
+            one), read by the server when it inserts the row, as `Writer.insert(..., priorities="max")`.
+          timeout: seconds to wait at most for the table's rate limiter; None waits as long as it takes.
+        """
+        op = "RemoteEpisodeWriter.end_episode"
+        # Checked in EpisodeWriter.end_episode's order: priority, steps, timeout.
+        if isinstance(priority, str):  # "max": the server inserts the row with the table's own rule
+            if priority != "max":
+                raise InvalidArgumentError(
+                    f'{op}: priority={priority!r}; pass a number (finite, >= 0) or "max" (the largest '
+                    "priority so far, the served table's max_priority)"
+                )
+            priorities: str | list[float] = "max"
+        else:
+            priorities = [_rows.priority(priority)]
         if not self._steps:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
         if timeout is not None:
-            timeout = check_timeout(timeout, "RemoteEpisodeWriter.end_episode")
+            timeout = check_timeout(timeout, op)
         spec = self._writer.spec
         if spec.is_trajectory:  # one row of T steps: [1, T, *shape]
             batch = {n: np.stack([s[i] for s in self._steps])[None] for i, n in enumerate(spec.fields)}
         else:  # a transition table's row is its one step: [1, *shape] (append allows no second step)
             batch = {n: self._steps[0][i][None] for i, n in enumerate(spec.fields)}
-        row = int(self._writer.insert(batch, [p], timeout=timeout)[0])
+        row = int(self._writer.insert(batch, priorities, timeout=timeout)[0])
         self._steps = []
         return row
 

@@ -839,6 +839,36 @@ def test_a_remote_episode_ends_as_a_local_one(make_table, kind, steps):
         assert local[4] == {"obs": [[0.0, 0.5, 0.0]], "action": [10], "done": [True]}
 
 
+@pytest.mark.parametrize("kind", ["transition", "trajectory", "step ring"])
+def test_a_remote_episode_of_priority_max_ends_as_a_local_one(make_table, kind):
+    """end_episode(priority="max") gives the row the largest priority any row of the table was given so
+    far, remote as local (1 while no row had one); another string is refused by name, nothing sent."""
+    results = []
+    for remote_side in (False, True):
+        if kind == "step ring":
+            table = gj.Table.create(gj.TableSpec(FIELDS, capacity=8, step_capacity=64, max_steps=6))
+        else:
+            table = make_table(fields=FIELDS, capacity=8, max_steps=1 if kind == "transition" else 6)
+        try:
+            with gj.serve(table) as server, remote.Writer(server.address) as writer:
+                episode_of = writer if remote_side else None
+                results.append(end_one_episode(table, episode_of, priority="max")[3])  # no row had one
+                first = rows(2) if kind == "transition" else {n: v[:, None] for n, v in rows(2).items()}
+                table.insert(first, priorities=[6.0, 2.0])
+                results.append(end_one_episode(table, episode_of, priority="max")[3])
+                episode = table.writer() if episode_of is None else writer.episode_writer()
+                episode.append({"obs": np.zeros(3, np.float32), "action": 0, "done": False})
+                name = "RemoteEpisodeWriter" if remote_side else "EpisodeWriter"
+                with pytest.raises(gj.InvalidArgumentError, match=rf"{name}.end_episode: priority='mx'"):
+                    episode.end_episode(priority="mx")
+                assert table.size == 4
+                episode.close()
+        finally:
+            if kind == "step ring":
+                table.close()
+    assert results == [1.0, 6.0, 1.0, 6.0]
+
+
 def free_tcp_port_held():
     """A socket listening on a free port of 127.0.0.1 (the caller closes it)."""
     s = socket.socket()
