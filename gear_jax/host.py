@@ -577,6 +577,8 @@ class Sampler:
       rng: a `numpy.random.Generator` (64 bits drawn per call, as `sample_gather` draws them) or
         an int seed for a new one; None: a Generator seeded from the operating system.
       buffers: how many sets of arrays the calls cycle through (>= 1).
+      short_episodes: as for `sample_gather`: with a window, "pad" (the default) gives an episode
+        shorter than the window one padded window, "skip" never picks it (not for prioritized windows).
 
     Raises:
       InvalidArgumentError: a bad argument (here, not at the first call).
@@ -593,11 +595,12 @@ class Sampler:
         window: int | None = None,
         rng: np.random.Generator | int | None = None,
         buffers: int = 1,
+        short_episodes: str = "pad",
     ):
         op = "gear_jax.host.Sampler"
         table = _args.check_table(table, op)
         b, method_id, exponent, win, plan = _checked_selection(
-            table, batch_size, method, priority_exponent, window, fields, True, op
+            table, batch_size, method, priority_exponent, window, fields, True, op, short_episodes
         )
         assert plan is not None
         if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):

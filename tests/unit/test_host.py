@@ -375,6 +375,35 @@ def test_a_sampler_draws_windows_of_trajectories_as_the_custom_call(make_table):
     np.testing.assert_array_equal(batch["valid"], expected["valid"])
 
 
+@pytest.mark.parametrize("short_episodes", ["pad", "skip"])
+def test_a_sampler_treats_short_episodes_as_sample_gather_does(make_table, short_episodes):
+    table = make_table({"obs": gj.Field((2,), "float32")}, capacity=8, max_steps=6)
+    rng = np.random.default_rng(0)
+    table.insert({"obs": rng.normal(size=(5, 6, 2)).astype(np.float32)}, lengths=[6, 3, 5, 1, 6])
+    rng = np.random.default_rng(5)
+    sampler = gj.host.Sampler(table, 64, window=4, rng=rng, short_episodes=short_episodes)
+    expected_rng = np.random.default_rng(5)
+    for _ in range(3):
+        s, batch = sampler()
+        expected_s, expected = gj.host.sample_gather(
+            table, expected_rng, 64, window=4, short_episodes=short_episodes
+        )
+        _assert_same_sample(s, expected_s)
+        for name in ("obs", "valid"):
+            np.testing.assert_array_equal(batch[name], expected[name], err_msg=name)
+        short = np.isin(s.indices, [1, 3])  # rows of 3 and 1 steps: shorter than the window
+        if short_episodes == "skip":
+            assert not short.any() and batch["valid"].all()
+        else:  # 64 picks of 5 rows, none of the 2 short ones: (3/5)**64, about 6e-15
+            assert short.any() and not batch["valid"][short].all()
+    for kwargs, match in (
+        ({"short_episodes": "drop"}, "short_episodes='drop'"),
+        ({"method": "prioritized", "short_episodes": "skip"}, 'short_episodes="skip" is not available'),
+    ):
+        with pytest.raises(gj.InvalidArgumentError, match=match):
+            gj.host.Sampler(table, 4, window=4, **kwargs)
+
+
 def test_a_sampler_reuses_its_buffers_in_turn(make_table):
     table = make_table(capacity=64)
     table.insert(transitions(64))
