@@ -107,25 +107,36 @@ def _outputs(plan: _Plan, out: Mapping[str, np.ndarray] | None, op: str, table: 
         if given is None:
             arrays.append(np.empty(shape, dtype))
             continue
-        if (
-            not isinstance(given, np.ndarray)
-            or given.shape != shape
-            or given.dtype != dtype
-            or not given.flags.c_contiguous
-            or not given.flags.writeable
-        ):
-            what = (
-                f"{type(given).__name__}"
-                if not isinstance(given, np.ndarray)
-                else f"{given.dtype}{list(given.shape)}"
-            )
-            raise InvalidArgumentError(
-                f"{op}: out[{name!r}] is {what}; it must be a writable C-contiguous numpy array of "
-                f"{dtype}{list(shape)}"
-            )
+        _check_out_array(name, given, shape, dtype, op)
         arrays.append(given)
     _refuse_overlaps([(name, a) for (name, _, _), a in zip(specs, arrays) if name in out], table, op)
     return arrays
+
+
+def _check_out_array(name: str, given: Any, shape: tuple[int, ...], dtype: np.dtype, op: str) -> None:
+    """Refuses an `out` array the gather cannot write in place, naming every requirement it fails: a
+    numpy array, of the result's shape and dtype, C-contiguous (the kernels write rows of bytes back to
+    back) and writable."""
+    expected = f"{dtype}{list(shape)}"
+    fix = (
+        f"give a writable C-contiguous numpy array of {expected}, as np.empty({shape}, {str(dtype)!r}) "
+        f"makes, or drop out[{name!r}] to have the gather allocate it"
+    )
+    if not isinstance(given, np.ndarray):
+        raise InvalidArgumentError(
+            f"{op}: out[{name!r}] is a {type(given).__name__}, not a numpy array; {fix}"
+        )
+    failed = []
+    if given.shape != shape:
+        failed.append(f"has shape {given.shape}, expected {shape}")
+    if given.dtype != dtype:
+        failed.append(f"has dtype {given.dtype}, expected {dtype}")
+    if not given.flags.c_contiguous:
+        failed.append(f"is not C-contiguous (strides {given.strides})")
+    if not given.flags.writeable:
+        failed.append("is read-only (flags.writeable is False)")
+    if failed:
+        raise InvalidArgumentError(f"{op}: out[{name!r}] {', and '.join(failed)}; {fix}")
 
 
 def _refuse_overlaps(given: list[tuple[str, np.ndarray]], table: Table, op: str) -> None:

@@ -219,6 +219,37 @@ def test_out_arrays_that_overlap_each_other_or_the_table_are_refused_before_anyt
     assert gj.host.gather(table, s, out=out)["valid"].all()
 
 
+def test_a_refused_out_array_is_told_which_requirement_it_fails(make_table):
+    table = make_table()
+    table.insert(transitions(10))
+    s = gj.host.sample(table, np.random.default_rng(0), 4)
+    read_only = np.zeros((4, 3), np.float32)
+    read_only.flags.writeable = False
+    fix = r"; give a writable C-contiguous numpy array of float32\[4, 3\], as np.empty\(\(4, 3\), 'float32'\)"
+    cases = [
+        ([[0.0] * 3] * 4, r"out\['obs'\] is a list, not a numpy array" + fix),
+        (np.zeros((4, 4), np.float32), r"out\['obs'\] has shape \(4, 4\), expected \(4, 3\)" + fix),
+        (np.zeros((4, 3), np.float64), r"out\['obs'\] has dtype float64, expected float32" + fix),
+        (np.zeros((3, 4), np.float32).T, r"out\['obs'\] is not C-contiguous \(strides \(4, 16\)\)" + fix),
+        (np.zeros((8, 3), np.float32)[::2], r"out\['obs'\] is not C-contiguous \(strides \(24, 4\)\)" + fix),
+        (read_only, r"out\['obs'\] is read-only \(flags.writeable is False\)" + fix),
+        (  # every failed requirement at once
+            np.zeros((4, 4), np.float64)[:, :3],
+            r"out\['obs'\] has dtype float64, expected float32, and is not C-contiguous",
+        ),
+    ]
+    for given, message in cases:
+        for call in (
+            lambda: gj.host.gather(table, s, out={"obs": given}),
+            lambda: gj.host.sample_gather(table, np.random.default_rng(0), 4, out={"obs": given}),
+        ):
+            with pytest.raises(gj.InvalidArgumentError, match=message):
+                call()
+    with pytest.raises(gj.InvalidArgumentError, match=r"out\['valid'\] has dtype int8, expected bool"):
+        gj.host.gather(table, s, out={"valid": np.zeros(4, np.int8)})
+    assert not read_only.any()
+
+
 def test_a_jitted_sample_gathers_on_the_host_and_a_host_sample_updates_in_jit(make_table):
     table, _ = prioritized_table(make_table)
     js = _on_cpu(lambda k: gj.sample(table, k, 6), jax.random.key(0))
@@ -273,7 +304,7 @@ def test_bad_arguments_are_refused_by_name(make_table):
         (lambda: gj.host.gather(table, "s"), "must be a gear_jax.Sample"),
         (
             lambda: gj.host.gather(table, s, out={"obs": np.zeros((4, 3), np.float64)}),
-            "out['obs'] is float64",
+            "out['obs'] has dtype float64, expected float32",
         ),
         (lambda: gj.host.gather(table, s, out={"obs": np.zeros((3, 4), np.float32).T}), "C-contiguous"),
         (lambda: gj.host.gather(table, s, out={"bogus": np.zeros(4)}), "['bogus']"),
