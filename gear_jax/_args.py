@@ -10,6 +10,7 @@ check again what only run time can know (xla_ffi/handler_checks.h).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -107,6 +108,41 @@ def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, 
     if window > 0 and method == "uniform" and spec.step_ring:
         word |= _native.UNIFORM_STARTS_FLAG
     return word
+
+
+def check_options_take_effect(
+    method: str, priority_exponent: float, window: int, short_episodes: Any, op: str, stacklevel: int
+) -> None:
+    """Refuses or warns about a selection's options given a value other than their default where it
+    cannot take effect (defaults given explicitly pass, so callers that spell them out are unaffected).
+    Call it once the method, exponent (a float), window (0 for none) and short_episodes are checked.
+
+    - short_episodes="skip" without a window: refused (InvalidArgumentError). It says which episodes
+      are too short for the window; without one every pick is a whole row, so the call cannot mean it.
+    - priority_exponent other than 1.0 with a method other than "prioritized": a UserWarning
+      (`stacklevel` as `warnings.warn` counts it from here: the frame of the user's call). Only
+      prioritized picks weigh rows by the exponent, but a learner that takes its method from a
+      configuration legitimately passes one exponent whatever the method, so it is not refused. The
+      host calls check a set of arguments once (host._checked_selection), so they warn once for it.
+    """
+    if window == 0 and short_episodes != "pad":
+        raise InvalidArgumentError(
+            f"{op}: short_episodes={short_episodes!r} needs a window: it says what becomes of episodes "
+            "shorter than `window`, and without one every pick is a whole row. Pass window=W, or leave "
+            "short_episodes out"
+        )
+    if method != "prioritized" and priority_exponent != 1.0:
+        rule = {
+            "uniform": "weighs every selectable row alike",
+            "topk": "takes the highest priorities, an order no exponent changes",
+        }.get(method, "takes rows in the order they were inserted")
+        warnings.warn(
+            f"{op}: priority_exponent={priority_exponent!r} has no effect with method={method!r}, which "
+            f'{rule}; only method="prioritized" weighs rows by priority**priority_exponent. Leave '
+            "priority_exponent out for this method",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
 
 
 def window_law(spec: TableSpec, window: int, short_episodes: Any, op: str) -> int:

@@ -218,6 +218,8 @@ def _checked_selection(
         key = None
     b, method, exponent, win = _selection(table, batch_size, method, priority_exponent, window, op)
     method_id = _args.method_word(table.spec, method, win, short_episodes, op)
+    # From the user's call: sample / sample_gather / Sampler -> _checked_selection -> this check.
+    _args.check_options_take_effect(method, exponent, win, short_episodes, op, stacklevel=4)
     plan = _plan(table, b, _args.check_fields(table.spec, fields, op), None, win) if gathers else None
     checked = (b, method_id, exponent, win, plan)
     if key is not None:
@@ -266,9 +268,14 @@ def sample(
       A `gear_jax.Sample` of numpy arrays (`selectable` a numpy int32).
 
     Raises:
-      InvalidArgumentError: a bad argument.
+      InvalidArgumentError: a bad argument; short_episodes="skip" without a window (it would change
+        nothing).
       NotEnoughRowsError: no selectable row; fewer than `batch_size` for fifo, lifo or topk.
       TableClosedError: the table was closed.
+
+    Warns:
+      UserWarning: a priority_exponent other than 1.0 with a method other than "prioritized", where it
+        has no effect (once per set of arguments: the checks of arguments seen before are not run again).
     """
     op = "gear_jax.host.sample"
     table = _args.check_table(table, op)
@@ -592,8 +599,11 @@ class Sampler:
         shorter than the window one padded window, "skip" never picks it (not for prioritized windows).
 
     Raises:
-      InvalidArgumentError: a bad argument (here, not at the first call).
+      InvalidArgumentError: a bad argument (here, not at the first call), as for `sample`.
       TableClosedError: the table is closed (here, and at a call once it was closed).
+
+    Warns:
+      UserWarning: as `sample` (a priority_exponent that has no effect with the method).
     """
 
     def __init__(

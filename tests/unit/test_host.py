@@ -4,6 +4,7 @@
 import os
 import threading
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -78,7 +79,7 @@ def test_a_key_picks_what_the_custom_call_picks(make_table, method):
     table, _ = prioritized_table(make_table)
     for seed in range(5):
         key = jax.random.key(seed)
-        kwargs = {"method": method, "priority_exponent": 0.7}
+        kwargs = {"method": method, "priority_exponent": 0.7 if method == "prioritized" else 1.0}
         on_host = gj.host.sample(table, key, 8, **kwargs)
         jitted = _on_cpu(lambda k: gj.sample(table, k, 8, **kwargs), key)
         _assert_same_sample(on_host, jitted)
@@ -319,6 +320,34 @@ def test_bad_arguments_are_refused_by_name(make_table):
     assert (table.row_status()["priority"][:4] == 1.0).all()  # the refused NaN update changed nothing
 
 
+def test_options_that_cannot_take_effect_are_refused_or_warned_about(make_table):
+    """short_episodes="skip" without a window is refused; a priority_exponent other than 1.0 with a method
+    other than "prioritized" draws a UserWarning at the caller's line; defaults given explicitly pass."""
+    table = make_table({"x": gj.Field((), "float32")}, capacity=8, max_steps=6)
+    table.insert({"x": np.ones((3, 6), np.float32)}, lengths=[6, 1, 5])
+    rng = np.random.default_rng(0)
+    # Batch sizes of their own: the checks (and so the warning) run once per set of arguments.
+    calls = {
+        "gear_jax.host.sample": lambda **kw: gj.host.sample(table, rng, 3, **kw),
+        "gear_jax.host.sample_gather": lambda **kw: gj.host.sample_gather(table, rng, 2, **kw),
+        "gear_jax.host.Sampler": lambda **kw: gj.host.Sampler(table, 1, rng=0, **kw)(),
+    }
+    for op, call in calls.items():
+        with pytest.raises(gj.InvalidArgumentError, match=rf"{op}: short_episodes='skip' needs a window"):
+            call(short_episodes="skip")
+        for method in ("uniform", "fifo", "lifo", "topk"):
+            with pytest.warns(
+                UserWarning, match=rf"{op}: priority_exponent=0.5 has no effect with method"
+            ) as w:
+                call(method=method, priority_exponent=0.5)
+            assert [os.path.basename(r.filename) for r in w] == ["test_host.py"]  # the caller's line
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            call(short_episodes="pad", priority_exponent=1.0, method="fifo")  # defaults, spelled out
+            call(short_episodes="skip", window=4)  # with a window: never picks the row of 1 step
+            call(method="prioritized", priority_exponent=0.5)
+
+
 def test_a_table_with_too_few_rows_raises_not_enough_rows(make_table):
     table = make_table()
     rng = np.random.default_rng(0)
@@ -378,11 +407,12 @@ def test_a_forked_child_samples_with_its_own_threads(make_table):
 @pytest.mark.parametrize("method", ["uniform", "prioritized", "fifo", "topk"])
 def test_a_sampler_draws_what_sample_gather_draws_with_the_same_generator(make_table, method):
     table, _ = prioritized_table(make_table)
-    sampler = gj.host.Sampler(table, 8, method=method, priority_exponent=0.7, rng=3)
+    exponent = 0.7 if method == "prioritized" else 1.0
+    sampler = gj.host.Sampler(table, 8, method=method, priority_exponent=exponent, rng=3)
     rng = np.random.default_rng(3)
     for _ in range(4):
         s, batch = sampler()
-        expected_s, expected = gj.host.sample_gather(table, rng, 8, method=method, priority_exponent=0.7)
+        expected_s, expected = gj.host.sample_gather(table, rng, 8, method=method, priority_exponent=exponent)
         _assert_same_sample(s, expected_s)
         assert batch.keys() == expected.keys()
         for name in batch:
