@@ -458,6 +458,11 @@ PYBIND11_MODULE(_native, m) {
         out["persistent"] = offsetof(gear::TableHeader, persistent);
         out["creator_pid_namespace"] = offsetof(gear::TableHeader, creator_pid_namespace);
         out["mixed_pid_namespaces"] = offsetof(gear::TableHeader, mixed_pid_namespaces);
+        out["liveness_unproven"] = offsetof(gear::TableHeader, liveness_unproven);
+        out["liveness_inode"] = offsetof(gear::TableHeader, liveness_inode);
+        out["first_step_offset"] = offsetof(gear::TableHeader, first_step_offset);
+        out["state_offset"] = offsetof(gear::TableHeader, state_offset);
+        out["writer_pid_offset"] = offsetof(gear::TableHeader, writer_pid_offset);
         return out;
       },
       "Byte offsets of some header fields (for tests)");
@@ -516,6 +521,11 @@ PYBIND11_MODULE(_native, m) {
       .def_property_readonly("mixed_pid_namespaces",
                              [](OpenTable& s) {
                                return __atomic_load_n(&s.table().header()->mixed_pid_namespaces,
+                                                      __ATOMIC_SEQ_CST) != 0;
+                             })
+      .def_property_readonly("liveness_unproven",
+                             [](OpenTable& s) {
+                               return __atomic_load_n(&s.table().header()->liveness_unproven,
                                                       __ATOMIC_SEQ_CST) != 0;
                              })
       // Both repair the counters first if a writer died while changing them (SharedTable::CheckCounts).

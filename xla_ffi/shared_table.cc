@@ -21,6 +21,9 @@ void WriteHeader(uint8_t* base, const TablePlan& plan, uint64_t total_bytes, con
   __atomic_store_n(&h->reuses, reuses, __ATOMIC_RELAXED);
   h->creator_pid = CurrentPid();
   h->creator_pid_namespace = PidNamespace();
+  // The liveness file of this process's lock (table_processes.h), which every process of the table
+  // must hold its lock in; none held: the table is liveness_unproven from the start.
+  h->liveness_unproven = LivenessFile(&h->liveness_device, &h->liveness_inode) ? 0u : 1u;
   h->format_version = kFormatVersion;
   h->spec_json_bytes = static_cast<uint32_t>(spec_json.size());
   h->spec_hash = spec_hash;
@@ -141,6 +144,7 @@ std::shared_ptr<SharedTable> SharedTable::Attach(const std::string& name, bool p
   // A process of another PID namespace than the creator's: from now on no process may judge a pid of
   // this table by kill(pid, 0). Set before this process signs in or writes (see PidMayBeAlive).
   if (Load(&h->creator_pid_namespace) != PidNamespace()) Store(&h->mixed_pid_namespaces, 1u);
+  ProveLiveness(h);  // likewise: the lock of this process in the table's liveness file, or the mark
   const int slot = SignIn(h, CurrentPid());
   memory->set_attach_slot(slot);
   // Signed in first, then the creator's mark: a creator closing now sees the slot, or this sees the mark.

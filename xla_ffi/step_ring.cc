@@ -93,15 +93,16 @@ void SharedTable::RetireSteps(uint64_t below, bool* reclaimed) {
         const int64_t now = MonotonicNs();
         if (waiting_since == 0) waiting_since = now;
         if (now - waiting_since > kHolderWaitNs) {
-          const bool unjudged = !PidsComparable(h);
+          const bool unjudged = !PidsComparable(h) && Load(&h->liveness_unproven) != 0;
           throw std::runtime_error(
               "table '" + name_ + "': the writer holding episode row " + std::to_string(row) +
               " has not finished copying its steps for " + std::to_string(kHolderWaitNs / 1'000'000'000) +
               " s (stopped?), and the ring needs them; nothing of this insert was published" +
-              (unjudged ? ". Processes of other PID namespaces use this table, so a writer that died cannot "
-                          "be told from a live one: if the writer of that row was killed, the ring takes no "
-                          "episode again; create the table again (or load its checkpoint), and run its "
-                          "processes in one PID namespace (docs/ARCHITECTURE.md, \"PID namespaces\")"
+              (unjudged ? ". Processes of other PID namespaces use this table and one of them held no lock "
+                          "in /dev/shm/gear_jax_liveness, so a writer that died cannot be told from a live "
+                          "one: if the writer of that row was killed, the ring takes no episode again; "
+                          "create the table again (or load its checkpoint), and let every process open "
+                          "/dev/shm/gear_jax_liveness (docs/ARCHITECTURE.md, \"PID namespaces\")"
                         : ""));
         }
         // A copy takes microseconds to milliseconds: yield at first, then sleep up to 1 ms between looks

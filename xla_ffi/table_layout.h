@@ -16,8 +16,8 @@ namespace gear {
 
 inline constexpr char kTableMagic[8] = {'G', 'E', 'A', 'R', 'J', 'A', 'X', '\0'};
 inline constexpr uint32_t kFormatVersion =
-    9;  // 7: step rings (step_capacity, first_step, the ring's cursors); 8: admitted_inserts; 9: the
-        // sampling rules (max_times_sampled, queue)
+    10;  // 7: step rings (step_capacity, first_step, the ring's cursors); 8: admitted_inserts; 9: the
+         // sampling rules (max_times_sampled, queue); 10: liveness locks (liveness_*)
 inline constexpr size_t kSpecJsonCapacity = 16384;
 inline constexpr int kMaxAttachments = 256;
 inline constexpr int kMaxWriterSlots =
@@ -76,6 +76,13 @@ struct TableHeader {
   // Set (never cleared) by an attach from another PID namespace than the creator's: kill(pid, 0) then
   // answers for no pid in the table, and every process takes every recorded pid for alive (PidMayBeAlive).
   uint32_t mixed_pid_namespaces;
+  // Liveness locks (table_processes.h): the file in which every process of this table holds its lock
+  // (its device and inode, as its creator found them), and a mark set (never cleared) by a process that
+  // maps the table without a lock in that file; from then on a pid that kill(pid, 0) cannot judge counts
+  // as alive, as before liveness locks.
+  uint64_t liveness_device;
+  uint64_t liveness_inode;
+  uint32_t liveness_unproven;
   // Samples after which a row's contents are retired (Table.create's max_times_sampled; 0: no limit;
   // TableView::max_times_sampled), set by the creator before the magic and never changed after. (A queue
   // is told by its rate limiter: RateLimiterState::queue.)

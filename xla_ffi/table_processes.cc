@@ -1,6 +1,8 @@
 #include "xla_ffi/table_processes.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +26,95 @@ std::atomic<int32_t> cached_pid{0};
 // unshare(CLONE_NEWPID) of its parent puts in another namespace.
 constexpr uint64_t kNamespaceUnread = ~uint64_t{0};
 std::atomic<uint64_t> cached_namespace{kNamespaceUnread};
+
+// Liveness locks (table_processes.h). The lock this process holds, for pid `pid` (0: none taken yet),
+// on `hold_fd`, in the file of `device` and `inode`; changed under `liveness_busy` only.
+constexpr char kLivenessFile[] = "/dev/shm/gear_jax_liveness";
+struct LivenessLock {
+  int32_t pid = 0;
+  int hold_fd = -1;
+  bool held = false;
+  uint64_t device = 0, inode = 0;
+};
+LivenessLock liveness;
+std::atomic_flag liveness_busy = ATOMIC_FLAG_INIT;
+// The descriptor through which this process asks who holds a lock (F_OFD_GETLK reports the locks of
+// other open files only, so not the one that holds this process's own lock), and its file.
+std::atomic<int> probe_fd{-1};
+std::atomic<uint64_t> probe_device{0}, probe_inode{0};
+
+// Takes the lock of `pid` unless this process holds it already. Only async-signal-safe calls (open,
+// fcntl, fstat, close): a forked child calls it. A descriptor left from the parent (the parent's lock,
+// which stays the parent's while the parent keeps its own descriptor) is closed first.
+void TakeLiveness(int32_t pid, bool in_child) {
+  if (in_child) liveness_busy.clear(std::memory_order_relaxed);  // a parent's thread may have held it
+  while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
+  if (liveness.pid != pid) {
+    if (liveness.hold_fd >= 0) close(liveness.hold_fd);
+    liveness = LivenessLock{};
+    liveness.pid = pid;
+    const int fd = open(kLivenessFile, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    struct flock lock{};
+    lock.l_type = F_RDLCK;
+    lock.l_whence = SEEK_SET;
+    lock.l_start = pid;
+    lock.l_len = 1;
+    struct stat st{};
+    if (fd >= 0 && fcntl(fd, F_OFD_SETLK, &lock) == 0 && fstat(fd, &st) == 0) {
+      liveness.hold_fd = fd;
+      liveness.held = true;
+      liveness.device = static_cast<uint64_t>(st.st_dev);
+      liveness.inode = static_cast<uint64_t>(st.st_ino);
+    } else if (fd >= 0) {
+      close(fd);
+    }
+  }
+  liveness_busy.clear(std::memory_order_release);
+}
+
+// The probe descriptor (opened at the first use), -1 where the file cannot be opened.
+int ProbeFd() {
+  int fd = probe_fd.load(std::memory_order_acquire);
+  if (fd >= 0) return fd;
+  fd = open(kLivenessFile, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  struct stat st{};
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  int expected = -1;
+  probe_device.store(static_cast<uint64_t>(st.st_dev), std::memory_order_relaxed);
+  probe_inode.store(static_cast<uint64_t>(st.st_ino), std::memory_order_relaxed);
+  if (!probe_fd.compare_exchange_strong(expected, fd, std::memory_order_acq_rel)) {
+    close(fd);  // another thread opened one first (of the same file: the stores above are equal)
+    return expected;
+  }
+  return fd;
+}
+
+// Whether some process may hold the liveness lock of `pid` in the file table `h` names: false only when
+// the probe, of that very file, finds no lock on the pid's byte.
+bool LivenessLockHeld(const TableHeader* h, int32_t pid) {
+  const int fd = ProbeFd();
+  if (fd < 0 || probe_device.load(std::memory_order_relaxed) != Load(&h->liveness_device) ||
+      probe_inode.load(std::memory_order_relaxed) != Load(&h->liveness_inode)) {
+    return true;
+  }
+  struct flock lock{};
+  lock.l_type = F_WRLCK;  // conflicts with every read lock on the byte
+  lock.l_whence = SEEK_SET;
+  lock.l_start = pid;
+  lock.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return true;
+  return lock.l_type != F_UNLCK;
+}
+
+// ProveLiveness's work, with the lock already taken (async-signal-safe: atomics only).
+void ProveLivenessTaken(TableHeader* h) {
+  const bool same = liveness.held && liveness.device == Load(&h->liveness_device) &&
+                    liveness.inode == Load(&h->liveness_inode);
+  if (!same) Store(&h->liveness_unproven, 1u);
+}
 
 // Forks. A child inherits every mapping of its parent and may write into it, after the parent (the
 // only process signed in for it) has exited: the creator's close would then see no live process and
@@ -58,11 +149,15 @@ class MappedMemories {
     }
   }
   void InChild() {
-    // Only async-signal-safe calls here (getpid, kill, stat of /proc/self/ns/pid, atomics): the parent
-    // may have had other threads.
+    // Only async-signal-safe calls here (getpid, kill, stat of /proc/self/ns/pid, open, fcntl, close,
+    // atomics): the parent may have had other threads. The child's liveness lock before its pid goes
+    // into any slot.
     const int32_t me = static_cast<int32_t>(getpid());
+    TakeLiveness(me, /*in_child=*/true);
     for (TableMemory* memory : memories_) {
-      if (IsTable(memory)) memory->set_attach_slot(SignIn(Header(memory), me));
+      if (!IsTable(memory)) continue;
+      ProveLivenessTaken(Header(memory));
+      memory->set_attach_slot(SignIn(Header(memory), me));
     }
     mutex_.unlock();
   }
@@ -99,9 +194,28 @@ bool PidsComparable(const TableHeader* h) {
 
 bool PidMayBeAlive(const TableHeader* h, int32_t pid) {
   if (pid <= 0) return false;
-  // The flag after the pid (the callers load the pid first): a process of another namespace sets it
-  // before it signs in or writes anything, so whoever reads its pid also reads the flag.
-  return !PidsComparable(h) || ProcessAlive(pid);
+  // The flags after the pid (the callers load the pid first): a process of another namespace sets
+  // mixed_pid_namespaces, and one without a lock in the table's file liveness_unproven, before it signs
+  // in or writes anything, so whoever reads its pid also reads the flags.
+  if (PidsComparable(h)) return ProcessAlive(pid);
+  return Load(&h->liveness_unproven) != 0 || LivenessLockHeld(h, pid);
+}
+
+bool LivenessFile(uint64_t* device, uint64_t* inode) {
+  CurrentPid();  // takes the lock
+  while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
+  const bool held = liveness.held;
+  *device = liveness.device;
+  *inode = liveness.inode;
+  liveness_busy.clear(std::memory_order_release);
+  return held;
+}
+
+void ProveLiveness(TableHeader* h) {
+  CurrentPid();  // takes the lock
+  while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
+  ProveLivenessTaken(h);
+  liveness_busy.clear(std::memory_order_release);
 }
 
 int32_t CurrentPid() {
@@ -114,6 +228,7 @@ int32_t CurrentPid() {
         }) == 0;
     (void)reset_after_fork;
     pid = static_cast<int32_t>(getpid());
+    TakeLiveness(pid, /*in_child=*/false);  // before the pid can be recorded anywhere
     cached_pid.store(pid, std::memory_order_relaxed);
   }
   return pid;

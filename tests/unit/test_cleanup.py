@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -386,24 +387,72 @@ PRIVATE_SHM = PRIVATE_SHM if _permitted(PRIVATE_SHM) else None
 
 
 @pytest.mark.parametrize("forge", ["creator_pid_namespace", "mixed_pid_namespaces"])
-def test_pids_of_another_namespace_are_never_taken_for_dead(forge):
+def test_a_dead_writer_of_another_namespace_is_told_by_its_liveness_lock(forge):
     table = gj.Table.create(SPEC, reuse=False)
     try:
         memory = np.frombuffer(table.native.mapping(), np.uint8)
         ours = _native.pid_namespace()
         assert ours != 0 and header_field(memory, "creator_pid_namespace", np.uint64)[0] == ours
-        # A writer claims a row and dies holding it.
+        assert not table.native.liveness_unproven
+        # A writer claims a row and dies holding it; so does a second one.
         claim = "print(native.NativeTable.attach(sys.argv[1], False).claim(), flush=True); os._exit(0)"
         row = int(run(claim, table.name))
         assert not header_field(memory, "mixed_pid_namespaces", np.uint32)[0]
         field = header_field(memory, forge, np.uint64 if forge == "creator_pid_namespace" else np.uint32)
-        field[0] = ours + 1 if forge == "creator_pid_namespace" else 1
+        field[0] = ours + 1 if forge == "creator_pid_namespace" else 1  # kill(pid, 0) cannot judge now
+        for _ in range(3):
+            table.insert({"x": np.arange(8)})
+        # Its liveness lock went with it: reclaimed, though kill(pid, 0) could not say.
+        assert table.row_status()["generation"][row] % 2 == 0
+        unproven = header_field(memory, "liveness_unproven", np.uint32)
+        unproven[0] = 1  # as if some process of the table had held no lock: pids count as alive
+        row = int(run(claim, table.name))
         for _ in range(3):
             table.insert({"x": np.arange(8)})
         assert table.row_status()["generation"][row] % 2 == 1  # its owner may live: never reclaimed
         field[0] = ours if forge == "creator_pid_namespace" else 0
+        header_field(memory, "mixed_pid_namespaces", np.uint32)[0] = 0  # the claimer's attach set it
         table.insert({"x": np.arange(8)})
-        assert table.row_status()["generation"][row] % 2 == 0  # now known dead: reclaimed
+        assert table.row_status()["generation"][row] % 2 == 0  # kill(pid, 0) answers again: reclaimed
+    finally:
+        table.close()
+
+
+def test_a_live_writer_of_another_namespace_keeps_its_row():
+    # The same with a writer that lives on: its lock is held, so its row stays its own.
+    table = gj.Table.create(SPEC, reuse=False)
+    holder = start(
+        "t = native.NativeTable.attach(sys.argv[1], False)\n"
+        "print(t.claim(), flush=True)\n"
+        "sys.stdin.readline()",
+        table.name,
+    )
+    try:
+        row = int(line(holder))
+        memory = np.frombuffer(table.native.mapping(), np.uint8)
+        header_field(memory, "mixed_pid_namespaces", np.uint32)[0] = 1
+        for _ in range(3):
+            table.insert({"x": np.arange(8)})
+        assert table.row_status()["generation"][row] % 2 == 1
+        assert not table.native.liveness_unproven
+    finally:
+        end(holder)
+        table.close()
+
+
+def test_a_process_without_a_lock_in_the_tables_liveness_file_marks_the_table():
+    # The table names another liveness file than the one a new process locks in (as if the file had been
+    # removed and made again since the table was created): that process's attach marks the table, and
+    # its pids count as alive from then on.
+    table = gj.Table.create(SPEC, reuse=False)
+    try:
+        memory = np.frombuffer(table.native.mapping(), np.uint8)
+        assert not table.native.liveness_unproven
+        inode = header_field(memory, "liveness_inode", np.uint64)
+        assert inode[0] == os.stat("/dev/shm/gear_jax_liveness").st_ino
+        inode[0] += 1
+        run("native.NativeTable.attach(sys.argv[1], False); os._exit(0)", table.name)
+        assert table.native.liveness_unproven
     finally:
         table.close()
 
@@ -509,6 +558,56 @@ def test_a_process_in_another_pid_namespace_keeps_its_rows_and_tables(names):
         assert not exists(own)
     finally:
         end(inner)
+        table.close()
+
+
+# In a new PID namespace (sharing /dev/shm): a child whose pid names no process outside (as in
+# IN_NAMESPACE) attaches table argv[1], prints its pid and is killed.
+KILLED_IN_NAMESPACE = """
+while True:
+    child = os.fork()
+    if child == 0:
+        if os.path.exists(f"/proc/{os.getpid()}"):
+            os._exit(3)
+        shared = native.NativeTable.attach(sys.argv[1], False)
+        print(os.getpid(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 3:
+        break
+"""
+
+
+def column(memory, offset_field, dtype, row):
+    """A writable view of one row's entry in the status column whose offset the header field holds."""
+    start = int(header_field(memory, offset_field, np.uint64)[0]) + np.dtype(dtype).itemsize * row
+    return memory[start : start + np.dtype(dtype).itemsize].view(dtype)
+
+
+@pytest.mark.skipif(UNSHARE_PID is None, reason="unshare --user --pid is not permitted here")
+def test_a_step_ring_goes_on_after_a_writer_of_another_pid_namespace_was_killed_copying():
+    # A writer of another PID namespace died holding episode row 0 with steps from the ring's first one
+    # (as if killed while copying them; its row is written here as the writer left it). Every later
+    # retirement must pass that row: it used to wait 10 s for the "copying" writer, whom kill(pid, 0)
+    # cannot judge across namespaces, and fail, for the table's lifetime.
+    table = gj.Table.create(
+        gj.TableSpec({"x": gj.Field((), "int32")}, capacity=4, max_steps=4, step_capacity=16), reuse=False
+    )
+    try:
+        pid = int(run(KILLED_IN_NAMESPACE, table.name, prefix=UNSHARE_PID))
+        assert not os.path.exists(f"/proc/{pid}") and table.native.mixed_pid_namespaces
+        memory = np.frombuffer(table.native.mapping(), np.uint8)
+        column(memory, "state_offset", np.uint64, 0)[0] = 1 << 32  # generation 1: held
+        column(memory, "writer_pid_offset", np.int32, 0)[0] = pid
+        column(memory, "first_step_offset", np.uint64, 0)[0] = 0
+        t0 = time.monotonic()
+        for k in range(12):  # 48 steps: the ring of 16 wraps three times
+            table.insert({"x": np.full((1, 4), k, np.int32)}, lengths=np.array([4]))
+        assert time.monotonic() - t0 < 5  # no 10 s wait for the dead writer
+        assert not table.native.liveness_unproven
+        assert table.row_status()["generation"][0] % 2 == 0  # its row was taken back
+        assert table.size > 0
+    finally:
         table.close()
 
 
