@@ -8,8 +8,10 @@ and removes dead ones.
 
 Other PID namespaces: kill(pid, 0) only answers for pids of this process's PID namespace. A table
 records its creator's namespace; where that is not this process's, or a process of another namespace
-attached, every pid recorded in the table counts as alive: no row, writer slot, attach slot or table is
-reclaimed on the word of kill(pid, 0), and the pool's orphan sweep leaves other namespaces' names alone.
+attached, a pid recorded in the table is judged by its liveness lock (a process that died holds none),
+unless some process of the table held no lock in the table's liveness file: then every such pid counts
+as alive. No table is swept on the word of kill(pid, 0) across namespaces, and the pool's orphan sweep
+leaves other namespaces' names alone.
 
 The processes here load the native module only (no JAX), so that each starts in a fraction of a second;
 the cleanup command is run as `python -m gear_jax.cleanup`.
