@@ -91,6 +91,8 @@ def sample(
     after: Any = None,
     priority_update: tuple[Sample, Any] | None = None,
     short_episodes: str = "pad",
+    *,
+    defer_capacity_check: bool = False,
 ) -> Sample:
     """Selects `batch_size` rows of `table`.
 
@@ -123,6 +125,13 @@ def sample(
         default: such an episode gives one window, its steps past the episode's end zeroed and
         `valid` False) or "skip" (it is never picked; not for prioritized windows). Without a window
         it changes nothing.
+      defer_capacity_check: fifo, lifo and topk pick distinct rows, so a batch_size above the table's
+        capacity can never be filled and is refused at trace time. With True (keyword only, static) such
+        a call is traced all the same and fails at run time, with the error of a table that holds fewer
+        selectable rows than batch_size. For a call that must trace in a branch that may never run, or
+        fail at run time on every device at once: the sharded layer's global fifo, lifo and topk, whose
+        batch may exceed one shard's capacity. Other methods, and batches within the capacity, are
+        unchanged.
 
     Under `jax.vmap` the call runs once per element, one after another: each element's picks are
     those its key gives alone.
@@ -131,13 +140,15 @@ def sample(
       A `Sample`.
 
     Raises:
-      InvalidArgumentError: bad batch_size, method, exponent or window (at trace time).
+      InvalidArgumentError: bad batch_size (for fifo/lifo/topk, one above the capacity unless
+        defer_capacity_check), method, exponent or window (at trace time).
       gear_jax.EXECUTION_ERRORS: at run time, when the table holds no selectable row, fewer than
         batch_size rows for fifo/lifo/topk, or was closed since the function was traced.
     """
     table = _args.check_table(table, "sample")
+    defer = check_flag(defer_capacity_check, "defer_capacity_check", "sample")
     args, attrs, b, win = _sample_call(
-        table, key, batch_size, method, priority_exponent, window, after, "sample", short_episodes
+        table, key, batch_size, method, priority_exponent, window, after, "sample", short_episodes, defer
     )
     update = _check_priority_update(table, priority_update, "sample")
     _args.check_fits("sample", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
@@ -159,11 +170,13 @@ def _sample_call(
     after: Any,
     op: str,
     short_episodes: Any = "pad",
+    defer_capacity_check: bool = False,
 ) -> tuple[tuple[jax.Array, jax.Array], dict[str, Any], int, int]:
     """The checked arguments and attributes of a sample custom call, the batch size and the window."""
     _args.check_batch_size(batch_size, op)
     _args.check_method(method, op)
-    _args.check_distinct_picks(batch_size, method, table.capacity, op)
+    if not defer_capacity_check:
+        _args.check_distinct_picks(batch_size, method, table.capacity, op)
     exponent = _args.check_exponent(priority_exponent, op)
     win = _args.check_window(window, table.max_steps, op)
     attrs = {

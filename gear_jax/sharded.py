@@ -76,7 +76,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gear_jax import _agreement, _args, _ffi, _rows, ops
+from gear_jax import _agreement, _args, _rows, ops
 from gear_jax.selection import ORDERED_METHODS, Sample
 from gear_jax.errors import InvalidArgumentError, TableClosedError
 from gear_jax.spec import TableSpec
@@ -1019,8 +1019,11 @@ def _merge_ordered(
     def too_few(t: Table) -> tuple[Sample, jax.Array]:
         # The shards together hold fewer than B selectable rows: every shard raises the single-table
         # error at run time (each holds fewer than B), so that no device goes on to wait in the
-        # all_gather below for one that failed.
-        smp = _sample_unfillable(t, window_key, batch_size, method, window, after)
+        # all_gather below for one that failed. A B above the shard's capacity, which one table can never
+        # fill, must not be refused at trace time: the shards together may fill it (the other branch).
+        smp = ops.sample(
+            t, window_key, batch_size, method=method, window=window, after=after, defer_capacity_check=True
+        )
         smp = dataclasses.replace(smp, selectable=None, lengths=None)
         head = jax.tree_util.tree_map(lambda x: x[:per_shard], smp)  # the candidates' shapes
         return head, jnp.full((per_shard, 2), 0xFFFFFFFF, jnp.uint32)
@@ -1049,24 +1052,6 @@ def _merge_ordered(
         window=local.window,
     )
     return owner, smp
-
-
-def _sample_unfillable(
-    t: Table, key: jax.Array, batch_size: int, method: str, window: int | None, after: Any
-) -> Sample:
-    """`ops.sample(t, key, batch_size, method=method, ...)` where the shard holds fewer than `batch_size`
-    selectable rows, whose handler then raises the single-table error at run time ("the table holds n
-    selectable rows, fewer than batch_size B"). A batch larger than the shard's capacity (a global fifo,
-    lifo or topk request that the shards together can fill) is refused by `ops.sample` at trace time,
-    since one table can never fill it: the call is then made here, with the arguments `ops` checks for
-    the largest batch it accepts; the handler takes the batch size from its outputs, and even a full
-    shard holds fewer rows than such a batch."""
-    if batch_size <= t.capacity:
-        return ops.sample(t, key, batch_size, method=method, window=window, after=after)
-    args, attrs, _, win = ops._sample_call(t, key, t.capacity, method, 1.0, window, after, "sample")
-    out_types = (*ops._pick_types(batch_size), *ops._count_and_lengths(batch_size))
-    picks = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False)(*args, **attrs)
-    return Sample(*picks, window=win, table_handle=t.handle)
 
 
 def update_priorities(

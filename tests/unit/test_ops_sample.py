@@ -95,6 +95,39 @@ def test_fifo_lifo_topk_exact(make_table):
     np.testing.assert_array_equal(np.asarray(topk.generations), status["generation"][[6, 3, 2, 0]])
 
 
+@pytest.mark.parametrize("method", ["fifo", "lifo", "topk"])
+def test_defer_capacity_check_traces_a_batch_above_the_capacity_that_fails_at_run_time(make_table, method):
+    """What the sharded layer's global fifo, lifo and topk rely on: a shard's sample of more rows than it
+    can hold is refused at trace time by default; with defer_capacity_check it traces (in a branch that
+    may never run, as in sharded.sample's lax.cond) and fails at run time with the single-table error."""
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    key = jax.random.key(0)
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch_size=10 exceeds the table's capacity \(8\)"):
+        gj.sample(table, key, 10, method=method)
+    with pytest.raises(gj.InvalidArgumentError, match=r"sample: defer_capacity_check='yes' must be True"):
+        gj.sample(table, key, 10, method=method, defer_capacity_check="yes")
+
+    def deferred(k, batch_size=10):
+        return gj.sample(table, k, batch_size, method=method, defer_capacity_check=True)
+
+    assert jax.eval_shape(deferred, key).indices.shape == (10,)
+    with pytest.raises(gj.EXECUTION_ERRORS, match="holds 8 selectable rows, fewer than batch_size 10"):
+        jax.block_until_ready(jax.jit(deferred)(key).indices)
+    # Traced but not taken: the branch that can be filled runs, and gives the usual picks.
+    chosen = jax.jit(
+        lambda k, fill: jax.lax.cond(
+            fill, lambda: gj.sample(table, k, 8, method=method).indices, lambda: deferred(k).indices[:8]
+        )
+    )
+    usual = gj.sample(table, key, 8, method=method).indices
+    np.testing.assert_array_equal(np.asarray(chosen(key, True)), np.asarray(usual))
+    with pytest.raises(gj.EXECUTION_ERRORS, match="fewer than batch_size 10"):
+        jax.block_until_ready(chosen(key, False))
+    # Within the capacity the option changes nothing.
+    np.testing.assert_array_equal(np.asarray(deferred(key, 8).indices), np.asarray(usual))
+
+
 def test_same_key_same_sample_and_different_keys_differ(make_table):
     table = make_table(capacity=1000)
     table.insert(transitions(1000), priorities=np.linspace(0.1, 2, 1000))
