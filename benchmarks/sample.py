@@ -28,7 +28,8 @@ def run(args: argparse.Namespace, note: Callable[[str], None]) -> list[dict[str,
         for item_bytes in parse_ints(args.item_bytes):
             for method in parse_names(args.methods):
                 usable = [b for b in batch_sizes if b <= rows or method in WITH_REPLACEMENT]
-                work = Workload(Dataset(rows, 1, item_bytes), method, args.priority_exponent, collect=False)
+                exponent = args.priority_exponent if method == "prioritized" else 1.0  # only it weighs
+                work = Workload(Dataset(rows, 1, item_bytes), method, exponent, collect=False)
                 point = {"table_rows": rows, "item_bytes": item_bytes}
                 records += measure(work, point, method, usable, args, note)
     return records

@@ -100,7 +100,7 @@ def measure(table: Any, mode: str, method: str, batch: int, config: dict[str, An
             batch,
             method=method,
             mode="global" if mode == "globalfull" else mode,
-            priority_exponent=config["priority_exponent"],
+            priority_exponent=config["priority_exponent"] if method == "prioritized" else 1.0,
             **options,
         )
         start = time.perf_counter()

@@ -123,8 +123,9 @@ def sample(
         `jax.checkpoint` both may run again in the backward pass.
       short_episodes: with a window, what becomes of episodes shorter than it (static): "pad" (the
         default: such an episode gives one window, its steps past the episode's end zeroed and
-        `valid` False) or "skip" (it is never picked; not for prioritized windows). Without a window
-        it changes nothing.
+        `valid` False) or "skip" (it is never picked; not for prioritized windows). "skip" without a
+        window is refused: it could change nothing. (A priority_exponent other than 1.0 with a method
+        other than "prioritized" draws a UserWarning: it changes nothing either.)
       defer_capacity_check: fifo, lifo and topk pick distinct rows, so a batch_size above the table's
         capacity can never be filled and is refused at trace time. With True (keyword only, static) such
         a call is traced all the same and fails at run time, with the error of a table that holds fewer
@@ -179,6 +180,8 @@ def _sample_call(
         _args.check_distinct_picks(batch_size, method, table.capacity, op)
     exponent = _args.check_exponent(priority_exponent, op)
     win = _args.check_window(window, table.max_steps, op)
+    # The user's call -> sample or sample_gather -> here -> the check: stacklevel 4 names the user's line.
+    _args.check_options_take_effect(method, exponent, win, short_episodes, op, stacklevel=4)
     attrs = {
         "method": np.int32(_args.method_word(table.spec, method, win, short_episodes, op)),
         "priority_exponent": np.float32(exponent),

@@ -658,6 +658,10 @@ def sample(
             )
     win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
     _args.method_word(st.spec, method, win, short_episodes, "sharded.sample")  # its checks
+    given_exponent = _args.check_exponent(priority_exponent, "sharded.sample")
+    _args.check_options_take_effect(
+        method, given_exponent, win, short_episodes, "sharded.sample", stacklevel=2
+    )
     capacity_factor = _args.check_capacity_factor(capacity_factor, "sharded.sample")
     # Uniform windows whose law weighs rows by their windows (step rings) or skips the short ones: the
     # shards are weighed under that law and draw their own picks by it (the module's docstring).
@@ -699,7 +703,7 @@ def sample(
                 shard_key,
                 per_device,
                 method=method,
-                priority_exponent=exponent,
+                priority_exponent=exponent if method == "prioritized" else 1.0,
                 window=window,
                 after=after,
                 short_episodes=short_episodes,
@@ -981,7 +985,13 @@ def _draw_global(
     def every_shard_empty(t: Table) -> Sample:
         # Raises at run time with the single-table error: no shard holds a selectable row.
         smp = ops.sample(
-            t, window_key, batch_size, method=method, priority_exponent=exponent, window=window, after=after
+            t,
+            window_key,
+            batch_size,
+            method=method,
+            priority_exponent=exponent if method == "prioritized" else 1.0,
+            window=window,
+            after=after,
         )
         return dataclasses.replace(smp, selectable=None, lengths=None)
 

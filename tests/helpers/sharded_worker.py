@@ -182,8 +182,9 @@ def scenario_counts(table):
     """Row counts of many global draws (uniform and prioritized, exponent 0.5), for a chi-square test."""
     out = {}
     b = 16 * SHARDS
-    for method, exponent in (("uniform", 0.0), ("prioritized", 0.5)):
-        sampler = table.sampler(b, method=method, mode="global", priority_exponent=exponent)
+    for method, exponent in (("uniform", 0.0), ("prioritized", 0.5)):  # 0.0: every row weighs alike
+        options = {"priority_exponent": exponent} if method == "prioritized" else {}
+        sampler = table.sampler(b, method=method, mode="global", **options)
         counts = np.zeros(SHARDS * CAPACITY, np.int64)
         invalid = 0
         for i in range(4000 // b + 1):
