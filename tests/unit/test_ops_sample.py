@@ -1,3 +1,5 @@
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,6 +95,29 @@ def test_fifo_lifo_topk_exact(make_table):
     np.testing.assert_array_equal(np.asarray(topk.probabilities), 1.0)
     status = table.row_status()
     np.testing.assert_array_equal(np.asarray(topk.generations), status["generation"][[6, 3, 2, 0]])
+
+
+def test_options_that_change_nothing_are_refused_or_warned_about_inside_jit(make_table):
+    table = make_table(capacity=16)
+    table.insert(transitions(8))
+    key = jax.random.key(0)
+    with pytest.raises(gj.InvalidArgumentError, match="short_episodes='skip' needs a window"):
+        jax.jit(lambda k: gj.sample(table, k, 4, short_episodes="skip"))(key)
+    with pytest.raises(gj.InvalidArgumentError, match="short_episodes='skip' needs a window"):
+        jax.jit(lambda k: gj.sample_gather(table, k, 4, short_episodes="skip"))(key)
+    for call in (gj.sample, gj.sample_gather):
+        with pytest.warns(
+            UserWarning, match="priority_exponent=0.5 has no effect with method='fifo'"
+        ) as seen:
+            jax.jit(lambda k, call=call: call(table, k, 4, method="fifo", priority_exponent=0.5))(key)
+        assert seen[0].filename == __file__  # the warning names the caller's line
+    # Defaults given explicitly, and an exponent where it weighs, pass without a word.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.jit(lambda k: gj.sample(table, k, 4, method="fifo", priority_exponent=1.0, short_episodes="pad"))(
+            key
+        )
+        jax.jit(lambda k: gj.sample(table, k, 4, method="prioritized", priority_exponent=0.5))(key)
 
 
 @pytest.mark.parametrize("method", ["fifo", "lifo", "topk"])
