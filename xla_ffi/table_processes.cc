@@ -221,11 +221,20 @@ void ProveLiveness(TableHeader* h) {
 int32_t CurrentPid() {
   int32_t pid = cached_pid.load(std::memory_order_relaxed);
   if (pid == 0) {
+    // Around a fork, the liveness lock's state is held (prepare), so that no other thread is inside
+    // TakeLiveness when the process is copied: a child would otherwise spin for good on the flag, or
+    // start from a state half written. Registered before this process's first TakeLiveness.
     static const bool reset_after_fork =
-        pthread_atfork(nullptr, nullptr, [] {
-          cached_pid.store(0, std::memory_order_relaxed);
-          cached_namespace.store(kNamespaceUnread, std::memory_order_relaxed);
-        }) == 0;
+        pthread_atfork(
+            [] {
+              while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
+            },
+            [] { liveness_busy.clear(std::memory_order_release); },
+            [] {
+              liveness_busy.clear(std::memory_order_release);
+              cached_pid.store(0, std::memory_order_relaxed);
+              cached_namespace.store(kNamespaceUnread, std::memory_order_relaxed);
+            }) == 0;
     (void)reset_after_fork;
     pid = static_cast<int32_t>(getpid());
     TakeLiveness(pid, /*in_child=*/false);  // before the pid can be recorded anywhere
