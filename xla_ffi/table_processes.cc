@@ -43,6 +43,25 @@ std::atomic_flag liveness_busy = ATOMIC_FLAG_INIT;
 std::atomic<int> probe_fd{-1};
 std::atomic<uint64_t> probe_device{0}, probe_inode{0};
 
+// Whether a second open file of the liveness file reports the lock `fd` holds on byte `pid`, as OFD locks
+// do on Linux; a kernel that treated them as a process's own locks (hidden from the process) would
+// make this process judge its own pids dead. Async-signal-safe (open, fcntl, close).
+bool SeesOwnLock(int fd, int32_t pid) {
+  const int other = open(kLivenessFile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (other < 0) return false;
+  struct stat mine{}, theirs{};
+  struct flock lock{};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = pid;
+  lock.l_len = 1;
+  const bool seen = fstat(fd, &mine) == 0 && fstat(other, &theirs) == 0 && mine.st_dev == theirs.st_dev &&
+                    mine.st_ino == theirs.st_ino && fcntl(other, F_OFD_GETLK, &lock) == 0 &&
+                    lock.l_type == F_RDLCK;
+  close(other);
+  return seen;
+}
+
 // Takes the lock of `pid` unless this process holds it already. Only async-signal-safe calls (open,
 // fcntl, fstat, close): a forked child calls it. A descriptor left from the parent (the parent's lock,
 // which stays the parent's while the parent keeps its own descriptor) is closed first.
@@ -53,14 +72,17 @@ void TakeLiveness(int32_t pid, bool in_child) {
     if (liveness.hold_fd >= 0) close(liveness.hold_fd);
     liveness = LivenessLock{};
     liveness.pid = pid;
-    const int fd = open(kLivenessFile, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    // Read-only and readable by every user: a read lock needs no more, and no process but the file's
+    // owner can take a write lock that would keep the others' read locks out (0644 whatever the umask).
+    const int fd = open(kLivenessFile, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd >= 0) fchmod(fd, 0644);  // fails harmlessly on another user's file
     struct flock lock{};
     lock.l_type = F_RDLCK;
     lock.l_whence = SEEK_SET;
     lock.l_start = pid;
     lock.l_len = 1;
     struct stat st{};
-    if (fd >= 0 && fcntl(fd, F_OFD_SETLK, &lock) == 0 && fstat(fd, &st) == 0) {
+    if (fd >= 0 && fcntl(fd, F_OFD_SETLK, &lock) == 0 && fstat(fd, &st) == 0 && SeesOwnLock(fd, pid)) {
       liveness.hold_fd = fd;
       liveness.held = true;
       liveness.device = static_cast<uint64_t>(st.st_dev);
@@ -76,7 +98,7 @@ void TakeLiveness(int32_t pid, bool in_child) {
 int ProbeFd() {
   int fd = probe_fd.load(std::memory_order_acquire);
   if (fd >= 0) return fd;
-  fd = open(kLivenessFile, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  fd = open(kLivenessFile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   struct stat st{};
   if (fd < 0 || fstat(fd, &st) != 0) {
     if (fd >= 0) close(fd);
@@ -106,7 +128,13 @@ bool LivenessLockHeld(const TableHeader* h, int32_t pid) {
   lock.l_start = pid;
   lock.l_len = 1;
   if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return true;
-  return lock.l_type != F_UNLCK;
+  if (lock.l_type != F_UNLCK) return true;
+  // "Dead" only from the table's very file: the descriptor's number may since name another file (code
+  // that closed a descriptor it did not own), or another thread's first probe may have labelled it with
+  // another file's device and inode.
+  struct stat st{};
+  return fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != Load(&h->liveness_device) ||
+         static_cast<uint64_t>(st.st_ino) != Load(&h->liveness_inode);
 }
 
 // ProveLiveness's work, with the lock already taken (async-signal-safe: atomics only).
@@ -154,10 +182,18 @@ class MappedMemories {
     // into any slot.
     const int32_t me = static_cast<int32_t>(getpid());
     TakeLiveness(me, /*in_child=*/true);
+    // A parent that had unshared its PID namespace forks children into the new one: as an attach from
+    // another namespace does, the child marks the table before its pid goes into a slot.
+    struct stat ns{};
+    const uint64_t namespace_id = stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<uint64_t>(ns.st_ino) : 0;
     for (TableMemory* memory : memories_) {
       if (!IsTable(memory)) continue;
-      ProveLivenessTaken(Header(memory));
-      memory->set_attach_slot(SignIn(Header(memory), me));
+      TableHeader* h = Header(memory);
+      if (namespace_id == 0 || Load(&h->creator_pid_namespace) != namespace_id) {
+        Store(&h->mixed_pid_namespaces, 1u);
+      }
+      ProveLivenessTaken(h);
+      memory->set_attach_slot(SignIn(h, me));
     }
     mutex_.unlock();
   }

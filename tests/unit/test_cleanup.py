@@ -50,6 +50,11 @@ def create(name, persistent=False, reuse=False):
 
 def insert_one(table):
     return table.insert([np.zeros(4, np.uint8)], 1, 1, np.ones(1, np.int32), np.ones(1, np.float32))
+
+def generation(table, row):
+    memory = np.frombuffer(table.mapping(), np.uint8)
+    start = int(memory[native.header_offsets()["state_offset"]:][:8].view(np.uint64)[0]) + 8 * row
+    return int(memory[start : start + 8].view(np.uint64)[0] >> 32)
 """
 
 # Creates table argv[1] (argv[2] == "1": outlive_creator), prints its pid, and exits by os._exit
@@ -611,6 +616,79 @@ def test_a_step_ring_goes_on_after_a_writer_of_another_pid_namespace_was_killed_
         assert table.size > 0
     finally:
         table.close()
+
+
+# A creator unshares its PID namespace and forks: its children live in the new one, with pids unknown
+# outside. One claims a row of the inherited table and lives on; the creator inserts past it. Prints
+# "mixed held" when the fork marked the table and left the live writer's row alone.
+UNSHARE_THEN_FORK = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+table = create("gear_jax_test_unshared_" + os.urandom(8).hex())
+assert libc.unshare(0x20000000) == 0, ctypes.get_errno()  # CLONE_NEWPID: for the children to come
+r, w = os.pipe(); r2, w2 = os.pipe()
+init = os.fork()
+if init == 0:  # pid 1 of the new namespace
+    while True:
+        child = os.fork()
+        if child == 0:
+            if os.path.exists(f"/proc/{os.getpid()}"):  # /proc is the outer one: a pid unknown there
+                os._exit(3)
+            os.write(w, f"{table.claim()}\\n".encode())
+            os.read(r2, 1)  # alive, holding the row
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        if os.waitstatus_to_exitcode(status) != 3:
+            os._exit(0)
+row = int(os.read(r, 100).decode())
+for _ in range(16):
+    insert_one(table)
+held = generation(table, row) % 2 == 1
+print("mixed" if table.mixed_pid_namespaces else "unmarked", "held" if held else "reclaimed")
+os.write(w2, b"x"); os.waitpid(init, 0)
+table.close()
+"""
+
+
+@pytest.mark.skipif(UNSHARE_PID is None, reason="unshare --user --pid is not permitted here")
+def test_a_fork_into_a_new_pid_namespace_marks_the_table_and_its_live_writer_keeps_its_row():
+    assert run(UNSHARE_THEN_FORK, prefix=UNSHARE_PID[:3]).split() == ["mixed", "held"]
+
+
+# A live writer holds a row of a table whose pids kill(pid, 0) cannot judge (the mark forged). This
+# process's probe descriptor is closed by code that does not own it, and its number goes to another file.
+# Prints the row's state after inserts, before and after: "held held" when the probe never answers for
+# the other file.
+PROBE_REUSED = """
+import subprocess
+name = "gear_jax_test_probe_" + os.urandom(8).hex()
+table = create(name)
+memory = np.frombuffer(table.mapping(), np.uint8)
+offset = native.header_offsets()["mixed_pid_namespaces"]
+memory[offset : offset + 4].view(np.uint32)[0] = 1
+code = "import sys; from gear_jax import _native as n; t = n.NativeTable.attach(sys.argv[1], False); " \\
+       "print(t.claim(), flush=True); sys.stdin.readline()"
+holder = subprocess.Popen([sys.executable, "-c", code, name], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+row = int(holder.stdout.readline())
+def state():
+    for _ in range(16):
+        insert_one(table)
+    return "held" if generation(table, row) % 2 else "reclaimed"
+first = state()  # the probe is open now
+fds = sorted(int(f) for f in os.listdir("/proc/self/fd")
+             if os.path.realpath(f"/proc/self/fd/{f}") == "/dev/shm/gear_jax_liveness")
+os.close(fds[-1])  # the probe, opened after this process's lock
+other = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+assert other == fds[-1]
+print(first, state(), flush=True)
+holder.stdin.write("\\n"); holder.stdin.flush(); holder.wait()
+table.close()
+"""
+
+
+def test_a_probe_descriptor_whose_number_went_to_another_file_never_says_dead(tmp_path):
+    assert run(PROBE_REUSED, tmp_path / "other").split() == ["held", "held"]
 
 
 # In a private /dev/shm: a process of a new PID namespace (argv[1]: its script) pools a table and waits
