@@ -28,33 +28,53 @@ constexpr uint64_t kNamespaceUnread = ~uint64_t{0};
 std::atomic<uint64_t> cached_namespace{kNamespaceUnread};
 
 // Liveness locks (table_processes.h). The lock this process holds, for pid `pid` (0: none taken yet),
-// on `hold_fd`, in the file of `device` and `inode`; changed under `liveness_busy` only.
+// on `hold_fd` (-1: none held), in the file of `device` and `inode`; changed under `liveness_busy` only.
 constexpr char kLivenessFile[] = "/dev/shm/gear_jax_liveness";
 struct LivenessLock {
   int32_t pid = 0;
   int hold_fd = -1;
-  bool held = false;
   uint64_t device = 0, inode = 0;
 };
 LivenessLock liveness;
 std::atomic_flag liveness_busy = ATOMIC_FLAG_INIT;
 // The descriptor through which this process asks who holds a lock (F_OFD_GETLK reports the locks of
-// other open files only, so not the one that holds this process's own lock), and its file.
+// other open files only, so not the one that holds this process's own lock).
 std::atomic<int> probe_fd{-1};
-std::atomic<uint64_t> probe_device{0}, probe_inode{0};
+
+// Holds `liveness_busy` while it lives (a spin: the holders make a few system calls at most).
+class LivenessBusy {
+ public:
+  LivenessBusy() {
+    while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
+  }
+  ~LivenessBusy() { liveness_busy.clear(std::memory_order_release); }
+  LivenessBusy(const LivenessBusy&) = delete;
+  LivenessBusy& operator=(const LivenessBusy&) = delete;
+};
+
+// The lock request of `type` on pid `pid`'s byte.
+struct flock PidByte(int32_t pid, short type) {
+  struct flock lock{};
+  lock.l_type = type;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = pid;
+  lock.l_len = 1;
+  return lock;
+}
+
+// Whether the file of `device` and `inode` is the liveness file table `h` names.
+bool IsTablesFile(const TableHeader* h, uint64_t device, uint64_t inode) {
+  return device == Load(&h->liveness_device) && inode == Load(&h->liveness_inode);
+}
 
 // Whether a second open file of the liveness file reports the lock `fd` holds on byte `pid`, as OFD locks
 // do on Linux; a kernel that treated them as a process's own locks (hidden from the process) would
-// make this process judge its own pids dead. Async-signal-safe (open, fcntl, close).
+// make this process judge its own pids dead. Async-signal-safe (open, fcntl, fstat, close).
 bool SeesOwnLock(int fd, int32_t pid) {
   const int other = open(kLivenessFile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (other < 0) return false;
   struct stat mine{}, theirs{};
-  struct flock lock{};
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  lock.l_start = pid;
-  lock.l_len = 1;
+  struct flock lock = PidByte(pid, F_WRLCK);
   const bool seen = fstat(fd, &mine) == 0 && fstat(other, &theirs) == 0 && mine.st_dev == theirs.st_dev &&
                     mine.st_ino == theirs.st_ino && fcntl(other, F_OFD_GETLK, &lock) == 0 &&
                     lock.l_type == F_RDLCK;
@@ -67,31 +87,25 @@ bool SeesOwnLock(int fd, int32_t pid) {
 // which stays the parent's while the parent keeps its own descriptor) is closed first.
 void TakeLiveness(int32_t pid, bool in_child) {
   if (in_child) liveness_busy.clear(std::memory_order_relaxed);  // a parent's thread may have held it
-  while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
-  if (liveness.pid != pid) {
-    if (liveness.hold_fd >= 0) close(liveness.hold_fd);
-    liveness = LivenessLock{};
-    liveness.pid = pid;
-    // Read-only and readable by every user: a read lock needs no more, and no process but the file's
-    // owner can take a write lock that would keep the others' read locks out (0644 whatever the umask).
-    const int fd = open(kLivenessFile, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd >= 0) fchmod(fd, 0644);  // fails harmlessly on another user's file
-    struct flock lock{};
-    lock.l_type = F_RDLCK;
-    lock.l_whence = SEEK_SET;
-    lock.l_start = pid;
-    lock.l_len = 1;
-    struct stat st{};
-    if (fd >= 0 && fcntl(fd, F_OFD_SETLK, &lock) == 0 && fstat(fd, &st) == 0 && SeesOwnLock(fd, pid)) {
-      liveness.hold_fd = fd;
-      liveness.held = true;
-      liveness.device = static_cast<uint64_t>(st.st_dev);
-      liveness.inode = static_cast<uint64_t>(st.st_ino);
-    } else if (fd >= 0) {
-      close(fd);
-    }
+  LivenessBusy busy;
+  if (liveness.pid == pid) return;
+  if (liveness.hold_fd >= 0) close(liveness.hold_fd);
+  liveness = LivenessLock{};
+  liveness.pid = pid;
+  // Read-only and readable by every user: a read lock needs no more, and no process but the file's
+  // owner can take a write lock that would keep the others' read locks out (0644 whatever the umask).
+  const int fd = open(kLivenessFile, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return;
+  fchmod(fd, 0644);  // fails harmlessly on another user's file
+  const struct flock lock = PidByte(pid, F_RDLCK);
+  struct stat st{};
+  if (fcntl(fd, F_OFD_SETLK, &lock) != 0 || fstat(fd, &st) != 0 || !SeesOwnLock(fd, pid)) {
+    close(fd);
+    return;
   }
-  liveness_busy.clear(std::memory_order_release);
+  liveness.hold_fd = fd;
+  liveness.device = static_cast<uint64_t>(st.st_dev);
+  liveness.inode = static_cast<uint64_t>(st.st_ino);
 }
 
 // The probe descriptor (opened at the first use), -1 where the file cannot be opened.
@@ -99,49 +113,33 @@ int ProbeFd() {
   int fd = probe_fd.load(std::memory_order_acquire);
   if (fd >= 0) return fd;
   fd = open(kLivenessFile, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  struct stat st{};
-  if (fd < 0 || fstat(fd, &st) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
+  if (fd < 0) return -1;
   int expected = -1;
-  probe_device.store(static_cast<uint64_t>(st.st_dev), std::memory_order_relaxed);
-  probe_inode.store(static_cast<uint64_t>(st.st_ino), std::memory_order_relaxed);
   if (!probe_fd.compare_exchange_strong(expected, fd, std::memory_order_acq_rel)) {
-    close(fd);  // another thread opened one first (of the same file: the stores above are equal)
+    close(fd);  // another thread opened one first
     return expected;
   }
   return fd;
 }
 
 // Whether some process may hold the liveness lock of `pid` in the file table `h` names: false only when
-// the probe, of that very file, finds no lock on the pid's byte.
+// the probe finds no lock on the pid's byte and its descriptor is of that very file (its number may
+// since name another file, closed by code that did not own it, or the file may have been made again).
 bool LivenessLockHeld(const TableHeader* h, int32_t pid) {
   const int fd = ProbeFd();
-  if (fd < 0 || probe_device.load(std::memory_order_relaxed) != Load(&h->liveness_device) ||
-      probe_inode.load(std::memory_order_relaxed) != Load(&h->liveness_inode)) {
-    return true;
-  }
-  struct flock lock{};
-  lock.l_type = F_WRLCK;  // conflicts with every read lock on the byte
-  lock.l_whence = SEEK_SET;
-  lock.l_start = pid;
-  lock.l_len = 1;
-  if (fcntl(fd, F_OFD_GETLK, &lock) != 0) return true;
-  if (lock.l_type != F_UNLCK) return true;
-  // "Dead" only from the table's very file: the descriptor's number may since name another file (code
-  // that closed a descriptor it did not own), or another thread's first probe may have labelled it with
-  // another file's device and inode.
+  if (fd < 0) return true;
+  struct flock lock = PidByte(pid, F_WRLCK);  // conflicts with every read lock on the byte
+  if (fcntl(fd, F_OFD_GETLK, &lock) != 0 || lock.l_type != F_UNLCK) return true;
   struct stat st{};
-  return fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_dev) != Load(&h->liveness_device) ||
-         static_cast<uint64_t>(st.st_ino) != Load(&h->liveness_inode);
+  return fstat(fd, &st) != 0 ||
+         !IsTablesFile(h, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
 }
 
-// ProveLiveness's work, with the lock already taken (async-signal-safe: atomics only).
+// ProveLiveness's work, under `liveness_busy` (async-signal-safe: atomics only).
 void ProveLivenessTaken(TableHeader* h) {
-  const bool same = liveness.held && liveness.device == Load(&h->liveness_device) &&
-                    liveness.inode == Load(&h->liveness_inode);
-  if (!same) Store(&h->liveness_unproven, 1u);
+  if (liveness.hold_fd < 0 || !IsTablesFile(h, liveness.device, liveness.inode)) {
+    Store(&h->liveness_unproven, 1u);
+  }
 }
 
 // Forks. A child inherits every mapping of its parent and may write into it, after the parent (the
@@ -239,19 +237,16 @@ bool PidMayBeAlive(const TableHeader* h, int32_t pid) {
 
 bool LivenessFile(uint64_t* device, uint64_t* inode) {
   CurrentPid();  // takes the lock
-  while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
-  const bool held = liveness.held;
+  LivenessBusy busy;
   *device = liveness.device;
   *inode = liveness.inode;
-  liveness_busy.clear(std::memory_order_release);
-  return held;
+  return liveness.hold_fd >= 0;
 }
 
 void ProveLiveness(TableHeader* h) {
   CurrentPid();  // takes the lock
-  while (liveness_busy.test_and_set(std::memory_order_acquire)) sched_yield();
+  LivenessBusy busy;
   ProveLivenessTaken(h);
-  liveness_busy.clear(std::memory_order_release);
 }
 
 int32_t CurrentPid() {
