@@ -51,6 +51,26 @@ def create(name, persistent=False, reuse=False):
 def insert_one(table):
     return table.insert([np.zeros(4, np.uint8)], 1, 1, np.ones(1, np.int32), np.ones(1, np.float32))
 
+# Runs work() in a forked child whose pid names no process of the outer PID namespace (/proc is still
+# the outer one in a new namespace, so kill(pid, 0) there says "dead" of it): forks until one is, and
+# returns once that child ended.
+def in_a_child_unknown_outside(work):
+    while True:
+        child = os.fork()
+        if child == 0:
+            if os.path.exists(f"/proc/{{os.getpid()}}"):
+                os._exit(3)
+            try:
+                work()
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+        if os.waitstatus_to_exitcode(status) != 3:
+            return
+
 def generation(table, row):
     memory = np.frombuffer(table.mapping(), np.uint8)
     start = int(memory[native.header_offsets()["state_offset"]:][:8].view(np.uint64)[0]) + 8 * row
@@ -511,32 +531,24 @@ def test_the_pool_sweep_leaves_names_of_another_namespace_alone():
     assert removed == "True"
 
 
-# In a new PID namespace (sharing /dev/shm): forks until the child's pid names no process of the
-# outer namespace (/proc is still the outer one), so that kill(pid, 0) there says "dead" of it. The
-# child attaches table argv[1] and holds a row, creates table argv[2], prints "row pid", then on a line
-# of stdin commits its row, prints "committed" or "lost", and closes its table.
+# In a new PID namespace (sharing /dev/shm), a child whose pid is unknown outside attaches table argv[1]
+# and holds a row, creates table argv[2], prints "row pid", then on a line of stdin commits its row,
+# prints "committed" or "lost", and closes its table.
 IN_NAMESPACE = """
-while True:
-    child = os.fork()
-    if child == 0:
-        if os.path.exists(f"/proc/{os.getpid()}"):
-            os._exit(3)
-        shared = native.NativeTable.attach(sys.argv[1], False)
-        row = shared.claim()
-        own = create(sys.argv[2])
-        print(row, os.getpid(), flush=True)
-        sys.stdin.readline()
-        try:
-            shared.commit(row, 1, 1.0)
-            print("committed", flush=True)
-        except RuntimeError:
-            print("lost", flush=True)
-        own.close()
-        native.pool_clear()  # close pooled it; no process of this namespace would ever sweep the name
-        os._exit(0)
-    _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 3:
-        break
+def work():
+    shared = native.NativeTable.attach(sys.argv[1], False)
+    row = shared.claim()
+    own = create(sys.argv[2])
+    print(row, os.getpid(), flush=True)
+    sys.stdin.readline()
+    try:
+        shared.commit(row, 1, 1.0)
+        print("committed", flush=True)
+    except RuntimeError:
+        print("lost", flush=True)
+    own.close()
+    native.pool_clear()  # close pooled it; no process of this namespace would ever sweep the name
+in_a_child_unknown_outside(work)
 """
 
 
@@ -568,20 +580,14 @@ def test_a_process_in_another_pid_namespace_keeps_its_rows_and_tables(names):
         table.close()
 
 
-# In a new PID namespace (sharing /dev/shm): a child whose pid names no process outside (as in
-# IN_NAMESPACE) attaches table argv[1], prints its pid and is killed.
+# In a new PID namespace (sharing /dev/shm), a child whose pid is unknown outside attaches table argv[1],
+# prints its pid and is killed.
 KILLED_IN_NAMESPACE = """
-while True:
-    child = os.fork()
-    if child == 0:
-        if os.path.exists(f"/proc/{os.getpid()}"):
-            os._exit(3)
-        shared = native.NativeTable.attach(sys.argv[1], False)
-        print(os.getpid(), flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 3:
-        break
+def work():
+    shared = native.NativeTable.attach(sys.argv[1], False)
+    print(os.getpid(), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+in_a_child_unknown_outside(work)
 """
 
 
@@ -629,17 +635,11 @@ assert libc.unshare(0x20000000) == 0, ctypes.get_errno()  # CLONE_NEWPID: for th
 r, w = os.pipe(); r2, w2 = os.pipe()
 init = os.fork()
 if init == 0:  # pid 1 of the new namespace
-    while True:
-        child = os.fork()
-        if child == 0:
-            if os.path.exists(f"/proc/{os.getpid()}"):  # /proc is the outer one: a pid unknown there
-                os._exit(3)
-            os.write(w, f"{table.claim()}\\n".encode())
-            os.read(r2, 1)  # alive, holding the row
-            os._exit(0)
-        _, status = os.waitpid(child, 0)
-        if os.waitstatus_to_exitcode(status) != 3:
-            os._exit(0)
+    def work():
+        os.write(w, f"{table.claim()}\\n".encode())
+        os.read(r2, 1)  # alive, holding the row
+    in_a_child_unknown_outside(work)
+    os._exit(0)
 row = int(os.read(r, 100).decode())
 for _ in range(16):
     insert_one(table)
@@ -706,19 +706,12 @@ inner.stdin.flush()
 inner.wait(timeout=TIMEOUT)
 """
 POOLS_AND_WAITS = """
-while True:
-    child = os.fork()
-    if child == 0:
-        if os.path.exists(f"/proc/{os.getpid()}"):
-            os._exit(3)
-        create("gear_jax_test_pooled_" + os.urandom(8).hex(), reuse=True).close()
-        print(os.getpid(), flush=True)
-        sys.stdin.readline()
-        native.pool_clear()
-        os._exit(0)
-    _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 3:
-        break
+def work():
+    create("gear_jax_test_pooled_" + os.urandom(8).hex(), reuse=True).close()
+    print(os.getpid(), flush=True)
+    sys.stdin.readline()
+    native.pool_clear()
+in_a_child_unknown_outside(work)
 """
 
 

@@ -803,6 +803,14 @@ def end_one_episode(table, remote_writer=None, steps=1, priority=2.5):
     return (type(row), row, length, float(status["priority"][row]), columns, table.size)
 
 
+def episode_table(make_table, kind):
+    """A table of FIELDS of 8 rows for episodes: a transition table, a trajectory table of 6 steps, or a
+    step ring (made here: the caller closes it; make_table closes the others)."""
+    if kind == "step ring":
+        return gj.Table.create(gj.TableSpec(FIELDS, capacity=8, step_capacity=64, max_steps=6))
+    return make_table(fields=FIELDS, capacity=8, max_steps=1 if kind == "transition" else 6)
+
+
 @pytest.mark.parametrize(
     "kind, steps",
     [("transition", 1), ("trajectory", 4), ("trajectory", 6), ("step ring", 3)],
@@ -813,10 +821,7 @@ def test_a_remote_episode_ends_as_a_local_one(make_table, kind, steps):
     [1, 1, *shape]) as on trajectory tables."""
     results = []
     for remote_side in (False, True):
-        if kind == "step ring":
-            table = gj.Table.create(gj.TableSpec(FIELDS, capacity=8, step_capacity=64, max_steps=6))
-        else:
-            table = make_table(fields=FIELDS, capacity=8, max_steps=1 if kind == "transition" else 6)
+        table = episode_table(make_table, kind)
         try:
             first = rows(1) if kind == "transition" else {n: v[:, None] for n, v in rows(1).items()}
             table.insert(first)  # the episode's row is not row 0
@@ -845,10 +850,7 @@ def test_a_remote_episode_of_priority_max_ends_as_a_local_one(make_table, kind):
     far, remote as local (1 while no row had one); another string is refused by name, nothing sent."""
     results = []
     for remote_side in (False, True):
-        if kind == "step ring":
-            table = gj.Table.create(gj.TableSpec(FIELDS, capacity=8, step_capacity=64, max_steps=6))
-        else:
-            table = make_table(fields=FIELDS, capacity=8, max_steps=1 if kind == "transition" else 6)
+        table = episode_table(make_table, kind)
         try:
             with gj.serve(table) as server, remote.Writer(server.address) as writer:
                 episode_of = writer if remote_side else None
