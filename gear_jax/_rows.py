@@ -70,17 +70,21 @@ def priority(value: Any, what: str = "priority") -> float:
     return float(_checked_priorities(given, what, ""))
 
 
-def names_max_priority(value: Any, op: str = "", rows: str = "an array of one per row") -> bool:
-    """Whether `priorities` is the name "max" (the largest priority so far); False for values, and
-    InvalidArgumentError for any other string. `rows` says what an array of priorities is."""
+def names_max_priority(
+    value: Any, op: str = "", rows: str | None = "an array of one per row", name: str = "priorities"
+) -> bool:
+    """Whether the argument `name` is the name "max" (the largest priority so far); False for values,
+    and InvalidArgumentError for any other string. `rows` says what an array of priorities is; None for
+    an argument of one priority (`Table.add`, the episode writers' `end_episode`)."""
     if not isinstance(value, str):
         return False
     if value != "max":
         prefix = f"{op}: " if op else ""
-        raise InvalidArgumentError(
-            f'{prefix}priorities={value!r}; pass None, a number, {rows}, or "max" (the largest priority '
-            "so far)"
-        )
+        if rows is None:
+            accepted = 'a number (finite, >= 0) or "max" (the largest priority so far, `max_priority`)'
+        else:
+            accepted = f'None, a number, {rows}, or "max" (the largest priority so far)'
+        raise InvalidArgumentError(f"{prefix}{name}={value!r}; pass {accepted}")
     return True
 
 

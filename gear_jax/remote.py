@@ -1289,13 +1289,9 @@ class RemoteEpisodeWriter:
         """
         op = "RemoteEpisodeWriter.end_episode"
         # Checked in EpisodeWriter.end_episode's order: priority, steps, timeout.
-        if isinstance(priority, str):  # "max": the server inserts the row with the table's own rule
-            if priority != "max":
-                raise InvalidArgumentError(
-                    f'{op}: priority={priority!r}; pass a number (finite, >= 0) or "max" (the largest '
-                    "priority so far, the served table's max_priority)"
-                )
-            priorities: str | list[float] = "max"
+        priorities: str | list[float]
+        if _rows.names_max_priority(priority, op, rows=None, name="priority"):
+            priorities = "max"  # the server inserts the row with the table's own rule
         else:
             priorities = [_rows.priority(priority)]
         if not self._steps:

@@ -660,8 +660,8 @@ class Table:
         native = self._live()
         if not isinstance(row, Mapping):
             raise InvalidArgumentError(f"row must map field names to values, got {type(row).__name__}")
-        if isinstance(priority, str):
-            return self.add(row, self._named_priority(priority, "Table.add", "priority"), timeout)
+        if _rows.names_max_priority(priority, "Table.add", rows=None, name="priority"):
+            return self.add(row, self.max_priority or 1.0, timeout)
         try:
             return self._add_general(native, row, priority, timeout)
         except InvalidArgumentError as e:
@@ -691,15 +691,6 @@ class Table:
             return claimed
         batch = self._batches.row_as_batch(row)  # a value of another shape named as the caller gave it
         return int(self.insert(batch, priorities=[_rows.priority(priority)], timeout=timeout)[0])
-
-    def _named_priority(self, priority: str, op: str, name: str) -> float:
-        """The priority a name stands for: "max" is `max_priority` (1 while no row had one)."""
-        if priority != "max":
-            raise InvalidArgumentError(
-                f'{op}: {name}={priority!r}; pass a number (finite, >= 0) or "max" (the largest priority '
-                "so far, `max_priority`)"
-            )
-        return self.max_priority or 1.0
 
     def _batch_of_one(self, row: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         """For a row `add` refused: (the row without its batch axis, None) when every value is a batch of

@@ -196,8 +196,8 @@ class EpisodeWriter:
           RateLimiterTimeout: the limiter did not admit the episode in time; the episode is kept (call
             end_episode again, or close() to abandon it).
         """
-        if isinstance(priority, str):  # "max", as Table.add reads it
-            priority = self._table._named_priority(priority, "EpisodeWriter.end_episode", "priority")
+        if _rows.names_max_priority(priority, "EpisodeWriter.end_episode", rows=None, name="priority"):
+            priority = self._table.max_priority or 1.0  # as Table.add reads "max"
         p = _rows.priority(priority)
         if self._table.spec.step_ring:
             if self._steps == 0:
