@@ -671,7 +671,7 @@ def sample(
         and win > 0
         and (st.spec.step_ring or short_episodes == "skip")
     )
-    exponent = 0.0 if method == "uniform" else _args.check_exponent(priority_exponent, "sharded.sample")
+    exponent = 0.0 if method == "uniform" else given_exponent
     per_device = int(batch_size) // num_shards
     me = lax.axis_index(st.axis)
     select_key, window_key = jax.random.split(key)
