@@ -95,9 +95,7 @@ def shuffle_real_first(key: jax.Array, generations: jax.Array) -> jax.Array:
     def native(key: jax.Array, generations: jax.Array) -> jax.Array:
         seed = _args.seed_words(key, "gear_jax.epoch")
         out = jax.ShapeDtypeStruct((n,), jnp.int32)
-        return jax.ffi.ffi_call(_ffi.SHUFFLE, out, has_side_effect=False, vmap_method="sequential")(
-            seed, generations
-        )
+        return _ffi.call(_ffi.SHUFFLE, out)(seed, generations)
 
     return lax.platform_dependent(key, generations, cpu=native, default=shuffle_by_sort)
 

@@ -155,9 +155,7 @@ def sample(
     _args.check_fits("sample", b * PICK_BYTES, f"batch_size={b} picks", on_host=False)
     out_types = (*_pick_types(b), *_count_and_lengths(b))
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
-    results = jax.ffi.ffi_call(_ffi.SAMPLE, out_types, has_side_effect=False, vmap_method="sequential")(
-        *args, **attrs
-    )
+    results = _ffi.call(_ffi.SAMPLE, out_types)(*args, **attrs)
     return Sample(*results, window=win, table_handle=table.handle)
 
 
@@ -240,7 +238,7 @@ def gather(
     table = _args.check_table(table, "gather")
     b = _args.check_sample(sample, "gather", table)
     chosen, out_types, attrs = _gather_plan(table, b, fields, window, sample.window, "gather")
-    results = jax.ffi.ffi_call(_ffi.GATHER, out_types, vmap_method="sequential")(
+    results = _ffi.call(_ffi.GATHER, out_types)(
         sample.indices.astype(jnp.int32),
         sample.generations.astype(jnp.uint32),
         sample.starts.astype(jnp.int32),
@@ -318,16 +316,12 @@ def sample_gather(
     args = _update_first(table, args, update)  # every check passed: nothing is written before a refusal
 
     def fused(*args: jax.Array) -> tuple[jax.Array, ...]:
-        call = jax.ffi.ffi_call(
-            _ffi.SAMPLE_GATHER, (*pick_types, *field_types), has_side_effect=False, vmap_method="sequential"
-        )
+        call = _ffi.call(_ffi.SAMPLE_GATHER, (*pick_types, *field_types))
         return tuple(call(*args, **attrs, **gather_attrs))
 
     def separate(*args: jax.Array) -> tuple[jax.Array, ...]:
-        picks = jax.ffi.ffi_call(_ffi.SAMPLE, pick_types, has_side_effect=False, vmap_method="sequential")(
-            *args, **attrs
-        )
-        data = jax.ffi.ffi_call(_ffi.GATHER, field_types, vmap_method="sequential")(
+        picks = _ffi.call(_ffi.SAMPLE, pick_types)(*args, **attrs)
+        data = _ffi.call(_ffi.GATHER, field_types)(
             picks[0],
             picks[1],
             picks[3],
@@ -350,6 +344,9 @@ def update_priorities(table: Table, sample: Sample, priorities: jax.Array, after
       sample: a `Sample` of B rows.
       priorities: float[B], finite and >= 0. For a row picked twice, the later entry wins.
       after: any array this update must run after.
+
+    It may be called inside a function that `jax.grad` differentiates (e.g. in the loss, with the TD
+    errors it computes): it runs in the forward pass, and no gradient flows through the priorities.
 
     Returns:
       int32[] number of entries applied (a row picked twice counts twice; a row overwritten since it
@@ -384,12 +381,9 @@ def _update_operands(
 def _update_call(table: Table, operands: tuple[jax.Array, ...], after: Any, effect: bool) -> jax.Array:
     """The update_priorities custom call; `effect` declares it side-effecting (JAX and XLA never drop
     it) or not (it lives as long as something uses its count)."""
-    return jax.ffi.ffi_call(
-        _ffi.UPDATE_PRIORITIES,
-        jax.ShapeDtypeStruct((), jnp.int32),
-        has_side_effect=effect,
-        vmap_method="sequential",
-    )(*operands, _after(after), **_attrs(table))
+    return _ffi.call(_ffi.UPDATE_PRIORITIES, jax.ShapeDtypeStruct((), jnp.int32), has_side_effect=effect)(
+        *operands, _after(after), **_attrs(table)
+    )
 
 
 INSERT_PRIORITY_MODES = {"given": 0, "max": 1}  # the custom call's priority_mode (handler_checks.h)
@@ -463,9 +457,7 @@ def insert(
         raise InvalidArgumentError("insert: lengths are for trajectory tables (max_steps > 1) only")
     else:
         length_array = _rows.traced_lengths(lengths, b, "insert")
-    return jax.ffi.ffi_call(
-        _ffi.INSERT, jax.ShapeDtypeStruct((b,), jnp.int32), has_side_effect=True, vmap_method="sequential"
-    )(
+    return _ffi.call(_ffi.INSERT, jax.ShapeDtypeStruct((b,), jnp.int32), has_side_effect=True)(
         priority_array,
         length_array,
         _after(after),
@@ -516,9 +508,7 @@ def total_weight(
     win = _args.check_window(window, table.max_steps, "total_weight")
     law = _args.window_law(table.spec, win, short_episodes, "total_weight")
     out_types = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
-    total, count = jax.ffi.ffi_call(
-        _ffi.TOTAL_WEIGHT, out_types, has_side_effect=False, vmap_method="sequential"
-    )(
+    total, count = _ffi.call(_ffi.TOTAL_WEIGHT, out_types)(
         _after(after),
         priority_exponent=np.float32(exponent),
         window=np.int32(win),
@@ -580,9 +570,7 @@ def sample_at(
     b = int(targets.shape[0])
     _args.check_fits("sample_at", b * PICK_BYTES, f"{b} targets", on_host=False)
     out_types = _pick_types(b)
-    indices, generations, probabilities, starts = jax.ffi.ffi_call(
-        _ffi.SAMPLE_AT, out_types, has_side_effect=False, vmap_method="sequential"
-    )(
+    indices, generations, probabilities, starts = _ffi.call(_ffi.SAMPLE_AT, out_types)(
         seed,
         jnp.asarray(targets),
         _after(after),
@@ -621,9 +609,7 @@ def ordered_candidates(
     b = int(batch_size)
     _args.check_fits("ordered_candidates", b * (PICK_BYTES + 8), f"batch_size={b} picks", on_host=False)
     out_types = (*_pick_types(b), jax.ShapeDtypeStruct((b, 2), jnp.uint32))  # and order keys
-    indices, generations, probabilities, starts, order_keys = jax.ffi.ffi_call(
-        _ffi.ORDERED_CANDIDATES, out_types, has_side_effect=False, vmap_method="sequential"
-    )(
+    indices, generations, probabilities, starts, order_keys = _ffi.call(_ffi.ORDERED_CANDIDATES, out_types)(
         seed,
         _after(after),
         method=np.int32(METHODS[method]),

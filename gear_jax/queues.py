@@ -72,9 +72,9 @@ def consume(table: Table, sample: Sample, delivered: jax.Array) -> jax.Array:
             f"consume: delivered must be bool[{b}] (one per pick: the gathered valid of its first step), "
             f"got {delivered.dtype}{list(delivered.shape)}"
         )
-    return jax.ffi.ffi_call(
-        _ffi.CONSUME, jax.ShapeDtypeStruct((b,), jnp.bool_), has_side_effect=True, vmap_method="sequential"
-    )(sample.indices.astype(jnp.int32), sample.generations.astype(jnp.uint32), delivered, **_attrs(table))
+    return _ffi.call(_ffi.CONSUME, jax.ShapeDtypeStruct((b,), jnp.bool_), has_side_effect=True)(
+        sample.indices.astype(jnp.int32), sample.generations.astype(jnp.uint32), delivered, **_attrs(table)
+    )
 
 
 def dequeue(
