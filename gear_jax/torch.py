@@ -164,10 +164,14 @@ def from_torch(tree: Any, allow_copy: bool = True) -> Any:
         if narrowed and x.dtype.kind in "iu":
             _check_narrowed_range(source, x.dtype)
         if reason is not None:
-            warnings.warn(f"from_torch copied: {reason}", CopyWarning, stacklevel=3)
+            copies.append(reason)
         return x
 
-    return jax.tree_util.tree_map(convert, tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+    copies: list[str] = []
+    converted = jax.tree_util.tree_map(convert, tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
+    for reason in copies:  # warned here, so that the warning names the caller's line
+        warnings.warn(f"from_torch copied: {reason}", CopyWarning, stacklevel=2)
+    return converted
 
 
 def _check_narrowed_range(t: torch.Tensor, dtype: np.dtype) -> None:

@@ -82,8 +82,9 @@ def test_from_torch_copies_are_observable():
     with pytest.raises(gj.InvalidArgumentError, match="int64"):
         gjt.from_torch(wide, allow_copy=False)
     strided = torch.arange(20, dtype=torch.float32).reshape(10, 2)[:, 1]
-    with pytest.warns(gjt.CopyWarning, match="not contiguous"):
+    with pytest.warns(gjt.CopyWarning, match="not contiguous") as caught:
         y = gjt.from_torch(strided)
+    assert [w.filename for w in caught] == [__file__]  # the warning names the caller's line
     np.testing.assert_array_equal(np.asarray(y), np.arange(1, 20, 2))
     with pytest.raises(gj.InvalidArgumentError, match="contiguous"):
         gjt.from_torch(strided, allow_copy=False)
