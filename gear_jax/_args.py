@@ -10,7 +10,6 @@ check again what only run time can know (xla_ffi/handler_checks.h).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gear_jax import _native
-from gear_jax.errors import InvalidArgumentError, TableClosedError, traced_value_error
+from gear_jax.errors import InvalidArgumentError, TableClosedError, traced_value_error, warn_at_caller
 from gear_jax.selection import METHODS, Sample
 from gear_jax.spec import TableSpec
 from gear_jax.table import Table
@@ -111,7 +110,7 @@ def method_word(spec: TableSpec, method: str, window: int, short_episodes: Any, 
 
 
 def check_options_take_effect(
-    method: str, priority_exponent: float, window: int, short_episodes: Any, op: str, stacklevel: int
+    method: str, priority_exponent: float, window: int, short_episodes: Any, op: str
 ) -> None:
     """Refuses or warns about a selection's options given a value other than their default where it
     cannot take effect (defaults given explicitly pass, so callers that spell them out are unaffected).
@@ -120,7 +119,7 @@ def check_options_take_effect(
     - short_episodes="skip" without a window: refused (InvalidArgumentError). It says which episodes
       are too short for the window; without one every pick is a whole row, so the call cannot mean it.
     - priority_exponent other than 1.0 with a method other than "prioritized": a UserWarning
-      (`stacklevel` as `warnings.warn` counts it from here: the frame of the user's call). Only
+      at the user's line (`errors.warn_at_caller`). Only
       prioritized picks weigh rows by the exponent, but a learner that takes its method from a
       configuration legitimately passes one exponent whatever the method, so it is not refused. The
       host calls check a set of arguments once (host._checked_selection), so they warn once for it.
@@ -136,12 +135,11 @@ def check_options_take_effect(
             "uniform": "weighs every selectable row alike",
             "topk": "takes the highest priorities, an order no exponent changes",
         }.get(method, "takes rows in the order they were inserted")
-        warnings.warn(
+        warn_at_caller(
             f"{op}: priority_exponent={priority_exponent!r} has no effect with method={method!r}, which "
             f'{rule}; only method="prioritized" weighs rows by priority**priority_exponent. Leave '
             "priority_exponent out for this method",
             UserWarning,
-            stacklevel=stacklevel,
         )
 
 

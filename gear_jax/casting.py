@@ -21,7 +21,6 @@ field of an insert is refused: the error names every refused field at once.
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from gear_jax.errors import InvalidArgumentError, SlowPathWarning
+from gear_jax.errors import InvalidArgumentError, SlowPathWarning, warn_at_caller
 
 CASTING_POLICIES = ("fit", "strict")
 _PYTHON_VALUES = (bool, int, float, list, tuple)
@@ -270,11 +269,10 @@ def warn_general_path(
         why = general_path_reason(values[name], field.dtype, casting)
         if why:
             warned.add(name)
-            warnings.warn(
+            warn_at_caller(
                 f"{what}[{name!r}] {why}: this call took the general path, several times the cost of the "
                 "native short path, storing the same values. Warned once per table and field.",
                 SlowPathWarning,
-                stacklevel=5,
             )
 
 

@@ -1,5 +1,8 @@
 """Exceptions raised by gear_jax. Each names the argument at fault and the fix."""
 
+import os
+import sys
+import warnings
 from typing import Any
 
 import jax
@@ -102,3 +105,16 @@ def check_flag(value: Any, name: str, op: str) -> bool:
     if isinstance(value, jax.core.Tracer):
         raise traced_value_error(value, name, op)
     raise InvalidArgumentError(f"{op}: {name}={value!r} must be True or False")
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """`warnings.warn` at the nearest frame outside gear_jax: the line of the user's code that called into
+    the package, however many of the package's own frames lie between (a jitted function's frames, being
+    outside gear_jax, count as the user's)."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

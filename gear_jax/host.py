@@ -219,7 +219,7 @@ def _checked_selection(
     b, method, exponent, win = _selection(table, batch_size, method, priority_exponent, window, op)
     method_id = _args.method_word(table.spec, method, win, short_episodes, op)
     # From the user's call: sample / sample_gather / Sampler -> _checked_selection -> this check.
-    _args.check_options_take_effect(method, exponent, win, short_episodes, op, stacklevel=4)
+    _args.check_options_take_effect(method, exponent, win, short_episodes, op)
     plan = _plan(table, b, _args.check_fields(table.spec, fields, op), None, win) if gathers else None
     checked = (b, method_id, exponent, win, plan)
     if key is not None:

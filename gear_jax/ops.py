@@ -178,8 +178,7 @@ def _sample_call(
         _args.check_distinct_picks(batch_size, method, table.capacity, op)
     exponent = _args.check_exponent(priority_exponent, op)
     win = _args.check_window(window, table.max_steps, op)
-    # The user's call -> sample or sample_gather -> here -> the check: stacklevel 4 names the user's line.
-    _args.check_options_take_effect(method, exponent, win, short_episodes, op, stacklevel=4)
+    _args.check_options_take_effect(method, exponent, win, short_episodes, op)
     attrs = {
         "method": np.int32(_args.method_word(table.spec, method, win, short_episodes, op)),
         "priority_exponent": np.float32(exponent),

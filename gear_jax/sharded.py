@@ -659,9 +659,7 @@ def sample(
     win = _args.check_window(window, st.spec.max_steps, "sharded.sample")
     _args.method_word(st.spec, method, win, short_episodes, "sharded.sample")  # its checks
     given_exponent = _args.check_exponent(priority_exponent, "sharded.sample")
-    _args.check_options_take_effect(
-        method, given_exponent, win, short_episodes, "sharded.sample", stacklevel=2
-    )
+    _args.check_options_take_effect(method, given_exponent, win, short_episodes, "sharded.sample")
     capacity_factor = _args.check_capacity_factor(capacity_factor, "sharded.sample")
     # Uniform windows whose law weighs rows by their windows (step rings) or skips the short ones: the
     # shards are weighed under that law and draw their own picks by it (the module's docstring).

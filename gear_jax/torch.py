@@ -32,7 +32,7 @@ import torch
 
 from gear_jax import _args, _rows, host, ops
 from gear_jax.casting import cast_rule, refuse
-from gear_jax.errors import AllRowsHeldError, InvalidArgumentError
+from gear_jax.errors import AllRowsHeldError, InvalidArgumentError, warn_at_caller
 from gear_jax.selection import Sample
 from gear_jax.table import Table
 from gear_jax.writers import AdmittedInserts
@@ -169,8 +169,8 @@ def from_torch(tree: Any, allow_copy: bool = True) -> Any:
 
     copies: list[str] = []
     converted = jax.tree_util.tree_map(convert, tree, is_leaf=lambda x: isinstance(x, torch.Tensor))
-    for reason in copies:  # warned here, so that the warning names the caller's line
-        warnings.warn(f"from_torch copied: {reason}", CopyWarning, stacklevel=2)
+    for reason in copies:
+        warn_at_caller(f"from_torch copied: {reason}", CopyWarning)
     return converted
 
 

@@ -426,6 +426,25 @@ def test_the_general_path_warns_once_per_field_naming_the_fix(make_table):
     assert table.size == 5
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["padded", "step_ring"])
+def test_every_general_path_warning_names_the_callers_line(make_table, ring):
+    fields = {"x": gj.Field((2,), np.float32)}
+    table = make_table(fields=fields, capacity=8)
+    ring_steps = {"step_capacity": 16} if ring else {}
+    episodes = gj.Table.create(gj.TableSpec(fields, capacity=4, max_steps=4, **ring_steps))
+    strided = np.ones((2, 2), np.float32)[:, 0]  # not C-contiguous: the general path
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", gj.SlowPathWarning)
+        table.insert({"x": [[1.0, 2.0]]})
+        table.add({"x": strided})
+        writer = episodes.writer()
+        writer.append({"x": strided})
+        writer.end_episode()
+    episodes.close()
+    assert len(caught) == 3 and [w.filename for w in caught] == [__file__] * 3
+    assert [str(w.message).split("[")[0] for w in caught] == ["batch", "row", "step"]
+
+
 def test_a_batch_of_one_row_takes_the_one_row_short_path(make_table, monkeypatch):
     table = make_table(fields=GYMNASIUM_DQN, capacity=16)
     calls = []
