@@ -8,10 +8,10 @@ What this shows:
     max_steps=500)`) of observation, action, return-to-go and timestep: every episode takes exactly its
     steps of the ring;
   * return-to-go (the sum of the rewards from a step to the episode's end) is known only once the
-    episode ends, and an `EpisodeWriter` takes each step's fields complete at `append` (it has no way to
-    fill in a field at `end_episode`). So the collector keeps the episode's steps, as it must to compute
-    return-to-go anyway, and inserts each finished episode whole: `table.insert({name: [1, L, ...]})`, a
-    batch of one episode of T = L steps (no padding to 500);
+    episode ends: the collector's `EpisodeWriter` defers it (`table.writer(deferred=["rtg"])`). Each
+    `append` takes the step's observation, action and timestep as the environment gives them, and
+    `end_episode(deferred={"rtg": values})` gives return-to-go for every step at once, written before the
+    episode is published (no reader ever sees it without);
   * one `jax.jit` learner step: `gj.sample_gather(table, key, B, window=K, short_episodes="pad")` draws B
     context windows of K steps, every window start inside an episode equally likely (windows never cross
     an episode's end; an episode shorter than K gives one window, its steps past the end zeroed and
@@ -64,7 +64,7 @@ seed 0 printed (the table's name is random):
         data_return_min=8 data_return_median=82 data_return_mean=184.7 data_return_max=500 episodes=400
         table_steps=73865 initial_loss=0.9600 final_loss=0.3677 final_accuracy=0.847 masked_windows=136
         expected_masked_windows=138.6 inconsistent_windows=0 updates=3000 window=20 eval_episodes=16
-        updates_per_s=26.3 wall_s=114.1
+        updates_per_s=25.6 wall_s=117.0
 The mean return follows the target from 50 to 500; half the data's episodes last 82 steps or fewer. The
 loss stays well above 0: the data's random actions (a probability of 0.2 to 1 per episode) cannot be
 predicted. Seed 1 ended at eval_return_500=470.4 eval_return_300=275.2 eval_return_150=142.5
@@ -166,37 +166,33 @@ def returns_to_go(rewards: np.ndarray) -> np.ndarray:
     return np.cumsum(rewards[::-1])[::-1].astype(np.float32)
 
 
-def run_episode(env: gymnasium.Env, rng: np.random.Generator, epsilon: float, seed: int) -> dict[str, Any]:
-    """One episode of the noisy controller: each field `[L, ...]`."""
+def run_episode(
+    env: gymnasium.Env, writer: gj.EpisodeWriter, rng: np.random.Generator, epsilon: float, seed: int
+) -> float:
+    """Writes one episode of the noisy controller, step by step; returns its return."""
     obs, _ = env.reset(seed=seed)
-    steps: dict[str, list[Any]] = {"obs": [], "action": [], "reward": []}
+    rewards: list[float] = []
     done = False
     while not done:
         action = int(rng.integers(2)) if rng.uniform() < epsilon else expert(obs)
-        steps["obs"].append(obs)
-        steps["action"].append(action)
+        writer.append({"obs": obs.astype(np.float32), "action": action, "timestep": len(rewards)})
         obs, reward, terminated, truncated, _ = env.step(action)
-        steps["reward"].append(reward)
+        rewards.append(float(reward))
         done = terminated or truncated
-    length = len(steps["action"])
-    return {
-        "obs": np.asarray(steps["obs"], np.float32),
-        "action": np.asarray(steps["action"], np.int32),
-        "rtg": returns_to_go(np.asarray(steps["reward"], np.float64)),
-        "timestep": np.arange(length, dtype=np.int32),
-    }
+    rtg = returns_to_go(np.asarray(rewards, np.float64))
+    writer.end_episode(deferred={"rtg": rtg})  # written with the episode: readers never see it without
+    return float(rtg[0])
 
 
 def collect(table: gj.Table, config: Config) -> np.ndarray:
-    """Runs `config.episodes` episodes and inserts each whole once it ends; returns their returns."""
+    """Runs `config.episodes` episodes, each written as it runs; returns their returns."""
     env = gymnasium.make(ENV_NAME)
     rng = np.random.default_rng(config.seed)
     returns = np.zeros(config.episodes)
-    for e in tqdm(range(config.episodes), desc="collect", unit="episode", mininterval=0.5):
-        epsilon = rng.uniform(config.min_epsilon, config.max_epsilon)
-        episode = run_episode(env, rng, epsilon, seed=config.seed * 100_000 + e)
-        table.insert({name: value[None] for name, value in episode.items()})  # [1, L, ...]: one episode
-        returns[e] = episode["rtg"][0]
+    with table.writer(deferred=["rtg"]) as writer:
+        for e in tqdm(range(config.episodes), desc="collect", unit="episode", mininterval=0.5):
+            epsilon = rng.uniform(config.min_epsilon, config.max_epsilon)
+            returns[e] = run_episode(env, writer, rng, epsilon, seed=config.seed * 100_000 + e)
     env.close()
     return returns
 

@@ -62,7 +62,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,7 +80,7 @@ from gear_jax.errors import (
 )
 from gear_jax.rate_limiter import check_timeout
 from gear_jax.spec import TableSpec
-from gear_jax.writers import check_room_for_a_step
+from gear_jax.writers import DeferredFields, check_room_for_a_step
 
 try:
     import pyarrow as pa
@@ -1206,10 +1206,11 @@ class Writer:
             self._pending = []
             return ids
 
-    def episode_writer(self) -> RemoteEpisodeWriter:
-        """A step-by-step writer of episodes (as `Table.writer()`), kept here until `end_episode`."""
+    def episode_writer(self, deferred: Sequence[str] = ()) -> RemoteEpisodeWriter:
+        """A step-by-step writer of episodes (as `Table.writer()`, `deferred` fields included), kept here
+        until `end_episode`."""
         self._live()
-        return RemoteEpisodeWriter(self)
+        return RemoteEpisodeWriter(self, deferred)
 
     def close(self) -> None:
         """Sends what `add` kept, then closes the stream. Idempotent. A call of another thread that is
@@ -1251,11 +1252,13 @@ class RemoteEpisodeWriter:
     """Writes episodes step by step into a served table (`Writer.episode_writer()`), as `EpisodeWriter`:
     `append` checks and casts each step at once; `end_episode` sends the episode as one row and returns
     its row id. Nothing reaches the server before `end_episode`, so an abandoned episode (`close()`, the
-    `with` block's end, a killed process) leaves nothing behind."""
+    `with` block's end, a killed process) leaves nothing behind. Deferred fields as `EpisodeWriter`'s:
+    given for every step at `end_episode(deferred=...)`."""
 
-    def __init__(self, writer: Writer):
+    def __init__(self, writer: Writer, deferred: Sequence[str] = ()):
         self._writer = writer
         self._steps: list[list[np.ndarray]] = []
+        self._deferred = DeferredFields(deferred, writer.spec)
 
     @property
     def steps(self) -> int:
@@ -1272,12 +1275,18 @@ class RemoteEpisodeWriter:
         writer = self._writer
         writer._live()
         spec = writer.spec
+        step = self._deferred.step(step)
         if not isinstance(step, Mapping) or set(step) != set(spec.fields):
             writer._convert.refuse_keys(step, "step")
         check_room_for_a_step(len(self._steps), spec)
         self._steps.append(writer._convert(step, writer.casting))
 
-    def end_episode(self, priority: float | str = 1.0, timeout: float | None = None) -> int:
+    def end_episode(
+        self,
+        priority: float | str = 1.0,
+        timeout: float | None = None,
+        deferred: Mapping[str, Any] | None = None,
+    ) -> int:
         """Sends the episode (one row of its steps); returns its row id. Raises as `Writer.insert`; the
         episode is kept when the insert fails (call end_episode again, or close() to drop it).
 
@@ -1286,6 +1295,8 @@ class RemoteEpisodeWriter:
             priority any row of the served table was given so far (its `max_priority`, 1 while no row had
             one), read by the server when it inserts the row, as `Writer.insert(..., priorities="max")`.
           timeout: seconds to wait at most for the table's rate limiter; None waits as long as it takes.
+          deferred: for a writer made with `episode_writer(deferred=[...])`: every deferred field's values
+            for the episode's steps, `[steps, *shape]` (as `EpisodeWriter.end_episode` takes them).
         """
         op = "RemoteEpisodeWriter.end_episode"
         # Checked in EpisodeWriter.end_episode's order: priority, steps, timeout.
@@ -1299,10 +1310,13 @@ class RemoteEpisodeWriter:
         if timeout is not None:
             timeout = check_timeout(timeout, op)
         spec = self._writer.spec
+        values = self._deferred.values(deferred, len(self._steps), self._writer.casting)
         if spec.is_trajectory:  # one row of T steps: [1, T, *shape]
             batch = {n: np.stack([s[i] for s in self._steps])[None] for i, n in enumerate(spec.fields)}
+            batch.update({n: v[None] for n, v in values.items()})
         else:  # a transition table's row is its one step: [1, *shape] (append allows no second step)
             batch = {n: self._steps[0][i][None] for i, n in enumerate(spec.fields)}
+            batch.update(values)  # [1, *shape]
         row = int(self._writer.insert(batch, priorities, timeout=timeout)[0])
         self._steps = []
         return row

@@ -9,7 +9,7 @@ import secrets
 import time
 import types
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -726,10 +726,12 @@ class Table:
             "pass v[0] of the batched ones, or give every value the batch axis and call table.insert(batch)"
         )
 
-    def writer(self) -> EpisodeWriter:
-        """A step-by-step writer of episodes into rows of this table (use as a context manager)."""
+    def writer(self, deferred: Sequence[str] = ()) -> EpisodeWriter:
+        """A step-by-step writer of episodes into rows of this table (use as a context manager).
+        `deferred`: fields given once per episode at `end_episode(deferred=...)` instead of with each
+        step (return-to-go, say); see `EpisodeWriter`."""
         self._live()
-        return EpisodeWriter(self)
+        return EpisodeWriter(self, deferred)
 
     # -- checkpoints (gear_jax/checkpoint.py) -----------------------------------------------------
 

@@ -9,13 +9,13 @@ writer dropped without `close()`).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gear_jax import _native, _rows
-from gear_jax.casting import StepConverter
+from gear_jax.casting import StepConverter, cast
 from gear_jax.errors import InvalidArgumentError, TableClosedError
 from gear_jax.rate_limiter import check_timeout
 from gear_jax.spec import TableSpec
@@ -40,6 +40,90 @@ def _live(table: Table) -> Any:
     return table.native
 
 
+class DeferredFields:
+    """The deferred fields of an episode writer (`EpisodeWriter`, `RemoteEpisodeWriter`): fields given once
+    per episode at `end_episode(deferred=...)`, `[steps, *shape]`, instead of with each step."""
+
+    def __init__(self, deferred: Any, spec: TableSpec):
+        self.spec = spec
+        self.names = self._checked(deferred, spec)
+        # Appended in their place until end_episode gives them: a step stays one native short-path write.
+        self._placeholders = {
+            name: np.zeros(spec.fields[name].shape, spec.fields[name].dtype) for name in self.names
+        }
+
+    @staticmethod
+    def _checked(deferred: Any, spec: TableSpec) -> tuple[str, ...]:
+        """Distinct fields of `spec`, not all of them, in field order."""
+        if isinstance(deferred, str):
+            raise InvalidArgumentError(
+                f"deferred must be a list of field names: deferred=[{deferred!r}], not a str"
+            )
+        if not isinstance(deferred, Sequence | set | frozenset):
+            raise InvalidArgumentError(
+                f"deferred must be a list of field names, got {type(deferred).__name__}"
+            )
+        names = tuple(deferred)
+        unknown = [n for n in names if n not in spec.fields]
+        if unknown:
+            raise InvalidArgumentError(
+                f"deferred names {unknown}, which are not fields of the table {list(spec.fields)}"
+            )
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError(f"deferred names a field twice: {list(names)}")
+        if names and len(names) == len(spec.fields):
+            raise InvalidArgumentError(
+                "deferred names every field, so no step has a value to append; insert whole episodes with "
+                "table.insert({name: values[None]}) instead"
+            )
+        return tuple(n for n in spec.fields if n in names)  # in field order
+
+    def step(self, step: Any) -> Any:
+        """`step` with zeros in place of the deferred fields; refuses a step that gives a deferred field
+        or misses another."""
+        if not self.names:
+            return step
+        appended = [name for name in self.spec.fields if name not in self.names]
+        if not isinstance(step, Mapping) or set(step) != set(appended):
+            given = sorted(map(str, step)) if isinstance(step, Mapping) else type(step).__name__
+            raise InvalidArgumentError(
+                f"step must map every field but the deferred ones {list(self.names)} (given at "
+                f"end_episode(deferred=...)) to a value, {appended}; got {given}"
+            )
+        return {**step, **self._placeholders}
+
+    def values(self, deferred: Any, steps: int, casting: str) -> dict[str, np.ndarray]:
+        """The checked values of end_episode's `deferred` for an episode of `steps` steps: each field's
+        `[steps, *shape]`, cast by `casting`. Raises InvalidArgumentError naming every refused field."""
+        if not self.names:
+            if deferred is None:
+                return {}
+            raise InvalidArgumentError(
+                "end_episode: deferred= is for writers made with table.writer(deferred=[field names]); "
+                "this writer appends every field with each step"
+            )
+        if not isinstance(deferred, Mapping) or set(deferred) != set(self.names):
+            given = sorted(map(str, deferred)) if isinstance(deferred, Mapping) else type(deferred).__name__
+            raise InvalidArgumentError(
+                f"end_episode: deferred must map each deferred field {list(self.names)} to its values "
+                f"for the episode's {steps} steps; got {given}"
+            )
+        values, problems = {}, []
+        for name in self.names:
+            field, what = self.spec.fields[name], f"end_episode: deferred[{name!r}]"
+            array, why = cast(deferred[name], field.dtype, casting, what)
+            expected = (steps, *field.shape)
+            if array is None:
+                problems.append(f"{what} {why}")
+            elif array.shape != expected:
+                problems.append(f"{what} has shape {array.shape}, expected {expected} (one value per step)")
+            else:
+                values[name] = np.ascontiguousarray(array)
+        if problems:
+            raise InvalidArgumentError("\n".join(problems))
+        return values
+
+
 def check_room_for_a_step(steps: int, spec: TableSpec) -> None:
     """Refuses a step beyond `max_steps` of an episode that has `steps` (every episode writer's rule)."""
     if steps >= spec.max_steps:
@@ -59,10 +143,22 @@ class EpisodeWriter:
     accumulation) and `end_episode` claims exactly as many steps of the ring as the episode has, copies
     them there and publishes the episode: nothing is in the table before, so a writer killed mid-episode
     leaves nothing behind.
+
+    Fields known only once the episode ends (return-to-go, a relabelled goal, a discounted return) are
+    `deferred`: `append` takes every other field, and `end_episode(deferred={name: values})` gives each
+    deferred field for every step at once (`[steps, *shape]`), written before the episode is published,
+    so no reader ever sees the episode without them:
+
+        with table.writer(deferred=["return_to_go"]) as writer:
+            for step in episode:
+                writer.append({"obs": step.obs, "action": step.action, "reward": step.reward})
+            rewards = np.asarray(episode_rewards, np.float32)
+            writer.end_episode(deferred={"return_to_go": np.cumsum(rewards[::-1])[::-1]})
     """
 
-    def __init__(self, table: Table):
+    def __init__(self, table: Table, deferred: Sequence[str] = ()):
         self._table = table
+        self._deferred = DeferredFields(deferred, table.spec)
         self._steps = 0
         self._packer: Any = None  # a RowWriter, made on the first append
         # The row held, in a cell the finalizer shares: a writer dropped without close() (an
@@ -127,6 +223,7 @@ class EpisodeWriter:
         table = self._table
         native = _live(table)
         spec = table.spec
+        step = self._deferred.step(step)
         if not isinstance(step, Mapping) or set(step) != set(spec.fields):
             self._convert.refuse_keys(step, "step")
         check_room_for_a_step(self._steps, spec)
@@ -176,7 +273,12 @@ class EpisodeWriter:
             raise
         self._held[1] = True
 
-    def end_episode(self, priority: float | str = 1.0, timeout: float | None = None) -> int:
+    def end_episode(
+        self,
+        priority: float | str = 1.0,
+        timeout: float | None = None,
+        deferred: Mapping[str, Any] | None = None,
+    ) -> int:
         """Publishes the episode; returns its row id.
 
         With a rate limiter, first waits (holding the row) until the limiter admits one insert: an
@@ -187,10 +289,14 @@ class EpisodeWriter:
             the table was given so far (`max_priority`, 1 while no row had one), read when the episode
             is published, as `Table.add(..., priority="max")`.
           timeout: seconds to wait at most for the rate limiter; None waits as long as it takes.
+          deferred: for a writer made with `table.writer(deferred=[...])`: every deferred field's values
+            for the episode's steps, `[steps, *shape]`, cast by the table's casting policy; written
+            before the episode is published.
 
         Raises:
-          InvalidArgumentError: no step was appended, or `priority` is neither "max" nor a number whose
-            float32 is finite and >= 0.
+          InvalidArgumentError: no step was appended, `priority` is neither "max" nor a number whose
+            float32 is finite and >= 0, or `deferred` misses a deferred field, names another, or has a
+            value of the wrong shape or dtype (nothing is written; the episode is kept).
           TableClosedError: the table was closed (before or while waiting); the row is still held, and
             close() gives it back.
           RateLimiterTimeout: the limiter did not admit the episode in time; the episode is kept (call
@@ -204,7 +310,11 @@ class EpisodeWriter:
                 raise InvalidArgumentError("end_episode() needs at least one append() first")
             if timeout is not None:
                 timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
+            values = self._deferred.values(deferred, self._steps, self._table.casting)
             _live(self._table)
+            indices = list(self._table.spec.fields)
+            for name, array in values.items():
+                self._packer.replace_staged(indices.index(name), array)
             row = int(self._packer.commit_staged(p, timeout))  # a throw keeps the episode staged
             self._steps = 0
             return row
@@ -212,8 +322,11 @@ class EpisodeWriter:
             raise InvalidArgumentError("end_episode() needs at least one append() first")
         if timeout is not None:
             timeout = check_timeout(timeout, "EpisodeWriter.end_episode")
+        values = self._deferred.values(deferred, self._steps, self._table.casting)
         native = _live(self._table)
         row, steps = self._row, self._steps
+        for name, array in values.items():  # into the held row: no reader sees it before the commit
+            self._table.columns[name][row, :steps] = array
         try:
             # Waits for the limiter first, holding the row: a timeout, a close or an interrupt meanwhile
             # leaves the row held and the episode kept.

@@ -652,6 +652,7 @@ PYBIND11_MODULE(_native, m) {
       .def("stage_packed", &gear::RowWriter::StagePacked)
       .def("stage_step", &gear::RowWriter::StageStep, py::arg("values"))
       .def_property_readonly("staged_steps", &gear::RowWriter::staged_steps)
+      .def("replace_staged", &gear::RowWriter::ReplaceStaged, py::arg("field"), py::arg("values"))
       .def("commit_staged", &gear::RowWriter::CommitStaged, py::arg("priority"),
            py::arg("timeout") = py::none())
       .def("drop_staged", &gear::RowWriter::DropStaged);

@@ -237,6 +237,21 @@ void RowWriter::StageStep(const std::vector<py::buffer>& values) {
   ++staged_steps_;
 }
 
+void RowWriter::ReplaceStaged(int32_t field, const py::buffer& values) {
+  if (field < 0 || static_cast<size_t>(field) >= types_.size()) {
+    throw std::invalid_argument("replace_staged: no field " + std::to_string(field));
+  }
+  const py::buffer_info info = values.request();
+  const int64_t bytes = static_cast<int64_t>(staged_steps_) * step_bytes_[field];
+  if (PyBuffer_IsContiguous(info.view(), 'C') == 0 || info.size * info.itemsize != bytes) {
+    throw std::invalid_argument("replace_staged: the values of field " + std::to_string(field) +
+                                " are not one C-contiguous buffer of " + std::to_string(bytes) + " bytes");
+  }
+  if (episode_.size() != types_.size()) episode_.resize(types_.size());
+  const auto* data = static_cast<const uint8_t*>(info.ptr);
+  episode_[field].assign(data, data + bytes);
+}
+
 int64_t RowWriter::CommitStaged(float priority, std::optional<double> timeout) {
   if (staged_steps_ < 1) throw std::invalid_argument("end_episode() needs at least one append() first");
   std::vector<const uint8_t*> data(types_.size());

@@ -72,6 +72,10 @@ class RowWriter {
   void StagePacked();
   void StageStep(const std::vector<pybind11::buffer>& values);
   int32_t staged_steps() const { return staged_steps_; }
+  // Replaces the staged values of field `field` with `values`: one C-contiguous buffer of staged_steps()
+  // steps of the field (a field known only when the episode ends, e.g. return-to-go). Throws
+  // std::invalid_argument on another size or layout, leaving the staging as it was.
+  void ReplaceStaged(int32_t field, const pybind11::buffer& values);
   // Inserts the staged episode with `priority` (admitted by the rate limiter first, waiting up to
   // `timeout`), empties the staging and returns the episode's row. A throw (a timeout, a closed table)
   // keeps the episode staged.

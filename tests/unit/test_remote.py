@@ -871,6 +871,44 @@ def test_a_remote_episode_of_priority_max_ends_as_a_local_one(make_table, kind):
     assert results == [1.0, 6.0, 1.0, 6.0]
 
 
+@pytest.mark.parametrize("kind, steps", [("transition", 1), ("trajectory", 4), ("step ring", 3)])
+def test_a_remote_episode_with_deferred_fields_ends_as_a_local_one(make_table, kind, steps):
+    """writer.episode_writer(deferred=...) takes the deferred fields at end_episode, as Table.writer does:
+    the same row, and the same refusal of a missing field (nothing sent)."""
+    results = []
+    for remote_side in (False, True):
+        table = episode_table(make_table, kind)
+        try:
+            with gj.serve(table) as server, remote.Writer(server.address) as writer:
+                make = writer.episode_writer if remote_side else table.writer
+                with make(deferred=["action", "done"]) as episode:
+                    for t in range(steps):
+                        episode.append({"obs": np.array([t, t + 0.5, -t], np.float32)})
+                    with pytest.raises(gj.InvalidArgumentError, match=r"deferred field \['action', 'done'\]"):
+                        episode.end_episode(deferred={"action": np.arange(steps)})
+                    assert table.size == 0
+                    deferred = {"action": 10 + np.arange(steps), "done": np.arange(steps) == steps - 1}
+                    row = episode.end_episode(priority=2.5, deferred=deferred)
+                status = table.row_status()
+                length = int(status["length"][row])
+                if kind == "step ring":  # a ring's columns are its steps
+                    first = int(status["first_step"][row])
+                    episode_steps = {n: c[first : first + length] for n, c in table.columns.items()}
+                else:
+                    episode_steps = {n: c[row, :length] for n, c in table.columns.items()}
+                results.append((row, length, float(status["priority"][row]), episode_steps))
+        finally:
+            if kind == "step ring":
+                table.close()
+    (row, length, priority, values), (row2, length2, priority2, values2) = results
+    assert (row, length, priority) == (row2, length2, priority2) == (row, steps, 2.5)
+    for name in FIELDS:
+        np.testing.assert_array_equal(values[name], values2[name])
+    assert values["action"].tolist() == list(range(10, 10 + steps))
+    assert values["done"].tolist() == [False] * (steps - 1) + [True]
+    assert values["obs"][:, 0].tolist() == list(range(steps))
+
+
 def free_tcp_port_held():
     """A socket listening on a free port of 127.0.0.1 (the caller closes it)."""
     s = socket.socket()
