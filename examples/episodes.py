@@ -170,10 +170,9 @@ class Config:
 
 def config_from_flags() -> Config:
     config = Config(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)})
-    if config.smoke:
-        config = dataclasses.replace(
-            config, steps=40, actors=1, min_episodes=4, eval_every=20, eval_episodes=16, eval_windows=128
-        )
+    if config.smoke:  # flags given on the command line keep their values
+        smoke = dict(steps=40, actors=1, min_episodes=4, eval_every=20, eval_episodes=16, eval_windows=128)
+        config = dataclasses.replace(config, **{n: v for n, v in smoke.items() if not FLAGS[n].present})
     return config
 
 

@@ -211,9 +211,9 @@ class Config:
 
 def config_from_flags() -> Config:
     config = Config(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)})
-    if config.smoke:
-        config = dataclasses.replace(config, steps=50, learning_starts=64, eval_every=50,
-                                     eval_episodes=4, publish_every=10)
+    if config.smoke:  # flags given on the command line keep their values
+        smoke = dict(steps=50, learning_starts=64, eval_every=50, eval_episodes=4, publish_every=10)
+        config = dataclasses.replace(config, **{n: v for n, v in smoke.items() if not FLAGS[n].present})
     return config
 
 

@@ -125,9 +125,9 @@ class Config:
 
 def config_from_flags() -> Config:
     config = Config(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)})
-    if config.smoke:
-        config = dataclasses.replace(config, steps=300, capacity=1_000, learning_starts=256,
-                                     eval_episodes=4, eval_every=150)
+    if config.smoke:  # flags given on the command line keep their values
+        smoke = dict(steps=300, capacity=1_000, learning_starts=256, eval_episodes=4, eval_every=150)
+        config = dataclasses.replace(config, **{n: v for n, v in smoke.items() if not FLAGS[n].present})
     return config
 
 

@@ -134,9 +134,9 @@ class Config:
 
 def config_from_flags() -> Config:
     config = Config(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Config)})
-    if config.smoke:
-        config = dataclasses.replace(config, steps=40, actors=1, envs_per_actor=2, min_episodes=2,
-                                     eval_every=20, eval_episodes=4)
+    if config.smoke:  # flags given on the command line keep their values
+        smoke = dict(steps=40, actors=1, envs_per_actor=2, min_episodes=2, eval_every=20, eval_episodes=4)
+        config = dataclasses.replace(config, **{n: v for n, v in smoke.items() if not FLAGS[n].present})
     return config
 
 
