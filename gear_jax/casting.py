@@ -309,5 +309,11 @@ class StepConverter:
         warn_general_path(step, self.fields, casting, what, self._warned)
 
     def refuse_keys(self, step: Any, what: str) -> None:
-        got = sorted(map(str, step)) if isinstance(step, Mapping) else type(step).__name__
+        """Raises for a `step` that is no mapping of exactly the fields, naming the missing and unknown."""
+        if not isinstance(step, Mapping):
+            got = type(step).__name__
+        else:
+            missing = [n for n in self.fields if n not in step]
+            unknown = sorted(str(n) for n in step if n not in self.fields)
+            got = "; ".join([f"missing {missing}"] * bool(missing) + [f"unknown {unknown}"] * bool(unknown))
         raise InvalidArgumentError(f"{what} must map every field {list(self.fields)} to a value; got {got}")

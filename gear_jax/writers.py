@@ -85,7 +85,12 @@ class DeferredFields:
             return step
         appended = [name for name in self.spec.fields if name not in self.names]
         if not isinstance(step, Mapping) or set(step) != set(appended):
-            given = sorted(map(str, step)) if isinstance(step, Mapping) else type(step).__name__
+            if isinstance(step, Mapping):
+                missing = [n for n in appended if n not in step]
+                extra = sorted(str(n) for n in step if n not in appended)
+                given = f"missing {missing}, unknown or deferred {extra}"
+            else:
+                given = type(step).__name__
             raise InvalidArgumentError(
                 f"step must map every field but the deferred ones {list(self.names)} (given at "
                 f"end_episode(deferred=...)) to a value, {appended}; got {given}"

@@ -287,8 +287,11 @@ def test_add_to_a_closed_table_and_bad_priorities(make_table):
     assert table.size == 0
     added = table.add(row, priority=2.5)
     assert table.row_status()["priority"][added] == 2.5
-    with pytest.raises(gj.InvalidArgumentError, match="must map every field"):
+    with pytest.raises(gj.InvalidArgumentError, match=r"must map every field .*; got unknown \['extra'\]$"):
         table.add({**row, "extra": 1})
+    missing = next(iter(row))
+    with pytest.raises(gj.InvalidArgumentError, match=rf"got missing \['{missing}'\]; unknown \['extra'\]$"):
+        table.add({**{k: v for k, v in row.items() if k != missing}, "extra": 1})
     with pytest.raises(gj.InvalidArgumentError, match="must map field names"):
         table.add([1, 2])
     table.close()
