@@ -267,8 +267,13 @@ def check_fields(spec: TableSpec, fields: Any, op: str) -> tuple[str, ...]:
     chosen = tuple(fields)
     unknown = [f for f in chosen if f not in spec.fields]
     if unknown or not chosen:
+        method = (
+            f" ({unknown[0]!r} is a sampling method: pass method={unknown[0]!r})"
+            if (len(unknown) == 1 and unknown[0] in METHODS)
+            else ""
+        )
         raise InvalidArgumentError(
-            f"{op}: fields {unknown or list(chosen)} are not among the table's fields {names}"
+            f"{op}: fields {unknown or list(chosen)} are not among the table's fields {names}{method}"
         )
     return chosen
 

@@ -106,6 +106,11 @@ class Field:
     def __init__(self, shape: Any = (), dtype: Any = "float32"):
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
+        if isinstance(shape, str):
+            raise SpecError(
+                f"Field shape {shape!r} is a str: the first argument is the shape, the second the dtype; "
+                f"write e.g. Field((), {shape!r}) for a scalar"
+            )
         try:
             dims = tuple(shape)
         except TypeError:

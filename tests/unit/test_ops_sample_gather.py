@@ -91,3 +91,17 @@ def test_sample_gather_orders_after_an_update(make_table):
     s, batch = step(jax.random.key(0))
     picked = np.asarray(s.indices)
     assert 3 not in picked and bool(batch["valid"].all())
+
+
+def test_a_method_given_where_fields_go_is_refused_with_the_keyword(make_table):
+    """sample_gather's fourth argument is `fields` (sample's is `method`): a method name there is refused
+    with the keyword to use, jitted and on the host."""
+    table = make_table(capacity=8)
+    table.insert(transitions(8))
+    hint = r"fields \['prioritized'\] are not among .*pass method='prioritized'"
+    with pytest.raises(gj.InvalidArgumentError, match=hint):
+        gj.sample_gather(table, jax.random.key(0), 4, "prioritized")
+    with pytest.raises(gj.InvalidArgumentError, match=hint):
+        gj.host.sample_gather(table, np.random.default_rng(0), 4, "prioritized")
+    with pytest.raises(gj.InvalidArgumentError, match=r"fields \['reward'\] are not among .*\]$"):
+        gj.sample_gather(table, jax.random.key(0), 4, "reward")  # no hint for a name that is no method

@@ -28,6 +28,11 @@ def test_bad_shape_is_refused(shape):
         gj.Field(shape, "float32")
 
 
+def test_a_dtype_given_as_the_shape_is_refused_with_the_order_of_arguments():
+    with pytest.raises(gj.SpecError, match=r"is a str: the first .* is the shape.*Field\(\(\), 'int32'"):
+        gj.Field("int32")
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
