@@ -74,14 +74,17 @@ _PLANS: dict[tuple[Any, ...], _Plan] = {}
 _MAX_PLANS = 256
 
 
-def _plan(table: Table, batch: int, fields: tuple[str, ...], window: int | None, sample_window: int) -> _Plan:
+def _plan(
+    table: Table, batch: int, fields: tuple[str, ...], window: int | None, sample_window: int, op: str
+) -> _Plan:
+    """The gather's plan; a refusal (too large a batch, say) names `op`, the call being made."""
     key = (table.handle, table.native.spec_hash, batch, fields, window, sample_window)
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = _args.gather_layout(
-            table, batch, fields, window, sample_window, "gear_jax.host.gather", on_host=True
+            table, batch, fields, window, sample_window, op, on_host=True
         )
     return plan
 
@@ -220,7 +223,7 @@ def _checked_selection(
     method_id = _args.method_word(table.spec, method, win, short_episodes, op)
     # From the user's call: sample / sample_gather / Sampler -> _checked_selection -> this check.
     _args.check_options_take_effect(method, exponent, win, short_episodes, op)
-    plan = _plan(table, b, _args.check_fields(table.spec, fields, op), None, win) if gathers else None
+    plan = _plan(table, b, _args.check_fields(table.spec, fields, op), None, win, op) if gathers else None
     checked = (b, method_id, exponent, win, plan)
     if key is not None:
         if len(_SELECTIONS) >= _MAX_PLANS:
@@ -311,7 +314,7 @@ def gather(
     table = _args.check_table(table, op)
     b = _args.check_sample(sample, op, table)
     win = _args.check_window(window, table.max_steps, op) or None
-    plan = _plan(table, b, _args.check_fields(table.spec, fields, op), win, sample.window)
+    plan = _plan(table, b, _args.check_fields(table.spec, fields, op), win, sample.window, op)
     arrays = _outputs(plan, out, op, table)
     table.native.host_gather(
         np.asarray(sample.indices, np.int32),

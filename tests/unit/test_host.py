@@ -569,6 +569,15 @@ def test_a_bad_rng_and_results_too_large_for_memory_are_refused_by_name(make_tab
     monkeypatch.setattr(gj._args, "host_memory_available", lambda: 1 << 20)
     with pytest.raises(gj.InvalidArgumentError, match="picks need .* GiB of results, more than"):
         gj.host.sample(table, np.random.default_rng(0), 100_000)
+    # A gather's refusal names the call that was made, whose plan it came from.
+    wide = make_table(fields={"obs": gj.Field((4096,), "float32")}, capacity=4)
+    wide.insert({"obs": np.zeros((4, 4096), np.float32)})
+    for op, call in [
+        ("sample_gather", lambda: gj.host.sample_gather(wide, np.random.default_rng(0), 1000)),
+        ("Sampler", lambda: gj.host.Sampler(wide, 1000)),
+    ]:
+        with pytest.raises(gj.InvalidArgumentError, match=rf"^gear_jax.host.{op}: 1000 picks .* of results"):
+            call()
 
 
 def test_a_native_call_on_a_closed_table_raises_table_closed(make_table):
