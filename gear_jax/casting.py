@@ -53,6 +53,20 @@ def kind(dtype: np.dtype) -> str:
 _KIND_NAMES = {"b": "bools", "i": "integers", "f": "floats"}
 
 
+def not_array_reason(value: Any) -> str:
+    """Why `value` can be no field's value (a mapping or None, which numpy would make an object array),
+    or "" for any other value."""
+    if value is None:
+        return "is None; give a value of the field's shape"
+    if isinstance(value, Mapping):
+        return (
+            f"is a mapping (keys {sorted(map(str, value))}); a field holds one array, so give each entry its "
+            "own field (one field per key, e.g. TableSpec.from_spaces({'obs_pos': space['pos'], ...})) and "
+            "pass the entries by those names"
+        )
+    return ""
+
+
 def to_numpy(value: Any, what: str) -> np.ndarray:
     """A host numpy array for a numpy, JAX or PyTorch array (or anything array-like)."""
     if type(value).__module__.startswith("torch"):
@@ -148,6 +162,9 @@ def cast_rule(
 def cast(value: Any, dtype: np.dtype, casting: str, what: str = "value") -> tuple[np.ndarray | None, str]:
     """`value` as an array of `dtype` under the policy, or (None, why it is refused). Raises
     InvalidArgumentError naming `what` for a value that is not an array at all (a traced one, say)."""
+    not_an_array = not_array_reason(value)
+    if not_an_array:
+        return None, not_an_array
     python_values = isinstance(value, _PYTHON_VALUES)
     array = to_numpy(value, what)
     if array.dtype == dtype:

@@ -491,3 +491,19 @@ def test_torch_int64_tensors_a_float64_field_cannot_hold_exactly_are_refused(mak
         table.insert({"f": torch.tensor([1, 2**53 + 1], dtype=torch.int64)})
     table.insert({"f": torch.tensor([3, 2**53], dtype=torch.int64)})
     assert table.columns["f"][:, 0].tolist()[:2] == [3.0, 2.0**53] and table.size == 2
+
+
+def test_a_mapping_or_none_as_a_fields_value_is_refused_with_what_to_do(make_table):
+    """A nested observation (a Dict space's value) or None, which numpy would make an object array, is
+    refused as what it is, in inserts and episode writers, and nothing is written."""
+    table = make_table(capacity=8, max_steps=4)
+    nested = {"obs": {"pos": np.zeros((1, 4, 3), np.float32)}, "action": np.zeros((1, 4), np.int32)}
+    with pytest.raises(gj.InvalidArgumentError, match=r"batch\['obs'\] is a mapping \(keys \['pos'\]\)"):
+        table.insert(nested)
+    with table.writer() as writer:
+        with pytest.raises(gj.InvalidArgumentError, match=r"step\['obs'\] is a mapping .*one field per key"):
+            writer.append({"obs": {"pos": np.zeros(3, np.float32)}, "action": 1})
+        with pytest.raises(gj.InvalidArgumentError, match=r"step\['obs'\] is None; give a value"):
+            writer.append({"obs": None, "action": 1})
+        assert writer.steps == 0
+    assert table.size == 0
