@@ -565,4 +565,11 @@ def _field_from_space(space: Any, narrow: bool, name: str | None) -> Field:
                 f"{what}: {kind} values {int(low.min())} .. {int(high.max())} do not fit {dtype.name}; "
                 "pass narrow=False (JAX then needs x64) or a gear_jax.Field"
             )
+    if kind == "Box" and dtype.kind in "iu" and hasattr(space, "low") and hasattr(space, "high"):
+        low, high = np.asarray(space.low), np.asarray(space.high)  # bounds of an integer Box must fit too
+        if low.size and (low.min() < np.iinfo(dtype).min or high.max() > np.iinfo(dtype).max):
+            raise SpecError(
+                f"{what}: Box bounds {low.min()} .. {high.max()} do not fit {dtype.name}; pass narrow=False "
+                "(JAX then needs x64) or a gear_jax.Field"
+            )
     return _named(what, Field, () if kind == "Discrete" else space.shape, dtype)

@@ -242,6 +242,7 @@ def test_from_example_errors_name_the_field(value, message):
         ({"a": spaces.Discrete(2)}, "field 'obs' is a mapping"),
         ((4,), "field 'obs': tuple is not a space gear_jax reads"),
         (spaces.Discrete(2**40), "field 'obs': Discrete values 0 .. 1099511627775 do not fit int32"),
+        (spaces.Box(0, 2**40, (2,), np.int64), "field 'obs': Box bounds 0 .. 1099511627776 do not fit int32"),
     ],
 )
 def test_from_spaces_errors_name_the_field(space, message):
@@ -254,6 +255,9 @@ def test_field_from_space_errors_without_a_field_name():
         gj.Field.from_space(spaces.Text(5))
     # a Discrete too large for int32 is fine when kept int64
     assert gj.Field.from_space(spaces.Discrete(2**40), narrow=False) == gj.Field((), "int64")
+    # an integer Box narrows when its bounds fit, and keeps int64 when asked
+    assert gj.Field.from_space(spaces.Box(-5, 255, (2,), np.int64)) == gj.Field((2,), "int32")
+    assert gj.Field.from_space(spaces.Box(0, 2**40, (2,), np.int64), narrow=False) == gj.Field((2,), "int64")
 
 
 def test_a_spec_from_spaces_makes_a_table_that_stores_a_gymnasium_transition():
