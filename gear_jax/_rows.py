@@ -230,6 +230,16 @@ def traced_lengths(value: Any, rows: int, op: str) -> jax.Array:
 # -- batches ------------------------------------------------------------------------------------------
 
 
+def in_c_order(step: Mapping[str, Any]) -> dict[str, Any] | None:
+    """`step` with its numpy arrays that are not C-contiguous copied into C order (the rows of a vector
+    environment's transposed state, say), for the one-row short path to take; None when there are none
+    (the short path refused the step for another reason)."""
+    strided = [n for n, v in step.items() if type(v) is np.ndarray and not v.flags.c_contiguous]
+    if not strided:
+        return None
+    return {**step, **{n: np.ascontiguousarray(step[n]) for n in strided}}
+
+
 class Batches:
     """Checks and converts batches of rows for one table spec: `[B, *shape]` per field for transition
     tables, `[B, T, *shape]` (1 <= T <= max_steps) for trajectory tables."""
@@ -330,13 +340,14 @@ class Batches:
         return rows, steps
 
     def ready(self, batch: Any, casting: str = "fit") -> tuple[list[np.ndarray], int, int] | None:
-        """The common batch, checked without numpy's casting machinery: a dict of C-contiguous numpy
-        (or JAX) arrays of the fields' shapes, all with the same rows (and steps), at least one row, each
-        of its field's dtype or of one the native insert converts under `casting` (`short_cast`:
-        gymnasium's int64 actions, float64 rewards and bool flags; pass `native_types` to the insert).
-        None for anything else, which `host` converts or refuses; both store the same values. A value
-        the native conversion finds out of range makes the insert raise OverflowError before anything
-        is written: `Table.insert` then takes `host`, which refuses it by name."""
+        """The common batch, checked without numpy's casting machinery: a dict of numpy (or JAX) arrays
+        of the fields' shapes (copied into C order where they are not), all with the same rows (and
+        steps), at least one row, each of its field's dtype or of one the native insert converts under
+        `casting` (`short_cast`: gymnasium's int64 actions, float64 rewards and bool flags; pass
+        `native_types` to the insert). None for anything else, which `host` converts or refuses; both
+        store the same values. A value the native conversion finds out of range makes the insert raise
+        OverflowError before anything is written: `Table.insert` then takes `host`, which refuses it by
+        name."""
         if type(batch) is not dict or len(batch) != len(self._ready_layout):
             return None
         arrays = []
@@ -348,8 +359,10 @@ class Batches:
                 if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
                     return None
                 array = np.asarray(array)  # a CPU array in place; a device array's one copy to the host
-            if array.ndim != ndim or array.shape[lead:] != shape or not array.flags.c_contiguous:
+            if array.ndim != ndim or array.shape[lead:] != shape:
                 return None
+            if not array.flags.c_contiguous:  # a vector environment's transposed state, say: one copy
+                array = np.ascontiguousarray(array)
             if array.dtype is not dtype and array.dtype != dtype:
                 if not short_cast(array.dtype, dtype, casting):
                     return None  # the native insert converts the others (`native_types`)

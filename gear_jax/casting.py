@@ -254,9 +254,7 @@ def general_path_reason(value: Any, dtype: np.dtype, casting: str) -> str:
         value = np.asarray(value)
     elif type(value).__module__.startswith("torch"):
         return ""
-    if isinstance(value, np.ndarray):
-        if not value.flags.c_contiguous:
-            return "is not C-contiguous; pass np.ascontiguousarray(...)"
+    if isinstance(value, np.ndarray):  # one not in C order is copied into it for the short path
         if value.dtype == dtype or short_cast(value.dtype, dtype, casting):
             return ""
         return f"is {value.dtype}, which the short path does not convert into {dtype}; pass {dtype} values"
@@ -288,7 +286,7 @@ def warn_general_path(
             warned.add(name)
             warn_at_caller(
                 f"{what}[{name!r}] {why}: this call took the general path, several times the cost of the "
-                "native short path, storing the same values. Warned once per table and field.",
+                "native short path, storing the same values. Warned once per field and writer.",
                 SlowPathWarning,
             )
 

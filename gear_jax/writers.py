@@ -186,12 +186,20 @@ class EpisodeWriter:
         """Steps appended to the current episode."""
         return self._steps
 
+    def _pack(self, step: dict[str, Any]) -> bool:
+        """The short path's check and conversion of `step` (arrays not in C order are copied first)."""
+        strict = self._table.casting == "strict"
+        if self._packer.pack(step, strict):
+            return True
+        ordered = _rows.in_c_order(step)
+        return ordered is not None and self._packer.pack(ordered, strict)
+
     def _stage(self, step: Mapping[str, Any]) -> None:
         """A step ring's `append`: the step is staged in the writer's native memory."""
         table = self._table
         if self._packer is None:
             self._packer = row_writer(table.native, table.spec)
-        if type(step) is dict and self._packer.pack(step, table.casting == "strict"):
+        if type(step) is dict and self._pack(step):
             self._packer.stage_packed()
         else:
             spec = table.spec
@@ -237,7 +245,7 @@ class EpisodeWriter:
         if type(step) is dict:  # the short path: checked and copied in one native call each
             if self._packer is None:
                 self._packer = row_writer(native, spec)
-            if self._packer.pack(step, table.casting == "strict"):
+            if self._pack(step):
                 if self._row is None:
                     self._claim(native, timeout)
                 self._packer.write_packed(self._row, self._steps)

@@ -423,8 +423,8 @@ def test_the_general_path_warns_once_per_field_naming_the_fix(make_table):
         warnings.simplefilter("error", gj.SlowPathWarning)
         table.insert(batch)  # warned once: silent now
     row = {k: v[0] for k, v in gymnasium_batch(1).items()}
-    row["next_obs"] = np.arange(8, dtype=np.float32)[::2]  # not C-contiguous
-    with pytest.warns(gj.SlowPathWarning, match=r"row\['next_obs'\] is not C-contiguous"):
+    row["next_obs"] = row["next_obs"].tolist()  # a list of a shaped field: only the general path takes it
+    with pytest.warns(gj.SlowPathWarning, match=r"row\['next_obs'\] is a builtins.list"):
         table.add(row)
     assert table.size == 5
 
@@ -435,13 +435,13 @@ def test_every_general_path_warning_names_the_callers_line(make_table, ring):
     table = make_table(fields=fields, capacity=8)
     ring_steps = {"step_capacity": 16} if ring else {}
     episodes = gj.Table.create(gj.TableSpec(fields, capacity=4, max_steps=4, **ring_steps))
-    strided = np.ones((2, 2), np.float32)[:, 0]  # not C-contiguous: the general path
+    listed = [1.0, 2.0]  # a list of a shaped field: the general path
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", gj.SlowPathWarning)
         table.insert({"x": [[1.0, 2.0]]})
-        table.add({"x": strided})
+        table.add({"x": listed})
         writer = episodes.writer()
-        writer.append({"x": strided})
+        writer.append({"x": listed})
         writer.end_episode()
     episodes.close()
     assert len(caught) == 3 and [w.filename for w in caught] == [__file__] * 3
@@ -507,3 +507,29 @@ def test_a_mapping_or_none_as_a_fields_value_is_refused_with_what_to_do(make_tab
             writer.append({"obs": None, "action": 1})
         assert writer.steps == 0
     assert table.size == 0
+
+
+def test_a_vector_envs_strided_observations_take_the_short_path(make_table):
+    """gymnasium's CartPole vector env hands out observations that are not C-contiguous (a transposed
+    state): inserts, rows and episode steps of them are copied into C order for the short path, without
+    a SlowPathWarning, and stored exactly."""
+    gymnasium = pytest.importorskip("gymnasium")
+    env = gymnasium.make_vec("CartPole-v1", num_envs=4)
+    obs, _ = env.reset(seed=0)
+    assert not obs.flags.c_contiguous  # what this test is about
+    fields = {"obs": gj.Field((4,), np.float32), "action": gj.Field((), np.int32)}
+    table = make_table(fields=fields, capacity=16)
+    episodes = make_table(fields=fields, capacity=4, max_steps=4)
+    actions = np.arange(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gj.SlowPathWarning)
+        rows = table.insert({"obs": obs, "action": actions})
+        row = table.add({"obs": obs[1], "action": 7})
+        with episodes.writer() as writer:
+            for i in range(4):
+                writer.append({"obs": obs[i], "action": i})
+            episode = writer.end_episode()
+    np.testing.assert_array_equal(table.columns["obs"][rows, 0], obs)
+    np.testing.assert_array_equal(table.columns["obs"][row, 0], obs[1])
+    np.testing.assert_array_equal(episodes.columns["obs"][episode], obs)
+    env.close()
