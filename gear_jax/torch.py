@@ -458,6 +458,12 @@ _SAMPLER_KEYS = {
     "probabilities": "the picks' sampling probabilities",
     "selectable": "the count of selectable rows",
 }
+# And with a window: where each window lies in its episode (a position = start + step, for models that
+# embed it).
+_WINDOW_SAMPLER_KEYS = {
+    "starts": "the int32 step of its episode each window starts at",
+    "lengths": "the int32 length of each picked episode",
+}
 _EPOCH_SAMPLER_KEYS = {"indices": "the int32 row ids of the picks"}
 
 
@@ -494,7 +500,9 @@ class Sampler:
 
     Besides the fields and `valid`, a batch holds `indices` (int32[B] row ids) and `probabilities`
     (float32[B]) and `selectable` (int64, the count N of selectable rows when the batch was drawn), so a
-    learner can form importance weights (N * P)^-beta. Gathering a field of one of these names is
+    learner can form importance weights (N * P)^-beta; with a `window`, also `starts` (int32[B], the step
+    of its episode each window starts at: step i of a window is the episode's step starts + i) and
+    `lengths` (int32[B], the picked episodes' lengths). Gathering a field of one of these names is
     refused at construction (InvalidArgumentError): rename the field, or leave it out with `fields=`.
 
     With `prefetch=True` the next batch is enqueued before the current one is returned (on a GPU, JAX
@@ -528,9 +536,9 @@ class Sampler:
                 f"Sampler: `table` must be a gear_jax.Table, got {type(table).__name__}"
             )
         seed = _seed(seed, "Sampler")
-        _check_batch_keys(
-            table, fields, _SAMPLER_KEYS, "Sampler", "gj.host.sample_gather or gj.sample_gather"
-        )
+        keys = {**_SAMPLER_KEYS, **(_WINDOW_SAMPLER_KEYS if window else {})}
+        _check_batch_keys(table, fields, keys, "Sampler", "gj.host.sample_gather or gj.sample_gather")
+        self._windowed = bool(window)
         self._table = table
         self._batch_size = int(batch_size)
         self._device = _jax_device(device, "Sampler")
@@ -565,6 +573,8 @@ class Sampler:
             out["indices"] = s.indices
             out["probabilities"] = s.probabilities
             out["selectable"] = s.selectable
+            if window:
+                out["starts"], out["lengths"] = s.starts, s.lengths
             return key, out, s
 
         def update(s: Sample, priorities: jax.Array) -> jax.Array:
@@ -580,6 +590,8 @@ class Sampler:
             s, out = host.sample_gather(self._table, self._rng, self._batch_size, **self._host_options)
             out["indices"] = s.indices
             out["probabilities"] = s.probabilities
+            if self._windowed:
+                out["starts"], out["lengths"] = s.starts, s.lengths
             return out, s
         self._key, out, s = self._draw(self._key, self._after)
         return out, s

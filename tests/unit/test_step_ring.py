@@ -477,6 +477,19 @@ def test_torch_sampler_gives_windows_of_a_ring():
         assert isinstance(batch["step"], torch.Tensor) and tuple(batch["step"].shape) == (32, 8)
         steps = batch["step"].numpy()
         assert (np.diff(steps, axis=1) == 1).all() and batch["valid"].numpy().all()
+        # Where each window lies in its episode: starts and lengths, beside the fields.
+        np.testing.assert_array_equal(batch["starts"].numpy(), steps[:, 0])
+        lengths = table.row_status()["length"][batch["indices"].numpy()]
+        np.testing.assert_array_equal(batch["lengths"].numpy(), lengths)
+        assert (batch["starts"].numpy() + 8 <= lengths).all()
+        assert "starts" not in next(iter(gj.torch.Sampler(table, 4)))  # without a window: whole episodes
+    fields = {"starts": gj.Field((), "int32"), "x": gj.Field((), "float32")}
+    with gj.Table.create(gj.TableSpec(fields, capacity=4, step_capacity=64), reuse=False) as table:
+        clash = r"field 'starts' would be replaced .* 'starts': the int32 step of"
+        with pytest.raises(gj.InvalidArgumentError, match=clash):
+            gj.torch.Sampler(table, 4, window=2)
+        gj.torch.Sampler(table, 4, window=2, fields=["x"])  # left out: no clash
+        gj.torch.Sampler(table, 4)  # no window, no starts key
 
 
 SHARDED = """
