@@ -230,16 +230,6 @@ def traced_lengths(value: Any, rows: int, op: str) -> jax.Array:
 # -- batches ------------------------------------------------------------------------------------------
 
 
-def in_c_order(step: Mapping[str, Any]) -> dict[str, Any] | None:
-    """`step` with its numpy arrays that are not C-contiguous copied into C order (the rows of a vector
-    environment's transposed state, say), for the one-row short path to take; None when there are none
-    (the short path refused the step for another reason)."""
-    strided = [n for n, v in step.items() if type(v) is np.ndarray and not v.flags.c_contiguous]
-    if not strided:
-        return None
-    return {**step, **{n: np.ascontiguousarray(step[n]) for n in strided}}
-
-
 class Batches:
     """Checks and converts batches of rows for one table spec: `[B, *shape]` per field for transition
     tables, `[B, T, *shape]` (1 <= T <= max_steps) for trajectory tables."""

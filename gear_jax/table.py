@@ -653,10 +653,6 @@ class Table:
         if writer is not None and type(row) is dict:  # the short path: a row id, or -1 / -2
             try:
                 claimed = writer.add(row, self._casting == "strict", priority, timeout, BATCH_OF_ONE_OR_ROW)
-                if claimed == -1 and (ordered := _rows.in_c_order(row)) is not None:
-                    claimed = writer.add(
-                        ordered, self._casting == "strict", priority, timeout, BATCH_OF_ONE_OR_ROW
-                    )
             except TypeError:  # a priority that is not a number: "max" below, or refused below
                 claimed = -1
             if claimed >= 0:

@@ -168,6 +168,21 @@ int WritePythonScalar(PyObject* value, const StepFieldType& type, uint8_t* dst) 
   return 0;
 }
 
+// Copies the elements of a strided buffer `view` into `out` in C order (its bytes as a C-contiguous
+// array of the same shape would hold them).
+void GatherStrided(const Py_buffer& view, uint8_t* out) {
+  const auto* base = static_cast<const uint8_t*>(view.buf);
+  std::vector<Py_ssize_t> index(static_cast<size_t>(view.ndim), 0);
+  Py_ssize_t total = 1;
+  for (int d = 0; d < view.ndim; ++d) total *= view.shape[d];
+  for (Py_ssize_t i = 0; i < total; ++i) {
+    Py_ssize_t offset = 0;
+    for (int d = 0; d < view.ndim; ++d) offset += index[d] * view.strides[d];
+    std::memcpy(out + i * view.itemsize, base + offset, static_cast<size_t>(view.itemsize));
+    for (int d = view.ndim - 1; d >= 0 && ++index[d] == view.shape[d]; --d) index[d] = 0;
+  }
+}
+
 }  // namespace
 
 RowWriter::RowWriter(py::object table, std::vector<std::string> names, std::vector<StepFieldType> types)
@@ -192,6 +207,7 @@ RowWriter::RowWriter(py::object table, std::vector<std::string> names, std::vect
   }
   staging_.resize(static_cast<size_t>(offset));
   source_.resize(types_.size());
+  strided_.resize(types_.size());
   buffers_.resize(types_.size());
   buffer_held_.assign(types_.size(), false);
 }
@@ -314,9 +330,14 @@ bool RowWriter::Pack(py::handle step, bool strict, int32_t batch_axis) {
       same_shape = view.shape[d + axis] == type.shape[d];
     }
     const char kind = FormatKind(view.format);
-    if (!same_shape || kind == 0 || !PyBuffer_IsContiguous(&view, 'C')) return Refuse();
+    if (!same_shape || kind == 0) return Refuse();
     (axis == 1 ? with_axis : without_axis) = true;
     const auto* data = static_cast<const uint8_t*>(view.buf);
+    if (PyBuffer_IsContiguous(&view, 'C') == 0) {  // a vector environment's transposed state, say
+      strided_[f].resize(static_cast<size_t>(step_bytes_[f] / type.itemsize * view.itemsize));
+      GatherStrided(view, strided_[f].data());
+      data = strided_[f].data();
+    }
     if (kind == type.kind && view.itemsize == type.itemsize) {
       source_[f] = data;
       continue;

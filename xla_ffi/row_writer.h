@@ -49,8 +49,9 @@ class RowWriter {
   RowWriter& operator=(const RowWriter&) = delete;
 
   // Checks and converts `step` (a dict of every field name to one step's value) under the casting
-  // policy ("strict": only the field's own dtype for typed values). True when every value took the
-  // short path; the packed step is then held until WritePacked or the next Pack.
+  // policy ("strict": only the field's own dtype for typed values; strided arrays are gathered in C
+  // order first). True when every value took the short path; the packed step is then held until
+  // WritePacked or the next Pack.
   // `batch_axis`: whether values may come with a leading batch axis of size 1 (a batch of one row, as a
   // vector environment of one environment hands it out): kNone never (a step), kAllOrNone every value
   // or none (Table.add), kRequired every value (Table.insert of one row).
@@ -96,8 +97,9 @@ class RowWriter {
   std::vector<StepFieldType> types_;
   std::vector<int64_t> step_bytes_;
   std::vector<int64_t> staging_offset_;
-  std::vector<uint8_t> staging_;        // converted values, one step of every field
-  std::vector<const uint8_t*> source_;  // per field: into a held buffer, or into staging_
+  std::vector<uint8_t> staging_;               // converted values, one step of every field
+  std::vector<const uint8_t*> source_;         // per field: into a held buffer, staging_ or strided_
+  std::vector<std::vector<uint8_t>> strided_;  // per field: a strided value's elements in C order
   std::vector<Py_buffer> buffers_;
   std::vector<bool> buffer_held_;
   bool packed_ = false;

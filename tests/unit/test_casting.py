@@ -533,3 +533,25 @@ def test_a_vector_envs_strided_observations_take_the_short_path(make_table):
     np.testing.assert_array_equal(table.columns["obs"][row, 0], obs[1])
     np.testing.assert_array_equal(episodes.columns["obs"][episode], obs)
     env.close()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_strided_values_of_every_shape_are_gathered_in_c_order_by_the_short_path(make_table, dtype):
+    """The native short path gathers a strided row or step (a transposed 2-D value, a column of a batch
+    of one, another dtype to convert) in C order: the values stored are numpy's, with no warning."""
+    fields = {"m": gj.Field((2, 3), np.float32), "x": gj.Field((), np.int32)}
+    table = make_table(fields=fields, capacity=8)
+    episodes = make_table(fields=fields, max_steps=4)
+    base = np.arange(24, dtype=dtype).reshape(4, 3, 2)
+    transposed = base[1].T  # (2, 3), strides of a transpose
+    batch_of_one = base[2:3].transpose(0, 2, 1)  # (1, 2, 3), a batch of one of a transposed value
+    assert not transposed.flags.c_contiguous and not batch_of_one.flags.c_contiguous
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", gj.SlowPathWarning)
+        rows = [table.add({"m": transposed, "x": 1}), table.add({"m": batch_of_one, "x": np.array([2])})]
+        with episodes.writer() as writer:
+            writer.append({"m": transposed, "x": 3})
+            episode = writer.end_episode()
+    np.testing.assert_array_equal(table.columns["m"][rows[0], 0], transposed.astype(np.float32))
+    np.testing.assert_array_equal(table.columns["m"][rows[1], 0], batch_of_one[0].astype(np.float32))
+    np.testing.assert_array_equal(episodes.columns["m"][episode, 0], transposed.astype(np.float32))
