@@ -47,6 +47,7 @@ class DeferredFields:
     def __init__(self, deferred: Any, spec: TableSpec):
         self.spec = spec
         self.names = self._checked(deferred, spec)
+        self._appended = [name for name in spec.fields if name not in self.names]  # what a step gives
         # Appended in their place until end_episode gives them: a step stays one native short-path write.
         self._placeholders = {
             name: np.zeros(spec.fields[name].shape, spec.fields[name].dtype) for name in self.names
@@ -83,7 +84,7 @@ class DeferredFields:
         or misses another."""
         if not self.names:
             return step
-        appended = [name for name in self.spec.fields if name not in self.names]
+        appended = self._appended
         if not isinstance(step, Mapping) or set(step) != set(appended):
             if isinstance(step, Mapping):
                 missing = [n for n in appended if n not in step]
@@ -186,20 +187,12 @@ class EpisodeWriter:
         """Steps appended to the current episode."""
         return self._steps
 
-    def _pack(self, step: dict[str, Any]) -> bool:
-        """The short path's check and conversion of `step` (arrays not in C order are copied first)."""
-        strict = self._table.casting == "strict"
-        if self._packer.pack(step, strict):
-            return True
-        ordered = _rows.in_c_order(step)
-        return ordered is not None and self._packer.pack(ordered, strict)
-
     def _stage(self, step: Mapping[str, Any]) -> None:
         """A step ring's `append`: the step is staged in the writer's native memory."""
         table = self._table
         if self._packer is None:
             self._packer = row_writer(table.native, table.spec)
-        if type(step) is dict and self._pack(step):
+        if type(step) is dict and self._packer.pack(step, table.casting == "strict"):
             self._packer.stage_packed()
         else:
             spec = table.spec
@@ -245,7 +238,7 @@ class EpisodeWriter:
         if type(step) is dict:  # the short path: checked and copied in one native call each
             if self._packer is None:
                 self._packer = row_writer(native, spec)
-            if self._pack(step):
+            if self._packer.pack(step, table.casting == "strict"):
                 if self._row is None:
                     self._claim(native, timeout)
                 self._packer.write_packed(self._row, self._steps)
